@@ -1,0 +1,249 @@
+"""The conformance checks, as plain functions that raise :class:`ConformanceFailure`.
+
+The pytest suite (:mod:`pai_zoo_conformance.suite`) calls them on a family's ``tiny``
+preset; they can also be called directly, e.g. on a deliberately broken family.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pai_zoo.family import Family
+from pai_zoo.mapping import TO_HF, TO_MCORE, MappingContext
+
+#: Mixed text for the tokenizer check: ASCII, CJK, emoji, whitespace runs, leading space.
+MIXED_TEXT = " Hello, world! The quick brown fox.\n\n  Indented\tline\t\twith tabs\n你好，世界。日本語のテキスト🙂🚀   end  "
+
+#: Forward equivalence tolerance (float32, CPU), as the foundation issue names it.
+LOGITS_ATOL = 1e-4
+
+
+class ConformanceFailure(AssertionError):
+    """A family does not conform; the message says which check and what differs."""
+
+
+def _fail(check: str, message: str):
+    raise ConformanceFailure(f"[{check}] {message}")
+
+
+@dataclass
+class Case:
+    """A family's preset built in both backends with the same weights."""
+
+    family: Family
+    preset: str
+    hf_config: Any
+    mcore_config: Any
+    hf_model: Any
+    mcore_model: Any
+
+
+def build_case(family: Family, preset: str | None = None, seed: int = 0, **overrides) -> Case:
+    """Random-initialise the transformers model of ``preset`` (default: the tiny one), build the
+    megatron-core model and load the same weights into it through the family's table."""
+    import torch
+
+    from pai_zoo import hf
+    from pai_zoo.mcore.build import build_gpt_model
+    from pai_zoo.mcore.compat import ensure_model_parallel
+    from pai_zoo.weights import hf_model_to_mcore
+
+    preset = preset or family.tiny
+    config = {**family.presets[preset], **overrides}
+    hf_config = hf.hf_config(family, config)
+    torch.manual_seed(seed)
+    hf_model = hf.build_hf_model(family, hf_config)
+    _randomise(hf_model, seed)
+    mcore_config = family.to_mcore_config(hf.config_dict(hf_config))
+    ensure_model_parallel()
+    mcore_model = build_gpt_model(family, mcore_config).eval()
+    hf_model_to_mcore(family, mcore_config, hf_model, mcore_model)
+    return Case(family, preset, hf_config, mcore_config, hf_model, mcore_model)
+
+
+def _randomise(model, seed: int) -> None:
+    """Re-draw every weight so that the check is sensitive: matrices with std 1/sqrt(fan-in)
+    (unit-scale activations, so attention is sharp and positions matter, unlike the tiny
+    default init), norm weights near one and biases near zero but all distinct, so that a
+    table swapping two tensors cannot pass unnoticed."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=gen, dtype=torch.float32)
+            if p.dim() >= 2:
+                p.copy_(noise / p.shape[-1] ** 0.5)
+            elif name.endswith("bias"):
+                p.copy_(0.1 * noise)
+            else:
+                p.copy_(1.0 + 0.1 * noise)
+
+
+# -- checks -----------------------------------------------------------------------------------
+def check_registration(family: Family) -> None:
+    """Entry point, names, presets and hooks."""
+    from pai_zoo.registry import get_registry
+
+    registry = get_registry()
+    if not family.plugin or family.plugin not in registry.plugins:
+        _fail("registration", f"family {family.name!r} was not registered through a 'pai_zoo' entry point")
+    if not registry.plugins[family.plugin].distribution:
+        _fail("registration", f"plugin {family.plugin!r} has no installed distribution")
+    for name in family.names:
+        if registry.family(name) is not family:
+            _fail("registration", f"name {name!r} does not resolve to family {family.name!r}")
+    if not family.hf_architectures or not family.model_types:
+        _fail("registration", f"family {family.name!r} claims no Hugging Face architectures or model types")
+    for preset in family.presets:
+        if registry.preset(preset)[0] is not family:
+            _fail("registration", f"preset {preset!r} does not resolve to family {family.name!r}")
+    config = family.to_mcore_config(_hf_dict(family, family.tiny))
+    if registry.weight_map(family, config) is None:
+        _fail("registration", "no weight map for the tiny preset")
+
+
+def _hf_dict(family: Family, preset: str) -> dict:
+    from pai_zoo import hf
+
+    return hf.config_dict(hf.hf_config(family, family.presets[preset]))
+
+
+def check_config_round_trip(family: Family, preset: str) -> None:
+    """HF -> mcore -> HF keeps every field; every architecture field is translated, not carried."""
+    from pai_zoo import hf
+    from pai_zoo.config_map import McoreConfig
+
+    original = _hf_dict(family, preset)
+    untranslated = family.config_map.untranslated_architecture_keys(original)
+    if untranslated:
+        _fail("config", f"{preset}: architecture fields not translated to megatron-core: {untranslated}")
+    mcore = family.to_mcore_config(original)
+    stored = McoreConfig.from_json(mcore.to_json())
+    back = hf.config_dict(hf.hf_config_from_mcore(family, stored))
+    diff = {k: (original.get(k, "<absent>"), back.get(k, "<absent>"))
+            for k in original.keys() | back.keys() if original.get(k, "<absent>") != back.get(k, "<absent>")}
+    if diff:
+        _fail("config", f"{preset}: HF -> mcore -> HF changed fields (before, after): {diff}")
+    if family.to_mcore_config(back).arch != mcore.arch:
+        _fail("config", f"{preset}: mcore -> HF -> mcore changed the megatron-core config")
+
+
+def check_mapping_coverage(case: Case) -> None:
+    """The table consumes every source tensor once and fills every target once, both ways."""
+    from pai_zoo.errors import MappingError
+    from pai_zoo.registry import get_registry
+    from pai_zoo.weights import mcore_tensors
+
+    table = get_registry().weight_map(case.family, case.mcore_config)
+    ctx = MappingContext.from_config(case.mcore_config)
+    hf_names = list(case.hf_model.state_dict())
+    mcore_names = list(mcore_tensors(case.mcore_model))
+    try:
+        table.check_coverage(TO_MCORE, ctx, hf_names, mcore_names)
+        table.check_coverage(TO_HF, ctx, mcore_names, hf_names)
+    except MappingError as exc:
+        _fail("mapping", str(exc))
+
+
+def check_weight_round_trip(case: Case) -> None:
+    """HF weights -> mcore -> HF are bit-identical."""
+    from pai_zoo.weights import hf_to_mcore, mcore_to_hf
+
+    original = case.hf_model.state_dict()
+    there = hf_to_mcore(case.family, case.mcore_config, original)
+    back = mcore_to_hf(case.family, case.mcore_config, there)
+    if set(back) != set(original):
+        _fail("weights", f"names differ: missing {sorted(set(original) - set(back))}, extra {sorted(set(back) - set(original))}")
+    changed = [k for k in original if original[k].shape != back[k].shape or not original[k].equal(back[k])]
+    if changed:
+        _fail("weights", f"HF -> mcore -> HF changed tensors: {changed}")
+
+
+def check_forward_equivalence(case: Case, batch: int = 2, seq_len: int = 16, atol: float = LOGITS_ATOL) -> float:
+    """Logits of the transformers and megatron-core models agree within ``atol`` with the same
+    argmax everywhere, at positions from 0 and at far positions (where RoPE scaling and
+    long-range position handling show). Returns max |delta|."""
+    import torch
+
+    from pai_zoo.handle import mcore_forward
+
+    vocab = case.mcore_config["vocab_size"]
+    gen = torch.Generator().manual_seed(1234)
+    ids = torch.randint(0, vocab, (batch, seq_len), generator=gen)
+    max_positions = case.mcore_config.get("max_sequence_length") or seq_len
+    far = max(0, min(max_positions - seq_len, 256))  # far enough for RoPE; float32 angles stay exact to ~1e-5
+    worst = 0.0
+    for offset in sorted({0, far}):
+        positions = torch.arange(offset, offset + seq_len).expand(batch, seq_len)
+        with torch.no_grad():
+            expected = case.hf_model(input_ids=ids, position_ids=positions).logits.float()
+            got = mcore_forward(case.mcore_model, ids, position_ids=positions)[..., :vocab].float()
+        if got.shape != expected.shape:
+            _fail("forward", f"logits shape {tuple(got.shape)} != transformers' {tuple(expected.shape)}")
+        delta = (got - expected).abs().max().item()
+        if not delta <= atol:
+            _fail("forward", f"positions {offset}..{offset + seq_len - 1}: max |logits delta| = {delta:.3g} > {atol:g}")
+        mismatched = (got.argmax(-1) != expected.argmax(-1)).nonzero().tolist()
+        if mismatched:
+            _fail("forward", f"positions from {offset}: argmax differs at (batch, position) {mismatched[:10]}")
+        worst = max(worst, delta)
+    return worst
+
+
+def check_tokenizer(family: Family, folder: Path, text: str = MIXED_TEXT) -> None:
+    """The family's tokenizer adapter encodes like transformers' AutoTokenizer and decodes back."""
+    from transformers import AutoTokenizer
+
+    from pai_zoo.registry import get_registry
+
+    if family.test_tokenizer is None:
+        _fail("tokenizer", f"family {family.name!r} provides no test tokenizer (Family.test_tokenizer)")
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    family.test_tokenizer(folder)
+    ours = get_registry().tokenizer(family, folder)
+    reference = AutoTokenizer.from_pretrained(folder)
+    for sample in (text, text.strip(), "a", "  "):
+        got, expected = ours.encode(sample), reference(sample)["input_ids"]
+        if got != expected:
+            _fail("tokenizer", f"ids for {sample!r} differ from AutoTokenizer:\n  ours {got}\n  hf   {expected}")
+    plain = ours.encode(text, add_special_tokens=False)
+    if ours.decode(plain) != reference.decode(plain):
+        _fail("tokenizer", f"decode differs from AutoTokenizer: {ours.decode(plain)!r} != {reference.decode(plain)!r}")
+    # SentencePiece's dummy prefix makes a leading space unrecoverable; everything else must come back.
+    body = text.lstrip(" ")
+    if ours.decode(ours.encode(body, add_special_tokens=False)) != body:
+        _fail("tokenizer", f"decode(encode(text)) != text: {ours.decode(ours.encode(body, add_special_tokens=False))!r}")
+
+
+def check_training(case: Case, steps: int = 8, lr: float = 3e-3) -> tuple[float, float]:
+    """A few optimizer steps on the megatron-core model (its own loss) lower the loss on a
+    fixed batch. Returns (first loss, last loss)."""
+    import torch
+
+    from pai_zoo.handle import causal_mask
+    from pai_zoo.mcore.build import build_gpt_model
+
+    model = build_gpt_model(case.family, case.mcore_config)
+    model.load_state_dict(case.mcore_model.state_dict())
+    model.train()
+    vocab = case.mcore_config["vocab_size"]
+    gen = torch.Generator().manual_seed(7)
+    tokens = torch.randint(0, vocab, (2, 17), generator=gen)
+    ids, labels = tokens[:, :-1], tokens[:, 1:]
+    mask, positions = causal_mask(ids)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    losses = []
+    for _ in range(steps):
+        optimizer.zero_grad()
+        loss = model(ids, positions, mask, labels=labels).mean()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    if not all(map(torch.isfinite, map(torch.tensor, losses))):
+        _fail("training", f"non-finite loss: {losses}")
+    if not losses[-1] < 0.9 * losses[0]:
+        _fail("training", f"loss did not fall by 10% in {steps} steps: {losses}")
+    return losses[0], losses[-1]

@@ -1,0 +1,64 @@
+"""The conformance suite as a pytest test class.
+
+A family plugin runs it against itself with a three-line test module::
+
+    from pai_zoo_conformance import ConformanceSuite
+
+    class TestLlamaConformance(ConformanceSuite):
+        family = "llama"
+
+``pai-zoo conformance NAME`` runs the same class on any installed family.
+"""
+from __future__ import annotations
+
+import pytest
+
+from . import checks
+
+
+class ConformanceSuite:
+    """Every conformance check on one family's ``tiny`` preset (float32, CPU)."""
+
+    #: The family name or alias to check (``pai-zoo conformance`` parametrizes it instead).
+    family: str | None = None
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def family_name(cls):
+        if cls.family is None:
+            pytest.fail("set `family = \"<name>\"` on the ConformanceSuite subclass")
+        return cls.family
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def fam(cls, family_name):
+        from pai_zoo.registry import get_registry
+
+        return get_registry().family(family_name)
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def case(cls, fam):
+        return checks.build_case(fam)
+
+    def test_registration(self, fam):
+        checks.check_registration(fam)
+
+    def test_config_round_trip_every_preset(self, fam):
+        for preset in fam.presets:
+            checks.check_config_round_trip(fam, preset)
+
+    def test_mapping_coverage(self, case):
+        checks.check_mapping_coverage(case)
+
+    def test_weights_round_trip_bit_identical(self, case):
+        checks.check_weight_round_trip(case)
+
+    def test_forward_equivalence(self, case):
+        checks.check_forward_equivalence(case)
+
+    def test_tokenizer_matches_transformers(self, fam, tmp_path_factory):
+        checks.check_tokenizer(fam, tmp_path_factory.mktemp(f"{fam.name}-tokenizer"))
+
+    def test_training_lowers_loss(self, case):
+        checks.check_training(case)

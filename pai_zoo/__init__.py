@@ -1,0 +1,32 @@
+"""pai-zoo: a plugin-based model zoo for Megatron-Core.
+
+    import pai_zoo
+    handle = pai_zoo.load("llama3-tiny", backend="mcore")
+    logits = handle.logits([[1, 2, 3]])
+
+Importing this package does not import torch or megatron-core; they load on first use.
+"""
+from __future__ import annotations
+
+from .config_map import ConfigMap, Field, Fixed, McoreConfig, Require, Rope
+from .errors import ConfigTranslationError, MappingError, PaiZooError, PluginError, UnknownModelError
+from .family import Family
+from .hookspecs import hookimpl
+from .mapping import QKV, Copy, GateUp, MappingContext, Output, Row, Vocab, WeightMap
+from .registry import get_registry
+
+__version__ = "0.1.0"
+
+
+def load(name_or_path, backend: str = "mcore", checkpoint=None, **kwargs):
+    """Load a preset, a family (with ``checkpoint=``) or a checkpoint folder; see :func:`pai_zoo.handle.load`."""
+    from .handle import load as _load
+
+    return _load(name_or_path, backend=backend, checkpoint=checkpoint, **kwargs)
+
+
+__all__ = [
+    "ConfigMap", "ConfigTranslationError", "Copy", "Family", "Field", "Fixed", "GateUp", "MappingContext",
+    "MappingError", "McoreConfig", "Output", "PaiZooError", "PluginError", "QKV", "Require", "Rope", "Row",
+    "UnknownModelError", "Vocab", "WeightMap", "get_registry", "hookimpl", "load",
+]

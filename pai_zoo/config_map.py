@@ -1,0 +1,337 @@
+"""Declarative translation between a Hugging Face config and megatron-core's model arguments.
+
+A family lists rules; one :class:`ConfigMap` runs them in both directions::
+
+    LLAMA = ConfigMap(
+        Field("hidden_size", "hidden_size"),
+        Field("num_key_value_heads", "num_query_groups"),
+        Rope(),
+        Fixed(hf={"hidden_act": "silu"}, mcore={"gated_linear_unit": True, "activation_func": "silu"}),
+    )
+
+The megatron-core side is one flat dict (:class:`McoreConfig.arch`) holding both
+``TransformerConfig`` fields and ``GPTModel`` arguments (``vocab_size``,
+``position_embedding_type``, ``rotary_base`` ...); :mod:`pai_zoo.mcore.build` splits it.
+Keys of the Hugging Face config that are not part of the architecture (token ids,
+dtype, ``use_cache`` ...) travel unchanged in :attr:`McoreConfig.hf_extra`, so the
+round trip HF -> mcore -> HF is lossless. This module does not import torch.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .errors import ConfigTranslationError
+
+#: Hugging Face config keys that never change the computation of a forward pass.
+NON_ARCHITECTURE_KEYS = frozenset(
+    {
+        "_name_or_path", "architectures", "model_type", "transformers_version", "dtype", "torch_dtype",
+        "output_hidden_states", "output_attentions", "return_dict", "chunk_size_feed_forward",
+        "is_encoder_decoder", "id2label", "label2id", "problem_type", "initializer_range",
+        "use_cache", "pad_token_id", "bos_token_id", "eos_token_id", "tokenizer_class",
+        "prefix", "sep_token_id", "decoder_start_token_id", "task_specific_params",
+        "tie_encoder_decoder", "cross_attention_hidden_size", "add_cross_attention",
+        "finetuning_task", "use_bfloat16", "pruned_heads", "torchscript", "tf_legacy_loss",
+        "_attn_implementation_autoset", "auto_map", "quantization_config",
+    }
+)
+
+#: Keys of :attr:`McoreConfig.arch` that are ``GPTModel`` constructor arguments; the rest
+#: are ``TransformerConfig`` fields.
+GPT_MODEL_ARGS = frozenset(
+    {
+        "vocab_size", "max_sequence_length", "share_embeddings_and_output_weights",
+        "position_embedding_type", "rotary_percent", "rotary_base", "rope_scaling",
+        "rope_scaling_factor", "seq_len_interpolation_factor",
+    }
+)
+
+
+@dataclass
+class McoreConfig:
+    """Everything needed to build a megatron-core ``GPTModel`` for one family.
+
+    ``arch`` holds the architecture in megatron-core's own names (``vocab_size`` is the
+    tokenizer's true vocabulary; padding is derived by :meth:`padded_vocab_size`).
+    ``hf_extra`` holds the non-architecture Hugging Face keys, carried unchanged.
+    """
+
+    family: str
+    arch: dict[str, Any]
+    hf_extra: dict[str, Any] = field(default_factory=dict)
+    make_vocab_size_divisible_by: int = 128
+
+    def __getitem__(self, key: str) -> Any:
+        return self.arch[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.arch.get(key, default)
+
+    def padded_vocab_size(self, tensor_parallel_size: int = 1) -> int:
+        """Megatron's rule: round the vocabulary up to a multiple of divisor x TP size."""
+        multiple = self.make_vocab_size_divisible_by * tensor_parallel_size
+        return int(math.ceil(self.arch["vocab_size"] / multiple) * multiple)
+
+    @property
+    def num_layers(self) -> int:
+        return self.arch["num_layers"]
+
+    @property
+    def num_attention_heads(self) -> int:
+        return self.arch["num_attention_heads"]
+
+    @property
+    def num_query_groups(self) -> int:
+        return self.arch.get("num_query_groups") or self.arch["num_attention_heads"]
+
+    @property
+    def kv_channels(self) -> int:
+        return self.arch.get("kv_channels") or self.arch["hidden_size"] // self.arch["num_attention_heads"]
+
+    @property
+    def tied_embeddings(self) -> bool:
+        return bool(self.arch.get("share_embeddings_and_output_weights", False))
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "family": self.family,
+                "arch": self.arch,
+                "hf_extra": self.hf_extra,
+                "make_vocab_size_divisible_by": self.make_vocab_size_divisible_by,
+            },
+            indent=2,
+            sort_keys=True,
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> "McoreConfig":
+        data = json.loads(text)
+        return cls(**data)
+
+
+class Rule:
+    """One piece of the translation. Subclasses name the HF keys they consume."""
+
+    hf_keys: tuple[str, ...] = ()
+
+    def to_mcore(self, hf: dict, arch: dict) -> None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def to_hf(self, arch: dict, hf: dict) -> None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        """One line for ``pai-zoo info``."""
+        return repr(self)
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "<required>"
+
+
+_MISSING = _Missing()
+
+
+@dataclass
+class Field(Rule):
+    """Copy ``hf`` key to megatron-core key ``mcore``; ``default`` stands in when the HF key is
+    absent. ``encode``/``decode`` convert the value HF -> mcore and back when the two sides
+    spell it differently (they must be inverses)."""
+
+    hf: str
+    mcore: str
+    default: Any = _MISSING
+    encode: Callable[[Any], Any] | None = None
+    decode: Callable[[Any], Any] | None = None
+
+    @property
+    def hf_keys(self) -> tuple[str, ...]:
+        return (self.hf,)
+
+    def describe(self) -> str:
+        default = "" if self.default is _MISSING else f" (default {self.default!r})"
+        return f"{self.hf} -> {self.mcore}{default}"
+
+    def to_mcore(self, hf: dict, arch: dict) -> None:
+        if self.hf in hf:
+            value = hf[self.hf]
+        elif self.default is not _MISSING:
+            value = self.default
+        else:
+            raise ConfigTranslationError(f"config.json has no {self.hf!r} (needed for megatron-core {self.mcore!r})")
+        arch[self.mcore] = self.encode(value) if self.encode else value
+
+    def to_hf(self, arch: dict, hf: dict) -> None:
+        if self.mcore in arch:
+            value = arch[self.mcore]
+            hf[self.hf] = self.decode(value) if self.decode else value
+        elif self.default is not _MISSING:
+            hf[self.hf] = self.default
+        else:
+            raise ConfigTranslationError(f"megatron-core config has no {self.mcore!r} (needed for HF {self.hf!r})")
+
+
+def sliding_window(hf_key: str = "sliding_window") -> Field:
+    """HF ``sliding_window`` (tokens seen, the current one included) <-> megatron ``window_size`` ``(w - 1, 0)``."""
+    return Field(
+        hf_key, "window_size", default=None,
+        encode=lambda w: None if w is None else [int(w) - 1, 0],
+        decode=lambda ws: None if ws is None else int(ws[0]) + 1,
+    )
+
+
+@dataclass
+class Fixed(Rule):
+    """Values the family always has: ``hf`` keys must hold these values, and imply ``mcore`` values."""
+
+    hf: dict[str, Any] = field(default_factory=dict)
+    mcore: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def hf_keys(self) -> tuple[str, ...]:
+        return tuple(self.hf)
+
+    def describe(self) -> str:
+        show = lambda d: ", ".join(f"{k}={v!r}" for k, v in d.items()) or "-"
+        return f"fixed: {show(self.hf)} -> {show(self.mcore)}"
+
+    def to_mcore(self, hf: dict, arch: dict) -> None:
+        for key, expected in self.hf.items():
+            if key in hf and hf[key] != expected:
+                raise ConfigTranslationError(
+                    f"config.json has {key}={hf[key]!r}; this family supports only {key}={expected!r}"
+                )
+        arch.update(self.mcore)
+
+    def to_hf(self, arch: dict, hf: dict) -> None:
+        for key, expected in self.mcore.items():
+            if arch.get(key, expected) != expected:
+                raise ConfigTranslationError(
+                    f"megatron-core config has {key}={arch[key]!r}; this family supports only {expected!r}"
+                )
+        hf.update(self.hf)
+
+
+@dataclass
+class Require(Rule):
+    """A constraint on the HF config that megatron-core needs; ``message`` says why it failed."""
+
+    check: Callable[[dict], bool]
+    message: str
+
+    def to_mcore(self, hf: dict, arch: dict) -> None:
+        if not self.check(hf):
+            raise ConfigTranslationError(self.message)
+
+    def to_hf(self, arch: dict, hf: dict) -> None:
+        pass
+
+    def describe(self) -> str:
+        return f"requires: {self.message}"
+
+
+# megatron-core's Llama-3 RoPE scaling has these constants built in.
+_MCORE_LLAMA3_SCALING = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+
+@dataclass
+class Rope(Rule):
+    """Rotary embeddings from transformers' ``rope_parameters`` (theta, type, scaling, partial rotary).
+
+    Supported types: ``default``, ``linear`` (position interpolation) and ``llama3``
+    (with megatron-core's built-in low/high frequency factors). Anything else is an error.
+    """
+
+    hf_keys: tuple[str, ...] = ("rope_parameters", "rope_theta", "rope_scaling", "partial_rotary_factor")
+
+    def to_mcore(self, hf: dict, arch: dict) -> None:
+        params = dict(hf.get("rope_parameters") or {})
+        if not params:  # transformers 4.x layout
+            params = dict(hf.get("rope_scaling") or {})
+            params.setdefault("rope_theta", hf.get("rope_theta", 10000.0))
+        rope_type = params.get("rope_type", params.get("type", "default"))
+        arch["position_embedding_type"] = "rope"
+        arch["rotary_base"] = params.get("rope_theta", 10000.0)
+        partial = params.get("partial_rotary_factor", hf.get("partial_rotary_factor"))
+        if partial is not None:
+            arch["rotary_percent"] = partial
+        if rope_type == "default":
+            return
+        if rope_type == "linear":
+            arch["seq_len_interpolation_factor"] = params["factor"]
+        elif rope_type == "llama3":
+            for key, value in _MCORE_LLAMA3_SCALING.items():
+                if float(params.get(key, value)) != value:
+                    raise ConfigTranslationError(
+                        f"rope_parameters.{key}={params[key]!r}: megatron-core's llama3 RoPE scaling fixes it at {value}"
+                    )
+            arch["rope_scaling"] = True
+            arch["rope_scaling_factor"] = params["factor"]
+        else:
+            raise ConfigTranslationError(f"rope_parameters.rope_type={rope_type!r} is not supported by megatron-core's GPTModel")
+
+    def describe(self) -> str:
+        return "rope_parameters -> rotary_base, rotary_percent, rope_scaling(_factor), seq_len_interpolation_factor"
+
+    def to_hf(self, arch: dict, hf: dict) -> None:
+        params: dict[str, Any] = {"rope_theta": arch.get("rotary_base", 10000.0), "rope_type": "default"}
+        if arch.get("rope_scaling"):
+            params.update(rope_type="llama3", factor=arch["rope_scaling_factor"], **_MCORE_LLAMA3_SCALING)
+        elif arch.get("seq_len_interpolation_factor"):
+            params.update(rope_type="linear", factor=arch["seq_len_interpolation_factor"])
+        if "rotary_percent" in arch:
+            params["partial_rotary_factor"] = arch["rotary_percent"]
+        hf["rope_parameters"] = params
+
+
+class ConfigMap:
+    """An ordered list of rules: translates a HF config dict to :class:`McoreConfig` and back.
+
+    ``passthrough`` names family-specific HF keys that do not change the computation
+    (beyond :data:`NON_ARCHITECTURE_KEYS`) and so may travel in ``hf_extra``.
+    """
+
+    def __init__(self, *rules: Rule, passthrough: tuple[str, ...] = ()):
+        self.rules = rules
+        self.passthrough = frozenset(passthrough)
+
+    @property
+    def consumed_keys(self) -> frozenset[str]:
+        return frozenset(k for rule in self.rules for k in rule.hf_keys)
+
+    def to_mcore(self, family: str, hf: dict) -> McoreConfig:
+        arch: dict[str, Any] = {}
+        for rule in self.rules:
+            rule.to_mcore(hf, arch)
+        consumed = self.consumed_keys
+        extra = {k: v for k, v in hf.items() if k not in consumed}
+        return McoreConfig(family=family, arch=arch, hf_extra=extra)
+
+    def to_hf(self, config: McoreConfig, known_keys: frozenset[str] | None = None) -> dict:
+        """The HF config dict. With ``known_keys`` (the target config class's fields), a
+        :class:`Field` still at its default is left out when the class does not know it
+        (Mistral has no ``attention_bias``, Llama does)."""
+        hf: dict[str, Any] = dict(config.hf_extra)
+        for rule in self.rules:
+            rule.to_hf(config.arch, hf)
+        if known_keys is not None:
+            for rule in self.rules:
+                if (
+                    isinstance(rule, Field)
+                    and rule.default is not _MISSING
+                    and rule.hf not in known_keys
+                    and rule.hf not in config.hf_extra
+                    and hf.get(rule.hf) == rule.default
+                ):
+                    del hf[rule.hf]
+        return hf
+
+    def untranslated_architecture_keys(self, hf: dict) -> list[str]:
+        """HF keys that are neither translated nor declared non-architectural (should be empty)."""
+        allowed = self.consumed_keys | NON_ARCHITECTURE_KEYS | self.passthrough
+        return sorted(k for k in hf if k not in allowed)

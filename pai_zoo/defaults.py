@@ -1,0 +1,18 @@
+"""The core's own hook implementations, consulted after every plugin's (``trylast``)."""
+from __future__ import annotations
+
+from .hookspecs import hookimpl
+
+
+@hookimpl(trylast=True)
+def pai_zoo_weight_map(family, config):
+    """The family's own table."""
+    return family.weight_map_for(config)
+
+
+@hookimpl(trylast=True)
+def pai_zoo_tokenizer(family, path):
+    """Whatever tokenizer file the checkpoint folder holds."""
+    from .tokenizer import load_tokenizer
+
+    return load_tokenizer(path)

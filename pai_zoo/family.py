@@ -1,0 +1,90 @@
+"""What a model family is: the data a plugin registers through ``pai_zoo_families``.
+
+This module does not import torch or megatron-core, so that discovery stays cheap.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+from .config_map import ConfigMap, McoreConfig
+from .errors import PluginError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .mapping import WeightMap
+
+
+@dataclass
+class Family:
+    """A model family: how its Hugging Face checkpoints become megatron-core models and back.
+
+    Attributes:
+        name: the family's unique name (``"llama"``).
+        aliases: other names users type (``"llama2"``, ``"mistral"``).
+        hf_architectures: ``config.json`` ``architectures`` entries it claims (``"LlamaForCausalLM"``).
+        model_types: ``config.json`` ``model_type`` values it claims (the first is the default
+            when a config is written from megatron-core).
+        presets: preset name -> Hugging Face config dict (must include ``model_type``). One of
+            them is named by ``tiny``: a model small enough for tests and demos on a CPU.
+        tiny: the name of the tiny preset.
+        config_map: the HF <-> megatron-core config translation.
+        weight_map: the table, or a callable ``(McoreConfig) -> WeightMap`` when the table
+            depends on the config.
+        layer_spec: ``(McoreConfig) -> megatron ModuleSpec`` for the transformer layer, or
+            ``None`` for megatron-core's local GPT layer spec (normalization and
+            ``qk_layernorm`` taken from the config). Import megatron-core inside it.
+        hf_model_class: ``(model_type) -> PreTrainedModel subclass`` for families whose
+            Hugging Face model is not in transformers (remote-code checkpoints); ``None``
+            uses ``AutoModelForCausalLM``.
+        hf_config_class: likewise for the config class; ``None`` uses ``AutoConfig``.
+        test_tokenizer: ``(folder) -> None`` writes a tokenizer of this family's kind into
+            ``folder`` (files a real checkpoint would carry), for the conformance suite.
+        plugin: filled in by the registry: the entry-point name that registered the family.
+    """
+
+    name: str
+    presets: Mapping[str, Mapping[str, Any]]
+    tiny: str
+    config_map: ConfigMap
+    weight_map: "WeightMap | Callable[[McoreConfig], WeightMap]"
+    aliases: tuple[str, ...] = ()
+    hf_architectures: tuple[str, ...] = ()
+    model_types: tuple[str, ...] = ()
+    layer_spec: Callable[[McoreConfig], Any] | None = None
+    hf_model_class: Callable[[str], Any] | None = None
+    hf_config_class: Callable[[str], Any] | None = None
+    test_tokenizer: Callable[[Any], None] | None = None
+    description: str = ""
+    plugin: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        if self.tiny not in self.presets:
+            raise PluginError(f"family {self.name!r}: tiny preset {self.tiny!r} is not among its presets {sorted(self.presets)}")
+        for preset, cfg in self.presets.items():
+            if "model_type" not in cfg:
+                raise PluginError(f"family {self.name!r}: preset {preset!r} has no 'model_type'")
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return (self.name, *self.aliases)
+
+    def weight_map_for(self, config: McoreConfig) -> "WeightMap":
+        """The table for one model."""
+        from .mapping import WeightMap
+
+        return self.weight_map if isinstance(self.weight_map, WeightMap) else self.weight_map(config)
+
+    def to_mcore_config(self, hf_config: Mapping[str, Any]) -> McoreConfig:
+        """Translate a Hugging Face config dict (``config.to_dict()``) to megatron-core terms."""
+        return self.config_map.to_mcore(self.name, dict(hf_config))
+
+    def to_hf_config_dict(self, config: McoreConfig, known_keys: frozenset[str] | None = None) -> dict[str, Any]:
+        """Translate back to a Hugging Face config dict (with ``model_type``); see
+        :meth:`ConfigMap.to_hf` for ``known_keys``."""
+        hf = self.config_map.to_hf(config, known_keys)
+        hf.setdefault("model_type", self.default_model_type)
+        return hf
+
+    @property
+    def default_model_type(self) -> str:
+        return self.model_types[0] if self.model_types else self.name

@@ -1,0 +1,71 @@
+"""The Hugging Face side: config objects and models for a family, from transformers or the plugin."""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from .config_map import McoreConfig
+from .family import Family
+
+
+def config_class(family: Family, model_type: str):
+    """The ``PretrainedConfig`` subclass for ``model_type``: the plugin's, else transformers'."""
+    if family.hf_config_class is not None:
+        return family.hf_config_class(model_type)
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    return CONFIG_MAPPING[model_type]
+
+
+def hf_config(family: Family, config: Mapping[str, Any]):
+    """A transformers config object from a config dict (its ``model_type`` picks the class)."""
+    data = dict(config)
+    model_type = data.pop("model_type", None) or family.default_model_type
+    return config_class(family, model_type).from_dict(data)
+
+
+def config_dict(config) -> dict[str, Any]:
+    """A transformers config object as the plain dict a family's translation reads."""
+    return config.to_dict()
+
+
+def hf_config_from_mcore(family: Family, config: McoreConfig):
+    """The transformers config for a megatron-core config (the reverse translation)."""
+    model_type = config.hf_extra.get("model_type") or family.default_model_type
+    known = frozenset(config_class(family, model_type)().to_dict())
+    return hf_config(family, family.to_hf_config_dict(config, known))
+
+
+def model_class(family: Family, model_type: str):
+    """The causal-LM class: the plugin's reference model, else transformers' auto class."""
+    if family.hf_model_class is not None:
+        return family.hf_model_class(model_type)
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM
+
+
+def build_hf_model(family: Family, config, dtype=None):
+    """A randomly initialised transformers model for a config object, in eval mode."""
+    import torch
+
+    cls = model_class(family, config.model_type)
+    model = cls.from_config(config, dtype=dtype or torch.float32) if hasattr(cls, "from_config") else cls(config)
+    return model.eval()
+
+
+def load_hf_model(family: Family, path, dtype=None):
+    """A transformers model from a checkpoint folder (no remote code: the plugin's class is used)."""
+    import torch
+
+    from transformers import AutoConfig
+
+    cfg = family.hf_config_class and hf_config(family, _read_config(path)) or AutoConfig.from_pretrained(path)
+    cls = model_class(family, cfg.model_type)
+    return cls.from_pretrained(path, config=cfg, dtype=dtype or torch.float32).eval()
+
+
+def _read_config(path) -> dict:
+    import json
+    from pathlib import Path
+
+    return json.loads((Path(path) / "config.json").read_text())

@@ -1,0 +1,349 @@
+"""The weight-mapping engine: one declarative table per family, run in both directions.
+
+A table is a list of rows between Hugging Face and megatron-core parameter names.
+Names may hold ``{layer}``, expanded for every transformer layer::
+
+    WeightMap(
+        Vocab("model.embed_tokens.weight", "embedding.word_embeddings.weight"),
+        Copy("model.layers.{layer}.input_layernorm.weight", "decoder.layers.{layer}.input_layernorm.weight"),
+        QKV("model.layers.{layer}.self_attn.{q,k,v}_proj.weight", "decoder.layers.{layer}.self_attention.linear_qkv.weight"),
+        GateUp(...), Output(...),
+    )
+
+Row kinds: :class:`Copy`, :class:`Vocab` (pads the vocabulary to Megatron's padded size and
+trims it back), :class:`QKV` (megatron's fused QKV, grouped per query group, so MHA, GQA and
+MQA all work), :class:`GateUp` (fused SwiGLU ``[gate; up]``), :class:`Output` (output head,
+tied or not). A family needing another layout subclasses :class:`Row`.
+
+The engine checks coverage: every source tensor is consumed exactly once and every target
+tensor is filled exactly once, otherwise :class:`~pai_zoo.errors.MappingError` lists the
+missing and unexpected names. Tensors are produced row by row (:meth:`WeightMap.iter_convert`),
+so a converter can stream. This module imports torch only when tensors are transformed.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator, Mapping
+
+from .errors import MappingError
+
+TO_MCORE = "to_mcore"
+TO_HF = "to_hf"
+DIRECTIONS = (TO_MCORE, TO_HF)
+
+
+@dataclass(frozen=True)
+class MappingContext:
+    """The shape facts a table needs, taken from the megatron-core config."""
+
+    num_layers: int
+    num_attention_heads: int
+    num_query_groups: int
+    head_dim: int
+    vocab_size: int
+    padded_vocab_size: int
+    tied_embeddings: bool
+
+    @classmethod
+    def from_config(cls, config, tensor_parallel_size: int = 1) -> "MappingContext":
+        """Build from a :class:`~pai_zoo.config_map.McoreConfig`."""
+        return cls(
+            num_layers=config.num_layers,
+            num_attention_heads=config.num_attention_heads,
+            num_query_groups=config.num_query_groups,
+            head_dim=config.kv_channels,
+            vocab_size=config["vocab_size"],
+            padded_vocab_size=config.padded_vocab_size(tensor_parallel_size),
+            tied_embeddings=config.tied_embeddings,
+        )
+
+
+def _expand(pattern: str) -> list[str]:
+    """``"a.{q,k,v}_proj"`` -> ``["a.q_proj", "a.k_proj", "a.v_proj"]`` (one brace group)."""
+    match = re.search(r"\{([^{}]*,[^{}]*)\}", pattern)
+    if not match:
+        return [pattern]
+    return [pattern[: match.start()] + part + pattern[match.end():] for part in match.group(1).split(",")]
+
+
+class Row:
+    """One row of a table: HF names <-> megatron-core names, and the transform each way.
+
+    Subclasses set ``hf`` and ``mcore`` (tuples of name patterns, ``{layer}`` allowed) and
+    implement :meth:`to_mcore` and :meth:`to_hf` on lists of tensors in the same order.
+    """
+
+    hf: tuple[str, ...]
+    mcore: tuple[str, ...]
+
+    def to_mcore(self, tensors: list, ctx: MappingContext) -> list:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def to_hf(self, tensors: list, ctx: MappingContext) -> list:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def active(self, ctx: MappingContext) -> bool:
+        """Whether the row applies to this model (e.g. an untied output head)."""
+        return True
+
+    def optional_sources(self, direction: str, ctx: MappingContext) -> tuple[str, ...]:
+        """Source names this row may find and silently drop (e.g. a tied HF ``lm_head``)."""
+        return ()
+
+    @property
+    def per_layer(self) -> bool:
+        return any("{layer}" in n for n in self.hf + self.mcore)
+
+    def names(self, direction: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        return (self.hf, self.mcore) if direction == TO_MCORE else (self.mcore, self.hf)
+
+    def apply(self, direction: str, tensors: list, ctx: MappingContext) -> list:
+        return self.to_mcore(tensors, ctx) if direction == TO_MCORE else self.to_hf(tensors, ctx)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(self.hf)} <-> {', '.join(self.mcore)})"
+
+
+class Copy(Row):
+    """Same tensor under another name."""
+
+    def __init__(self, hf: str, mcore: str):
+        self.hf, self.mcore = (hf,), (mcore,)
+
+    def to_mcore(self, tensors, ctx):
+        return list(tensors)
+
+    to_hf = to_mcore
+
+
+class Vocab(Row):
+    """A tensor whose first dimension is the vocabulary: zero-padded to Megatron's padded
+    vocabulary size on the way in, trimmed back to the true size on the way out."""
+
+    def __init__(self, hf: str, mcore: str):
+        self.hf, self.mcore = (hf,), (mcore,)
+
+    def to_mcore(self, tensors, ctx):
+        import torch
+
+        (t,) = tensors
+        if t.shape[0] != ctx.vocab_size:
+            raise MappingError(f"{self.hf[0]}: first dimension {t.shape[0]} is not the vocabulary size {ctx.vocab_size}")
+        pad = ctx.padded_vocab_size - t.shape[0]
+        if pad == 0:
+            return [t]
+        return [torch.cat([t, t.new_zeros((pad,) + tuple(t.shape[1:]))], dim=0)]
+
+    def to_hf(self, tensors, ctx):
+        (t,) = tensors
+        if t.shape[0] != ctx.padded_vocab_size:
+            raise MappingError(
+                f"{self.mcore[0]}: first dimension {t.shape[0]} is not the padded vocabulary size {ctx.padded_vocab_size}"
+            )
+        return [t[: ctx.vocab_size]]
+
+
+class Output(Vocab):
+    """The output head. Untied: a :class:`Vocab` row. Tied: megatron-core has no tensor for it;
+    the HF side's copy of the embedding is accepted and dropped on the way in, and rebuilt from
+    ``embedding`` (the megatron-core embedding name) on the way out."""
+
+    def __init__(self, hf: str, mcore: str, embedding: str = "embedding.word_embeddings.weight"):
+        super().__init__(hf, mcore)
+        self.embedding = embedding
+
+    def active(self, ctx):
+        return not ctx.tied_embeddings
+
+    def optional_sources(self, direction, ctx):
+        return self.hf if (ctx.tied_embeddings and direction == TO_MCORE) else ()
+
+
+class QKV(Row):
+    """Separate q, k, v projections (weights or biases) <-> megatron's fused ``linear_qkv``.
+
+    Megatron lays the fused tensor out per query group: for each group, its query heads,
+    then its one key head, then its one value head. Any head count works (MHA, GQA, MQA).
+    """
+
+    def __init__(self, hf: str, mcore: str):
+        q, k, v = _expand(hf)
+        self.hf, self.mcore = (q, k, v), (mcore,)
+
+    def to_mcore(self, tensors, ctx):
+        import torch
+
+        q, k, v = tensors
+        groups, d = ctx.num_query_groups, ctx.head_dim
+        per_group = ctx.num_attention_heads // groups
+        rest = tuple(q.shape[1:])
+        for name, t, heads in zip(self.hf, (q, k, v), (ctx.num_attention_heads, groups, groups)):
+            if t.shape[0] != heads * d:
+                raise MappingError(f"{name}: first dimension {t.shape[0]} != {heads} heads x {d}")
+        fused = torch.cat(
+            [q.reshape(groups, per_group * d, *rest), k.reshape(groups, d, *rest), v.reshape(groups, d, *rest)], dim=1
+        )
+        return [fused.reshape(-1, *rest)]
+
+    def to_hf(self, tensors, ctx):
+        (fused,) = tensors
+        groups, d = ctx.num_query_groups, ctx.head_dim
+        per_group = ctx.num_attention_heads // groups
+        rest = tuple(fused.shape[1:])
+        if fused.shape[0] != (per_group + 2) * groups * d:
+            raise MappingError(f"{self.mcore[0]}: first dimension {fused.shape[0]} does not fit {groups} groups of {per_group}+2 heads x {d}")
+        grouped = fused.reshape(groups, (per_group + 2) * d, *rest)
+        q, k, v = grouped.split([per_group * d, d, d], dim=1)
+        return [q.reshape(-1, *rest), k.reshape(-1, *rest), v.reshape(-1, *rest)]
+
+
+class GateUp(Row):
+    """Separate gate and up projections of a gated MLP <-> megatron's ``linear_fc1`` ``[gate; up]``."""
+
+    def __init__(self, hf: str, mcore: str):
+        gate, up = _expand(hf)
+        self.hf, self.mcore = (gate, up), (mcore,)
+
+    def to_mcore(self, tensors, ctx):
+        import torch
+
+        return [torch.cat(list(tensors), dim=0)]
+
+    def to_hf(self, tensors, ctx):
+        (fused,) = tensors
+        if fused.shape[0] % 2:
+            raise MappingError(f"{self.mcore[0]}: first dimension {fused.shape[0]} is odd, cannot split into gate and up")
+        return list(fused.chunk(2, dim=0))
+
+
+@dataclass(frozen=True)
+class _Step:
+    """One expanded row: concrete source and target names for one direction."""
+
+    row: Row
+    sources: tuple[str, ...]
+    targets: tuple[str, ...]
+
+
+class WeightMap:
+    """A family's table. Run it with :meth:`convert` (a dict) or :meth:`iter_convert` (a stream)."""
+
+    def __init__(self, *rows: Row):
+        self.rows = rows
+
+    def plan(self, direction: str, ctx: MappingContext) -> tuple[list[_Step], set[str]]:
+        """Expand the table for one model: the steps and the optional (droppable) source names."""
+        if direction not in DIRECTIONS:
+            raise ValueError(f"direction must be one of {DIRECTIONS}, not {direction!r}")
+        steps, optional = [], set()
+        for row in self.rows:
+            layers = range(ctx.num_layers) if row.per_layer else [None]
+            for layer in layers:
+                fill = (lambda n: n.replace("{layer}", str(layer))) if layer is not None else (lambda n: n)
+                optional.update(fill(n) for n in row.optional_sources(direction, ctx))
+                if not row.active(ctx):
+                    continue
+                src, dst = row.names(direction)
+                steps.append(_Step(row, tuple(map(fill, src)), tuple(map(fill, dst))))
+        seen_src: dict[str, Row] = {}
+        seen_dst: dict[str, Row] = {}
+        for step in steps:
+            for name in step.sources:
+                if name in seen_src:
+                    raise MappingError(f"table error: {name} is consumed by both {seen_src[name]} and {step.row}")
+                seen_src[name] = step.row
+            for name in step.targets:
+                if name in seen_dst:
+                    raise MappingError(f"table error: {name} is filled by both {seen_dst[name]} and {step.row}")
+                seen_dst[name] = step.row
+        return steps, optional
+
+    def source_names(self, direction: str, ctx: MappingContext) -> list[str]:
+        return [n for s in self.plan(direction, ctx)[0] for n in s.sources]
+
+    def target_names(self, direction: str, ctx: MappingContext) -> list[str]:
+        """Every target name the table fills, including a rebuilt tied HF output head."""
+        steps, _ = self.plan(direction, ctx)
+        names = [n for s in steps for n in s.targets]
+        return names + [tied for tied, _ in self._tied_outputs(direction, ctx)]
+
+    def _tied_outputs(self, direction: str, ctx: MappingContext) -> list[tuple[str, str]]:
+        """(HF output name, HF embedding name) pairs to rebuild when converting to HF with tied embeddings."""
+        if direction != TO_HF or not ctx.tied_embeddings:
+            return []
+        pairs = []
+        for row in self.rows:
+            if isinstance(row, Output):
+                embedding_row = next((r for r in self.rows if isinstance(r, Vocab) and r.mcore == (row.embedding,)), None)
+                if embedding_row is None:
+                    raise MappingError(f"table error: {row} is tied to {row.embedding}, which no Vocab row fills")
+                pairs.append((row.hf[0], embedding_row.hf[0]))
+        return pairs
+
+    def check_coverage(
+        self,
+        direction: str,
+        ctx: MappingContext,
+        source_names: Iterable[str],
+        expected_targets: Iterable[str] | None = None,
+    ) -> None:
+        """Raise :class:`MappingError` unless the sources are exactly what the table consumes
+        and (when given) the expected targets are exactly what it fills."""
+        steps, optional = self.plan(direction, ctx)
+        needed = {n for s in steps for n in s.sources}
+        given = set(source_names)
+        problems = []
+        missing, unexpected = sorted(needed - given), sorted(given - needed - optional)
+        if missing:
+            problems.append(f"missing source tensors: {', '.join(missing)}")
+        if unexpected:
+            problems.append(f"source tensors no row consumes: {', '.join(unexpected)}")
+        if expected_targets is not None:
+            filled = set(self.target_names(direction, ctx))
+            expected = set(expected_targets)
+            if expected - filled:
+                problems.append(f"target tensors no row fills: {', '.join(sorted(expected - filled))}")
+            if filled - expected:
+                problems.append(f"filled tensors the target does not have: {', '.join(sorted(filled - expected))}")
+        if problems:
+            side = "Hugging Face -> megatron-core" if direction == TO_MCORE else "megatron-core -> Hugging Face"
+            raise MappingError(f"weight map does not cover the model ({side}):\n  " + "\n  ".join(problems))
+
+    def iter_convert(
+        self,
+        direction: str,
+        ctx: MappingContext,
+        get: Callable[[str], object],
+        source_names: Iterable[str],
+        expected_targets: Iterable[str] | None = None,
+    ) -> Iterator[tuple[str, object]]:
+        """Yield ``(target name, tensor)`` row by row; ``get(name)`` loads one source tensor.
+
+        Coverage is checked before the first tensor is read, so a bad table fails fast.
+        """
+        self.check_coverage(direction, ctx, source_names, expected_targets)
+        steps, _ = self.plan(direction, ctx)
+        tied = dict((emb, out) for out, emb in self._tied_outputs(direction, ctx))
+        for step in steps:
+            outputs = step.row.apply(direction, [get(n) for n in step.sources], ctx)
+            if len(outputs) != len(step.targets):
+                raise MappingError(f"{step.row} produced {len(outputs)} tensors for {len(step.targets)} names")
+            for name, tensor in zip(step.targets, outputs):
+                yield name, tensor
+                if name in tied:
+                    yield tied[name], tensor
+
+    def convert(
+        self,
+        direction: str,
+        ctx: MappingContext,
+        tensors: Mapping[str, object],
+        expected_targets: Iterable[str] | None = None,
+    ) -> dict[str, object]:
+        """Convert a whole state dict (``{name: tensor}``) and return the other side's."""
+        return dict(self.iter_convert(direction, ctx, tensors.__getitem__, tensors.keys(), expected_targets))
+
+    def describe(self) -> list[tuple[str, str, str]]:
+        """``(kind, hf names, mcore names)`` per row, for ``pai-zoo info``."""
+        return [(type(r).__name__, ", ".join(r.hf), ", ".join(r.mcore)) for r in self.rows]

@@ -1,0 +1,98 @@
+"""Build a megatron-core ``GPTModel`` from a :class:`~pai_zoo.config_map.McoreConfig`."""
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ..config_map import GPT_MODEL_ARGS, McoreConfig
+from ..family import Family
+
+#: Activation names usable in ``McoreConfig.arch["activation_func"]``.
+ACTIVATIONS = {
+    "silu": F.silu,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "relu": F.relu,
+}
+
+#: megatron-core defaults that differ from Hugging Face models': no dropout unless the config says so.
+_HF_LIKE_DEFAULTS = {"hidden_dropout": 0.0, "attention_dropout": 0.0}
+
+#: Kernel fusions that need CUDA (or apex); switched off on a CPU.
+_CPU_OFF = (
+    "bias_activation_fusion", "bias_dropout_fusion", "masked_softmax_fusion", "persist_layer_norm",
+    "apply_rope_fusion", "gradient_accumulation_fusion",
+)
+
+
+def transformer_config(config: McoreConfig, dtype: torch.dtype = torch.float32, **overrides: Any):
+    """The ``TransformerConfig`` for ``config``; ``overrides`` set run-time fields
+    (``tensor_model_parallel_size``, ``sequence_parallel`` ...)."""
+    from megatron.core.transformer import TransformerConfig
+
+    kwargs: dict[str, Any] = dict(_HF_LIKE_DEFAULTS)
+    kwargs.update({k: v for k, v in config.arch.items() if k not in GPT_MODEL_ARGS})
+    act = kwargs.get("activation_func")
+    if isinstance(act, str):
+        if act not in ACTIVATIONS:
+            raise ValueError(f"unknown activation_func {act!r}; known: {sorted(ACTIVATIONS)}")
+        kwargs["activation_func"] = ACTIVATIONS[act]
+    kwargs["params_dtype"] = dtype
+    kwargs["bf16"] = dtype == torch.bfloat16
+    kwargs["fp16"] = dtype == torch.float16
+    if not torch.cuda.is_available():
+        kwargs["use_cpu_initialization"] = True
+        kwargs.update({name: False for name in _CPU_OFF})
+    kwargs.update(overrides)
+    return TransformerConfig(**kwargs)
+
+
+def default_layer_spec(config: McoreConfig):
+    """megatron-core's local GPT layer spec with the config's normalization and qk-norm."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "Apex is not installed. Falling back to Torch Norm"
+        return get_gpt_layer_local_spec(
+            qk_layernorm=bool(config.get("qk_layernorm", False)),
+            normalization=config.get("normalization", "LayerNorm"),
+        )
+
+
+def build_gpt_model(
+    family: Family,
+    config: McoreConfig,
+    dtype: torch.dtype = torch.float32,
+    pre_process: bool = True,
+    post_process: bool = True,
+    **overrides: Any,
+):
+    """A randomly initialised ``GPTModel`` for ``config``, with the family's layer spec.
+
+    The caller must have set up megatron's parallel state
+    (:func:`pai_zoo.mcore.compat.ensure_model_parallel`). ``overrides`` go to the
+    ``TransformerConfig``; the vocabulary is padded by Megatron's rule for the current
+    tensor-parallel size.
+    """
+    from megatron.core import parallel_state
+    from megatron.core.models.gpt import GPTModel
+
+    tp = parallel_state.get_tensor_model_parallel_world_size()
+    tconfig = transformer_config(config, dtype, tensor_model_parallel_size=tp, **overrides)
+    spec = (family.layer_spec or default_layer_spec)(config)
+    gpt_args = {k: v for k, v in config.arch.items() if k in GPT_MODEL_ARGS}
+    gpt_args["vocab_size"] = config.padded_vocab_size(tp)
+    gpt_args.setdefault("max_sequence_length", 4096)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = GPTModel(
+            config=tconfig,
+            transformer_layer_spec=spec,
+            pre_process=pre_process,
+            post_process=post_process,
+            **gpt_args,
+        )
+    return model.to(dtype)

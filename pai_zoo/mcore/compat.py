@@ -1,0 +1,146 @@
+"""Run megatron-core on a machine without CUDA.
+
+megatron-core assumes a GPU in a few places. :func:`apply_cpu_patch` redirects them to
+the CPU at run time, without editing megatron-core's source, and only when
+``torch.cuda.is_available()`` is false:
+
+* ``torch.cuda.current_device()`` returns ``"cpu"`` and ``torch.cuda.synchronize()`` does
+  nothing (without CUDA both would raise);
+* the "CUDA" RNG states tracker keeps CPU generator states, so weight init and dropout
+  forks work;
+* in the modules listed in :data:`CUDA_LITERAL_MODULES`, tensors created with
+  ``device="cuda"`` are created on the CPU (a proxy of ``torch`` is set as those modules'
+  global ``torch``).
+
+:func:`ensure_model_parallel` sets up a single-process gloo group and megatron's
+parallel state when the caller has not.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import os
+import socket
+
+import torch
+
+#: megatron-core modules whose ``device="cuda"`` literals are redirected to the CPU.
+CUDA_LITERAL_MODULES = (
+    "megatron.core.transformer.utils",
+    "megatron.core.pipeline_parallel.schedules",
+    "megatron.core.optimizer.optimizer",
+    "megatron.core.optimizer.clip_grads",
+)
+
+_FACTORIES = ("zeros", "ones", "empty", "full", "tensor", "arange", "rand", "randn", "zeros_like", "ones_like", "empty_like")
+_applied = False
+
+
+def _on_cpu(value):
+    if isinstance(value, str) and value.startswith("cuda"):
+        return "cpu"
+    if isinstance(value, torch.device) and value.type == "cuda":
+        return torch.device("cpu")
+    return value
+
+
+class _CpuTorch:
+    """Stands in for the ``torch`` module inside one megatron-core module: tensor factories
+    called with a CUDA device create CPU tensors; everything else is plain torch."""
+
+    def __getattr__(self, name):
+        attr = getattr(torch, name)
+        if name in _FACTORIES:
+
+            @functools.wraps(attr)
+            def factory(*args, **kwargs):
+                if "device" in kwargs:
+                    kwargs["device"] = _on_cpu(kwargs["device"])
+                return attr(*args, **kwargs)
+
+            return factory
+        return attr
+
+
+def _patch_rng_tracker() -> None:
+    from megatron.core.tensor_parallel import random as mrandom
+
+    base = mrandom.CudaRNGStatesTracker
+    if getattr(base, "_pai_zoo_cpu", False):
+        return
+
+    class CpuRNGStatesTracker(base):
+        """megatron's RNG states tracker over CPU generator states."""
+
+        _pai_zoo_cpu = True
+
+        def add(self, name, seed):
+            self._is_initialized = True
+            if seed in self.seeds_:
+                raise Exception(f"seed {seed} already exists")
+            self.seeds_.add(seed)
+            if name in self.states_:
+                raise Exception(f"rng state {name} already exists")
+            self.states_[name] = torch.Generator().manual_seed(seed).get_state()
+
+        @contextlib.contextmanager
+        def fork(self, name=mrandom._MODEL_PARALLEL_RNG_TRACKER_NAME):
+            if name not in self.states_:
+                raise Exception(f"rng state {name} is not added")
+            orig = torch.get_rng_state()
+            torch.set_rng_state(self.states_[name])
+            try:
+                yield
+            finally:
+                self.states_[name] = torch.get_rng_state()
+                torch.set_rng_state(orig)
+
+    mrandom.CudaRNGStatesTracker = CpuRNGStatesTracker
+    mrandom.initialize_rng_tracker(force_reset=True)
+
+
+def apply_cpu_patch() -> bool:
+    """Apply the CPU compatibility patch once; returns whether it is active (no CUDA)."""
+    global _applied
+    if torch.cuda.is_available():
+        return False
+    if _applied:
+        return True
+    torch.cuda.current_device = lambda: "cpu"
+    torch.cuda.synchronize = lambda *args, **kwargs: None
+    _patch_rng_tracker()
+    proxy = _CpuTorch()
+    for name in CUDA_LITERAL_MODULES:
+        importlib.import_module(name).torch = proxy
+    _applied = True
+    return True
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ensure_model_parallel(tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1, seed: int = 1234) -> None:
+    """Make megatron-core usable in this process: the CPU patch (without CUDA), a
+    ``torch.distributed`` group (single-process gloo when none exists), megatron's
+    parallel state and its RNG tracker. Does nothing that is already set up."""
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+    apply_cpu_patch()
+    if not torch.distributed.is_initialized():
+        if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # launched by torchrun
+            backend = "nccl" if torch.cuda.is_available() else "gloo"
+            torch.distributed.init_process_group(backend)
+        else:
+            torch.distributed.init_process_group(
+                "gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1
+            )
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=tensor_parallel_size, pipeline_model_parallel_size=pipeline_parallel_size
+        )
+        model_parallel_cuda_manual_seed(seed)

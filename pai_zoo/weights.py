@@ -1,0 +1,63 @@
+"""Move weights between Hugging Face and megatron-core state dicts with a family's table."""
+from __future__ import annotations
+
+from typing import Mapping
+
+from .config_map import McoreConfig
+from .errors import MappingError
+from .family import Family
+from .mapping import TO_HF, TO_MCORE, MappingContext
+
+
+def mcore_tensors(model) -> dict:
+    """A megatron-core model's parameters and persistent buffers (no ``_extra_state`` entries)."""
+    return {k: v for k, v in model.state_dict().items() if not k.endswith("._extra_state")}
+
+
+def _table(family: Family, config: McoreConfig):
+    from .registry import get_registry
+
+    return get_registry().weight_map(family, config)
+
+
+def hf_to_mcore(family: Family, config: McoreConfig, hf_state: Mapping, expected=None, tensor_parallel_size: int = 1) -> dict:
+    """HF ``{name: tensor}`` -> megatron-core ``{name: tensor}`` (full, unsharded tensors)."""
+    ctx = MappingContext.from_config(config, tensor_parallel_size)
+    return _table(family, config).convert(TO_MCORE, ctx, hf_state, expected)
+
+
+def mcore_to_hf(family: Family, config: McoreConfig, mcore_state: Mapping, expected=None, tensor_parallel_size: int = 1) -> dict:
+    """megatron-core ``{name: tensor}`` -> HF ``{name: tensor}`` (vocabulary padding trimmed)."""
+    ctx = MappingContext.from_config(config, tensor_parallel_size)
+    return _table(family, config).convert(TO_HF, ctx, mcore_state, expected)
+
+
+def load_into(model, state: Mapping, where: str) -> None:
+    """Copy ``state`` into ``model``'s tensors in place; names and shapes must match exactly."""
+    own = mcore_tensors(model) if hasattr(model, "decoder") else dict(model.state_dict())
+    problems = [f"{k}: shape {tuple(state[k].shape)} != model's {tuple(own[k].shape)}"
+                for k in own.keys() & state.keys() if tuple(state[k].shape) != tuple(own[k].shape)]
+    if problems:
+        raise MappingError(f"{where}: tensors of the wrong shape:\n  " + "\n  ".join(problems))
+    missing = sorted(own.keys() - state.keys())
+    unexpected = sorted(state.keys() - own.keys())
+    if missing or unexpected:
+        raise MappingError(f"{where}: missing {missing}, unexpected {unexpected}")
+    import torch
+
+    with torch.no_grad():
+        for name, tensor in state.items():
+            own[name].copy_(tensor)
+
+
+def hf_model_to_mcore(family: Family, config: McoreConfig, hf_model, mcore_model) -> None:
+    """Load a transformers model's weights into a megatron-core model (single process)."""
+    hf_state = hf_model.state_dict()
+    target = mcore_tensors(mcore_model)
+    load_into(mcore_model, hf_to_mcore(family, config, hf_state, expected=target.keys()), "megatron-core model")
+
+
+def mcore_model_to_hf(family: Family, config: McoreConfig, mcore_model, hf_model) -> None:
+    """Load a megatron-core model's weights into a transformers model (single process)."""
+    state = mcore_to_hf(family, config, mcore_tensors(mcore_model), expected=hf_model.state_dict().keys())
+    load_into(hf_model, state, "transformers model")

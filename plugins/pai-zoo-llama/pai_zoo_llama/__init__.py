@@ -1,0 +1,83 @@
+"""pai-zoo plugin for Llama 1/2/3.x and Mistral: RMSNorm, RoPE (with llama3 scaling), SwiGLU, GQA."""
+from __future__ import annotations
+
+from pai_zoo import QKV, ConfigMap, Copy, Family, Field, Fixed, GateUp, Output, Require, Rope, Vocab, WeightMap, hookimpl
+from pai_zoo.config_map import sliding_window
+
+from .presets import PRESETS
+
+CONFIG = ConfigMap(
+    Field("vocab_size", "vocab_size"),
+    Field("hidden_size", "hidden_size"),
+    Field("intermediate_size", "ffn_hidden_size"),
+    Field("num_hidden_layers", "num_layers"),
+    Field("num_attention_heads", "num_attention_heads"),
+    Field("num_key_value_heads", "num_query_groups"),
+    Field("head_dim", "kv_channels"),
+    Field("max_position_embeddings", "max_sequence_length"),
+    Field("rms_norm_eps", "layernorm_epsilon"),
+    Field("tie_word_embeddings", "share_embeddings_and_output_weights"),
+    Field("attention_bias", "add_qkv_bias", default=False),
+    Field("mlp_bias", "add_bias_linear", default=False),
+    Field("attention_dropout", "attention_dropout", default=0.0),
+    sliding_window(),
+    Rope(),
+    Fixed(
+        hf={"hidden_act": "silu"},
+        mcore={"gated_linear_unit": True, "activation_func": "silu", "normalization": "RMSNorm"},
+    ),
+    Require(lambda hf: hf.get("attention_bias", False) == hf.get("mlp_bias", False),
+            "megatron-core has one bias switch for o_proj and the MLP: attention_bias and mlp_bias must be equal"),
+    passthrough=("pretraining_tp",),  # a slicing trick of the original training code; same maths
+)
+
+L, M = "model.layers.{layer}.", "decoder.layers.{layer}."
+
+
+def weights(config) -> WeightMap:
+    """Llama's table; biases only where the config has them."""
+    rows = [
+        Vocab("model.embed_tokens.weight", "embedding.word_embeddings.weight"),
+        Copy(L + "input_layernorm.weight", M + "input_layernorm.weight"),
+        QKV(L + "self_attn.{q,k,v}_proj.weight", M + "self_attention.linear_qkv.weight"),
+        Copy(L + "self_attn.o_proj.weight", M + "self_attention.linear_proj.weight"),
+        Copy(L + "post_attention_layernorm.weight", M + "pre_mlp_layernorm.weight"),
+        GateUp(L + "mlp.{gate,up}_proj.weight", M + "mlp.linear_fc1.weight"),
+        Copy(L + "mlp.down_proj.weight", M + "mlp.linear_fc2.weight"),
+        Copy("model.norm.weight", "decoder.final_layernorm.weight"),
+        Output("lm_head.weight", "output_layer.weight"),
+    ]
+    if config.get("add_qkv_bias"):
+        rows.append(QKV(L + "self_attn.{q,k,v}_proj.bias", M + "self_attention.linear_qkv.bias"))
+    if config.get("add_bias_linear"):
+        rows += [
+            Copy(L + "self_attn.o_proj.bias", M + "self_attention.linear_proj.bias"),
+            GateUp(L + "mlp.{gate,up}_proj.bias", M + "mlp.linear_fc1.bias"),
+            Copy(L + "mlp.down_proj.bias", M + "mlp.linear_fc2.bias"),
+        ]
+    return WeightMap(*rows)
+
+
+def _write_test_tokenizer(folder) -> None:
+    from .tokenizer_files import write_test_tokenizer
+
+    write_test_tokenizer(folder)
+
+
+LLAMA = Family(
+    name="llama",
+    aliases=("llama1", "llama2", "llama3", "llama3.1", "llama3.2", "mistral"),
+    hf_architectures=("LlamaForCausalLM", "MistralForCausalLM"),
+    model_types=("llama", "mistral"),
+    presets=PRESETS,
+    tiny="llama3-tiny",
+    config_map=CONFIG,
+    weight_map=weights,
+    test_tokenizer=_write_test_tokenizer,
+    description="Llama 1/2/3.x and Mistral",
+)
+
+
+@hookimpl
+def pai_zoo_families():
+    return [LLAMA]

@@ -1,0 +1,58 @@
+"""Hugging Face configs of the published Llama and Mistral sizes, plus tiny ones for tests."""
+from __future__ import annotations
+
+
+def _llama(hidden, inter, layers, heads, kv, vocab, max_pos, eps, theta, **extra):
+    return dict(
+        model_type="llama", architectures=["LlamaForCausalLM"], vocab_size=vocab, hidden_size=hidden,
+        intermediate_size=inter, num_hidden_layers=layers, num_attention_heads=heads,
+        num_key_value_heads=kv, max_position_embeddings=max_pos, rms_norm_eps=eps,
+        rope_parameters={"rope_type": "default", "rope_theta": theta}, hidden_act="silu",
+        tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, **extra,
+    )
+
+
+def _llama3(hidden, inter, layers, heads, kv, *, scaling=None, **extra):
+    cfg = _llama(hidden, inter, layers, heads, kv, 128256, 8192, 1e-5, 500000.0, **extra)
+    cfg.update(bos_token_id=128000, eos_token_id=128001)
+    if scaling:
+        cfg["max_position_embeddings"] = 131072
+        cfg["rope_parameters"] = {
+            "rope_type": "llama3", "rope_theta": 500000.0, "factor": scaling, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192,
+        }
+    return cfg
+
+
+def _mistral(vocab, theta, window, **extra):
+    cfg = _llama(4096, 14336, 32, 32, 8, vocab, 32768, 1e-5, theta, sliding_window=window, **extra)
+    cfg.update(model_type="mistral", architectures=["MistralForCausalLM"], head_dim=128)
+    return cfg
+
+
+PRESETS = {
+    # A Llama-3.1-shaped model small enough for a CPU test: GQA, llama3 RoPE scaling, padded vocabulary.
+    "llama3-tiny": {
+        **_llama3(64, 192, 2, 4, 2, scaling=8.0),
+        "vocab_size": 1000, "bos_token_id": 1, "eos_token_id": 2,
+    },
+    # Mistral-shaped, with a sliding window shorter than test sequences.
+    "mistral-tiny": {
+        **_mistral(1000, 10000.0, 4),
+        "hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 1, "head_dim": 16, "max_position_embeddings": 256,
+    },
+    "llama-7b": _llama(4096, 11008, 32, 32, 32, 32000, 2048, 1e-6, 10000.0),
+    "llama-13b": _llama(5120, 13824, 40, 40, 40, 32000, 2048, 1e-6, 10000.0),
+    "llama2-7b": _llama(4096, 11008, 32, 32, 32, 32000, 4096, 1e-5, 10000.0),
+    "llama2-13b": _llama(5120, 13824, 40, 40, 40, 32000, 4096, 1e-5, 10000.0),
+    "llama2-70b": _llama(8192, 28672, 80, 64, 8, 32000, 4096, 1e-5, 10000.0),
+    "llama3-8b": _llama3(4096, 14336, 32, 32, 8),
+    "llama3-70b": _llama3(8192, 28672, 80, 64, 8),
+    "llama3.1-8b": _llama3(4096, 14336, 32, 32, 8, scaling=8.0),
+    "llama3.1-70b": _llama3(8192, 28672, 80, 64, 8, scaling=8.0),
+    "llama3.2-1b": {**_llama3(2048, 8192, 16, 32, 8, scaling=32.0), "head_dim": 64, "tie_word_embeddings": True},
+    "llama3.2-3b": {**_llama3(3072, 8192, 28, 24, 8, scaling=32.0), "head_dim": 128, "tie_word_embeddings": True},
+    "mistral-7b": _mistral(32000, 10000.0, 4096),
+    "mistral-7b-v0.3": _mistral(32768, 1000000.0, None),
+}

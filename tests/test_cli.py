@@ -1,0 +1,216 @@
+"""The ``pai-zoo`` command line: ``list``, ``list --json``, ``info`` and error exits.
+
+Most tests call :func:`pai_zoo.cli.main` in-process against the real installed plugins
+(the editable ``pai-zoo-llama``); a few run the installed console script in a subprocess.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import types
+from pathlib import Path
+
+import pytest
+
+import pai_zoo_llama
+from pai_zoo import Family, hookimpl
+from pai_zoo.cli import main
+from pai_zoo.registry import PLUGINS_ENV, Registry, reset_registry
+from pai_zoo_llama import CONFIG, weights
+
+BIN = Path(sys.executable).parent
+PAI_ZOO = str(BIN / "pai-zoo") if (BIN / "pai-zoo").exists() else shutil.which("pai-zoo")
+
+
+@pytest.fixture(autouse=True)
+def fresh_registry(monkeypatch):
+    """Every test sees the registry of the really installed plugins, built afresh."""
+    monkeypatch.delenv(PLUGINS_ENV, raising=False)
+    reset_registry(None)
+    yield
+    reset_registry(None)
+
+
+def _env(pythonpath: Path | None = None) -> dict:
+    env = dict(os.environ)
+    env.pop(PLUGINS_ENV, None)
+    if pythonpath is not None:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(pythonpath), os.environ.get("PYTHONPATH")) if p)
+    return env
+
+
+def run_script(*args: str, pythonpath: Path | None = None) -> subprocess.CompletedProcess:
+    assert PAI_ZOO, "the pai-zoo console script is not installed"
+    return subprocess.run([PAI_ZOO, *args], env=_env(pythonpath), capture_output=True, text=True, timeout=120)
+
+
+def _plugin(name: str, families) -> types.ModuleType:
+    mod = types.ModuleType(name)
+    mod.pai_zoo_families = hookimpl(lambda: families)
+    return mod
+
+
+# -- list -------------------------------------------------------------------------------------
+def test_list(capsys):
+    assert main(["list"]) == 0
+    out, err = capsys.readouterr()
+    lines = out.splitlines()
+    assert lines[0].split() == ["PLUGIN", "DISTRIBUTION", "VERSION", "FAMILIES"]
+    llama = next(line for line in lines if line.startswith("llama "))
+    assert llama.split()[:4] == ["llama", "pai-zoo-llama", "0.1.0", "llama"]
+    assert "(llama1, llama2, llama3, llama3.1, llama3.2, mistral)" in llama
+    assert "BROKEN" not in out and err == ""
+
+
+def test_list_json(capsys):
+    assert main(["list", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert isinstance(data, list)
+    llama = next(p for p in data if p["name"] == "llama")
+    assert llama == {"name": "llama", "distribution": "pai-zoo-llama", "version": "0.1.0", "families": ["llama"],
+                     "error": None, "traceback": None}
+
+
+def test_list_without_plugins(capsys, monkeypatch):
+    monkeypatch.setenv(PLUGINS_ENV, "not-installed")
+    assert main(["list"]) == 0
+    assert "no pai-zoo plugins installed" in capsys.readouterr().out
+
+
+def test_list_with_conflicting_plugins_exits_nonzero(capsys):
+    def conflicting():
+        a = _plugin("a", [Family(name="clash", presets={"a-tiny": {"model_type": "llama"}}, tiny="a-tiny",
+                                 config_map=CONFIG, weight_map=weights)])
+        b = _plugin("b", [Family(name="b", aliases=("CLASH",), presets={"b-tiny": {"model_type": "llama"}},
+                                 tiny="b-tiny", config_map=CONFIG, weight_map=weights)])
+        return Registry(plugins=[("plug-a", a), ("plug-b", b)], use_entry_points=False)
+
+    import pai_zoo.registry
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(pai_zoo.registry, "get_registry", conflicting)
+        assert main(["list"]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("pai-zoo: error:") and "'plug-a'" in err and "'plug-b'" in err
+
+
+# -- info -------------------------------------------------------------------------------------
+def test_info_family(capsys):
+    assert main(["info", "llama"]) == 0
+    out = capsys.readouterr().out
+    assert "family:        llama - Llama 1/2/3.x and Mistral" in out
+    assert "plugin:        llama (pai-zoo-llama 0.1.0)" in out
+    assert "tiny preset:   llama3-tiny" in out
+    assert "architectures: LlamaForCausalLM, MistralForCausalLM" in out
+    for preset in pai_zoo_llama.LLAMA.presets:
+        assert f"\n  {preset} " in out
+    assert "num_key_value_heads -> num_query_groups" in out
+    assert "weight map (rows for llama3-tiny" in out
+    assert "-> decoder.layers.{layer}.self_attention.linear_qkv.weight" in out
+    assert "model.layers.{layer}.self_attn.q_proj.weight, model.layers.{layer}.self_attn.k_proj.weight" in out
+    assert "-> decoder.layers.{layer}.mlp.linear_fc1.weight" in out
+    assert out.count("\n          -> ") == 9  # one per row of llama3-tiny's table (no biases)
+
+
+def test_info_preset_and_alias_show_their_family(capsys):
+    assert main(["info", "llama"]) == 0
+    family_out = capsys.readouterr().out
+    for name in ("llama3-tiny", "MISTRAL-TINY", "Llama3.1"):
+        assert main(["info", name]) == 0
+        assert capsys.readouterr().out == family_out, name
+
+
+def test_info_of_a_plugin_family(capsys):
+    toy = Family(name="toyfam", presets={"toyfam-tiny": dict(pai_zoo_llama.PRESETS["llama3-tiny"])},
+                 tiny="toyfam-tiny", config_map=CONFIG, weight_map=weights, model_types=("toyfam",))
+    reset_registry(Registry(plugins=[("toyplug", _plugin("toyplug", [toy]))], use_entry_points=False))
+    assert main(["info", "TOYFAM"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("family:        toyfam\n")
+    assert "plugin:        toyplug" in out and "aliases:       -" in out
+    assert "toyfam-tiny" in out and "linear_qkv" in out
+    assert main(["info", "llama"]) == 2  # the installed registry has only the toy plugin
+    assert "unknown model 'llama'" in capsys.readouterr().err
+
+
+def test_info_unknown_name(capsys):
+    assert main(["info", "nosuch"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith("pai-zoo: error: unknown model 'nosuch'")
+    assert "llama3-tiny" in err and "a family (llama)" in err
+
+
+def test_conformance_unknown_name(capsys):
+    assert main(["conformance", "nosuch"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "unknown model 'nosuch'" in err
+
+
+def test_usage_errors(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main([])
+    assert exc.value.code == 2
+    with pytest.raises(SystemExit) as exc:
+        main(["info"])
+    assert exc.value.code == 2
+    assert "name" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert "list" in out and "info" in out and "conformance" in out
+
+
+# -- the installed console script ----------------------------------------------------------
+def test_console_script_info_and_errors():
+    proc = run_script("info", "llama3-tiny")
+    assert proc.returncode == 0, proc.stderr
+    assert "family:        llama" in proc.stdout and "self_attention.linear_qkv.weight" in proc.stdout
+    proc = run_script("info", "nosuch")
+    assert proc.returncode == 2
+    assert proc.stdout == "" and "pai-zoo: error: unknown model 'nosuch'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    proc = run_script("conformance", "nosuch")
+    assert proc.returncode == 2 and "'nosuch'" in proc.stderr
+
+
+def test_console_script_list_json_with_a_broken_plugin(tmp_path):
+    info = tmp_path / "pai_zoo_broken-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: pai-zoo-broken\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[pai_zoo]\nbroken = broken_cli_plugin\n")
+    (tmp_path / "broken_cli_plugin.py").write_text(textwrap.dedent("""
+        from pai_zoo import hookimpl
+
+        @hookimpl
+        def pai_zoo_families():
+            raise ValueError("bad preset table")
+    """))
+    proc = run_script("list", "--json", pythonpath=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    data = {p["name"]: p for p in json.loads(proc.stdout)}
+    assert data["broken"] == {"name": "broken", "distribution": "pai-zoo-broken", "version": "1.0", "families": [],
+                              "error": "ValueError: bad preset table", "traceback": None}
+    assert data["llama"]["families"] == ["llama"] and data["llama"]["error"] is None
+    proc = run_script("list", pythonpath=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "BROKEN: ValueError: bad preset table" in proc.stdout
+
+
+def test_python_dash_m_entry():
+    proc = subprocess.run([sys.executable, "-m", "pai_zoo.cli", "list"], env=_env(), capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert any(line.split()[:2] == ["llama", "pai-zoo-llama"] for line in proc.stdout.splitlines())
+
+
+def test_conformance_runs_the_suite_on_an_installed_family():
+    proc = run_script("conformance", "mistral", "-p", "no:warnings")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # The alias resolves to the llama family and every check of the suite runs and passes.
+    assert "7 passed" in proc.stdout and "failed" not in proc.stdout
