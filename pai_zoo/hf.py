@@ -13,6 +13,12 @@ def config_class(family: Family, model_type: str):
         return family.hf_config_class(model_type)
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
+    if model_type not in CONFIG_MAPPING:
+        from .errors import UnknownModelError
+
+        raise UnknownModelError(
+            f"model_type {model_type!r} is not in transformers; family {family.name!r} must supply hf_config_class"
+        )
     return CONFIG_MAPPING[model_type]
 
 
@@ -49,8 +55,10 @@ def build_hf_model(family: Family, config, dtype=None):
     import torch
 
     cls = model_class(family, config.model_type)
-    model = cls.from_config(config, dtype=dtype or torch.float32) if hasattr(cls, "from_config") else cls(config)
-    return model.eval()
+    dtype = dtype or torch.float32
+    # Auto classes build with from_config; a plugin's PreTrainedModel subclass with _from_config.
+    build = cls.from_config if hasattr(cls, "from_config") else cls._from_config
+    return build(config, dtype=dtype).eval()
 
 
 def load_hf_model(family: Family, path, dtype=None):

@@ -67,6 +67,13 @@ def _expand(pattern: str) -> list[str]:
     return [pattern[: match.start()] + part + pattern[match.end():] for part in match.group(1).split(",")]
 
 
+def _expand_exactly(pattern: str, count: int, kind: str, example: str) -> list[str]:
+    names = _expand(pattern)
+    if len(names) != count:
+        raise MappingError(f"{kind} row {pattern!r} must name {count} tensors with one brace group, like {example!r}")
+    return names
+
+
 class Row:
     """One row of a table: HF names <-> megatron-core names, and the transform each way.
 
@@ -168,7 +175,7 @@ class QKV(Row):
     """
 
     def __init__(self, hf: str, mcore: str):
-        q, k, v = _expand(hf)
+        q, k, v = _expand_exactly(hf, 3, "QKV", "model.layers.{layer}.self_attn.{q,k,v}_proj.weight")
         self.hf, self.mcore = (q, k, v), (mcore,)
 
     def to_mcore(self, tensors, ctx):
@@ -202,7 +209,7 @@ class GateUp(Row):
     """Separate gate and up projections of a gated MLP <-> megatron's ``linear_fc1`` ``[gate; up]``."""
 
     def __init__(self, hf: str, mcore: str):
-        gate, up = _expand(hf)
+        gate, up = _expand_exactly(hf, 2, "GateUp", "model.layers.{layer}.mlp.{gate,up}_proj.weight")
         self.hf, self.mcore = (gate, up), (mcore,)
 
     def to_mcore(self, tensors, ctx):

@@ -151,14 +151,19 @@ class Registry:
 
     def family_for_hf_config(self, config: dict, where: str = "config.json") -> Family:
         """The family claiming a HF config's ``architectures`` (first) or ``model_type``."""
-        for arch in config.get("architectures") or ():
-            for family in self.families.values():
-                if arch in family.hf_architectures:
-                    return family
         model_type = config.get("model_type")
-        for family in self.families.values():
-            if model_type in family.model_types:
-                return family
+        for claims in (
+            [f for f in self.families.values() if set(config.get("architectures") or ()) & set(f.hf_architectures)],
+            [f for f in self.families.values() if model_type in f.model_types],
+        ):
+            if len(claims) > 1:
+                raise PluginError(
+                    f"{where}: architectures={config.get('architectures')!r} model_type={model_type!r} is claimed by "
+                    f"several families: {', '.join(f'{f.name!r} (plugin {f.plugin!r})' for f in claims)}; "
+                    f"name the family explicitly or select plugins with {PLUGINS_ENV}"
+                )
+            if claims:
+                return claims[0]
         installed = ", ".join(sorted(self.families)) or "none"
         raise UnknownModelError(
             f"{where}: no installed family handles architectures={config.get('architectures')!r} "

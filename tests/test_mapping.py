@@ -134,3 +134,10 @@ def test_iter_convert_checks_coverage_before_reading_any_tensor():
     with pytest.raises(MappingError):
         list(TABLE.iter_convert(TO_MCORE, ctx(), get, ["emb"]))
     assert reads == []
+
+
+def test_fused_rows_need_one_brace_group():
+    with pytest.raises(MappingError, match=r"QKV row 'a.qkv' must name 3 tensors"):
+        QKV("a.qkv", "b")
+    with pytest.raises(MappingError, match=r"GateUp row 'a.\{gate,up,down\}' must name 2 tensors"):
+        GateUp("a.{gate,up,down}", "b")

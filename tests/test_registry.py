@@ -601,3 +601,12 @@ def test_pai_zoo_plugins_naming_a_missing_plugin_warns(good_env):
     assert Registry(env={PLUGINS_ENV: "llama,nosuch"}).missing_selected == ["nosuch"]
     proc = run_cli(["list"], good_env, plugins="toyfam,nosuch")
     assert proc.returncode == 0 and "not installed: nosuch" in proc.stderr
+
+
+def test_two_families_claiming_one_architecture_is_ambiguous():
+    a = toy_family("fam-a", hf_architectures=("LlamaForCausalLM",), model_types=("llama",))
+    b = toy_family("fam-b", presets={"fam-b-tiny": dict(PRESETS["llama3-tiny"])}, hf_architectures=("LlamaForCausalLM",))
+    registry = Registry(plugins=[("a", _module_plugin("a", families=[a])), ("b", _module_plugin("b", families=[b]))],
+                        use_entry_points=False)
+    with pytest.raises(PluginError, match=r"claimed by several families: 'fam-a' \(plugin 'a'\), 'fam-b' \(plugin 'b'\)"):
+        registry.family_for_hf_config({"architectures": ["LlamaForCausalLM"], "model_type": "llama"})

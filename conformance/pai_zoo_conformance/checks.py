@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pai_zoo.errors import MappingError
 from pai_zoo.family import Family
 from pai_zoo.mapping import TO_HF, TO_MCORE, MappingContext
 
@@ -58,7 +59,10 @@ def build_case(family: Family, preset: str | None = None, seed: int = 0, **overr
     mcore_config = family.to_mcore_config(hf.config_dict(hf_config))
     ensure_model_parallel()
     mcore_model = build_gpt_model(family, mcore_config).eval()
-    hf_model_to_mcore(family, mcore_config, hf_model, mcore_model)
+    try:
+        hf_model_to_mcore(family, mcore_config, hf_model, mcore_model)
+    except MappingError as exc:
+        _fail("mapping", f"{preset}: loading the transformers weights into megatron-core failed: {exc}")
     return Case(family, preset, hf_config, mcore_config, hf_model, mcore_model)
 
 
