@@ -18,6 +18,13 @@ from .registry import get_registry
 __version__ = "0.1.0"
 
 
+def convert(src, dst, to: str, **kwargs):
+    """Convert a checkpoint on disk (HF folder <-> Megatron-Core); see :func:`pai_zoo.conversion.convert`."""
+    from .conversion import convert as _convert
+
+    return _convert(src, dst, to, **kwargs)
+
+
 def load(name_or_path, backend: str = "mcore", checkpoint=None, **kwargs):
     """Load a preset, a family (with ``checkpoint=``) or a checkpoint folder; see :func:`pai_zoo.handle.load`."""
     from .handle import load as _load
@@ -28,5 +35,5 @@ def load(name_or_path, backend: str = "mcore", checkpoint=None, **kwargs):
 __all__ = [
     "ConfigMap", "ConfigTranslationError", "Copy", "Family", "Field", "Fixed", "GateUp", "MappingContext",
     "MappingError", "McoreConfig", "Output", "PaiZooError", "PluginError", "QKV", "Require", "Rope", "Row",
-    "UnknownModelError", "Vocab", "WeightMap", "get_registry", "hookimpl", "load",
+    "UnknownModelError", "Vocab", "WeightMap", "convert", "get_registry", "hookimpl", "load",
 ]

@@ -3,6 +3,7 @@
     pai-zoo list                 plugins, versions, families, broken plugins
     pai-zoo info NAME            a family (or preset): names, presets, config translation, weight table
     pai-zoo conformance NAME     run the conformance suite on an installed family
+    pai-zoo convert SRC DST --to mcore|hf   Hugging Face folder <-> Megatron-Core checkpoint
 
 ``list`` imports neither torch nor megatron-core.
 """
@@ -99,6 +100,24 @@ def cmd_conformance(args) -> int:
     return int(pytest.main(argv))
 
 
+def cmd_convert(args) -> int:
+    from .conversion import convert
+
+    report = convert(
+        args.src, args.dst, args.to, family=args.family, tp=args.tp, pp=args.pp, dtype=args.dtype,
+        force=args.force, max_shard_size=args.max_shard_size, verify=args.verify, progress=None,
+    )
+    rate = report.bytes / report.seconds / 1e9 if report.seconds else 0.0
+    print(f"converted {report.src} -> {report.dst} ({report.family}, to {report.to}): {report.tensors} tensors, "
+          f"{report.bytes / 1e9:.3f} GB in {report.seconds:.1f} s ({rate:.2f} GB/s)")
+    if report.verification is not None:
+        v = report.verification
+        print(f"verify: max |delta logits| = {v['max_abs_delta']:.3g} (tolerance {v['tolerance']:g}), "
+              f"cosine = {v['cosine']:.6f}, next-token agreement = {v['next_token_agreement']:.1%}: "
+              f"{'OK' if v['ok'] else 'FAILED'}")
+    return 0 if report.ok else 3
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pai-zoo", description="A plugin-based model zoo for Megatron-Core.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -112,6 +131,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", help="family, alias or preset")
     p.add_argument("pytest_args", nargs=argparse.REMAINDER, help="extra pytest arguments")
     p.set_defaults(func=cmd_conformance)
+    p = sub.add_parser("convert", help="convert a Hugging Face folder <-> a Megatron-Core checkpoint")
+    p.add_argument("src", help="Hugging Face folder (--to mcore) or Megatron-Core checkpoint (--to hf)")
+    p.add_argument("dst", help="output folder (must not exist unless --force)")
+    p.add_argument("--to", required=True, choices=("mcore", "hf"))
+    p.add_argument("--family", help="family name (default: detected from config.json / pai_zoo.json)")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size the checkpoint is laid out for")
+    p.add_argument("--pp", type=int, default=1, help="pipeline-parallel size the checkpoint is laid out for")
+    p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), help="store tensors in this dtype (default: as the source)")
+    p.add_argument("--max-shard-size", default="5GB", help="largest safetensors shard (--to hf), e.g. 5GB, 500MB")
+    p.add_argument("--force", action="store_true", help="replace DST if it exists")
+    p.add_argument("--verify", action="store_true", help="compare both sides' logits on a sample prompt")
+    p.set_defaults(func=cmd_convert)
     return parser
 
 

@@ -55,6 +55,8 @@ class Family:
     hf_config_class: Callable[[str], Any] | None = None
     test_tokenizer: Callable[[Any], None] | None = None
     description: str = ""
+    #: Max |logits delta| between the HF and megatron-core models in float32 (``--verify``, conformance).
+    logits_atol: float = 1e-4
     plugin: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:

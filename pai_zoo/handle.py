@@ -7,7 +7,7 @@ from typing import Any
 
 from .checkpoint import HFCheckpoint, is_hf_checkpoint, read_config
 from .config_map import McoreConfig
-from .errors import UnknownModelError
+from .errors import PaiZooError, UnknownModelError
 from .family import Family
 from .registry import get_registry
 
@@ -56,7 +56,9 @@ class ModelHandle:
                 positions = None if attention_mask is None else causal_mask(input_ids, attention_mask)[1]
                 out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions).logits
             else:
-                out = mcore_forward(self.model, input_ids, attention_mask)
+                from .mcore.pipeline import forward_logits
+
+                out = forward_logits(self.model, input_ids, attention_mask)
         return out[..., : self.vocab_size]
 
     def hf_state_dict(self) -> dict:
@@ -89,81 +91,161 @@ def mcore_forward(model, input_ids, attention_mask=None, position_ids=None):
     return model(input_ids, positions if position_ids is None else position_ids, mask)
 
 
-def resolve(name_or_path, checkpoint=None) -> tuple[Family, dict, Path | None]:
-    """``(family, HF config dict, checkpoint folder or None)`` for what :func:`load` accepts."""
+@dataclass
+class Source:
+    """What :func:`load` was pointed at: the family, its HF config dict and, for a checkpoint,
+    its folder and kind (``"hf"`` folder or ``"mcore"`` distributed checkpoint)."""
+
+    family: Family
+    hf_config: dict
+    path: Path | None = None
+    kind: str = "preset"
+    mcore_config: McoreConfig | None = None
+    record: dict | None = None
+
+
+def resolve(name_or_path, checkpoint=None) -> Source:
+    """Work out what ``name_or_path`` (and ``checkpoint``) name; see :func:`load`."""
+    from . import hf
+    from .mcore import dist_ckpt
+
     registry = get_registry()
     name = str(name_or_path)
-    ckpt = Path(checkpoint) if checkpoint is not None else None
-    if registry.is_preset(name):
+    path = Path(checkpoint) if checkpoint is not None else Path(name)
+    family = None
+    if checkpoint is None and registry.is_preset(name):
         family, config = registry.preset(name)
-    elif registry.is_family(name):
+        return Source(family, config)
+    if registry.is_family(name):
         family = registry.family(name)
-        config = dict(family.presets[family.tiny])
-    elif is_hf_checkpoint(name):
-        ckpt = Path(name)
-        config = read_config(ckpt)
-        family = registry.family_for_hf_config(config, where=str(ckpt / "config.json"))
-    else:
+        if checkpoint is None:
+            return Source(family, dict(family.presets[family.tiny]))
+    elif checkpoint is not None and registry.is_preset(name):
+        family = registry.preset(name)[0]
+    elif checkpoint is not None:
         raise UnknownModelError(registry._unknown(name))
-    if ckpt is not None:
-        if not is_hf_checkpoint(ckpt):
-            raise UnknownModelError(f"checkpoint {ckpt}: no config.json there")
-        config = read_config(ckpt)
-    return family, config, ckpt
+    if dist_ckpt.is_mcore_checkpoint(path):
+        config, record = dist_ckpt.mcore_config_of(path)
+        family = family or registry.family(config.family)
+        return Source(family, hf.config_dict(hf.hf_config_from_mcore(family, config)), path, "mcore", config, record)
+    if is_hf_checkpoint(path):
+        config = read_config(path)
+        family = family or registry.family_for_hf_config(config, where=str(path / "config.json"))
+        return Source(family, config, path, "hf")
+    if checkpoint is not None or path.is_dir():
+        raise UnknownModelError(f"checkpoint {path}: no config.json (Hugging Face) or "
+                                f"{dist_ckpt.TRACKER} (Megatron-Core) there")
+    raise UnknownModelError(registry._unknown(name))
 
 
-def load(name_or_path, backend: str = "mcore", checkpoint=None, *, dtype=None, seed: int = 0, **overrides) -> ModelHandle:
+def load(name_or_path, backend: str = "mcore", checkpoint=None, *, dtype=None, seed: int = 0,
+         tensor_parallel_size: int | None = None, pipeline_parallel_size: int | None = None, **overrides) -> ModelHandle:
     """Load a model as a :class:`ModelHandle`.
 
     ``name_or_path`` is a preset (``"llama3-tiny"``), a family name or alias (with
-    ``checkpoint=`` a HF folder; alone it builds the family's tiny preset), or a HF checkpoint
-    folder (family detected from its ``config.json``). Without a checkpoint the weights are
-    random (seeded by ``seed``). ``overrides`` replace HF config fields
-    (``num_hidden_layers=4``). ``backend="mcore"`` gives a megatron-core ``GPTModel``,
-    ``backend="hf"`` a transformers model.
+    ``checkpoint=`` a folder; alone it builds the family's tiny preset), a Hugging Face
+    checkpoint folder (family detected from its ``config.json``) or a Megatron-Core checkpoint
+    written by ``pai-zoo convert`` (family and config from its ``pai_zoo.json``). Without a
+    checkpoint the weights are random (seeded by ``seed``). ``overrides`` replace HF config
+    fields (``num_hidden_layers=4``). ``backend="mcore"`` gives a megatron-core ``GPTModel``,
+    ``backend="hf"`` a transformers model. Under ``torchrun``, ``tensor_parallel_size`` and
+    ``pipeline_parallel_size`` shard the megatron-core model (from a Megatron-Core checkpoint).
     """
     import torch
 
     from . import hf
+
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, not {backend!r}")
+    source = resolve(name_or_path, checkpoint)
+    family = source.family
+    if overrides and source.kind == "mcore":
+        raise PaiZooError(f"{source.path}: config overrides {sorted(overrides)} cannot change a trained Megatron checkpoint")
+    config = {**source.hf_config, **overrides}
+    hf_config = hf.hf_config(family, config)
+    mcore_config = source.mcore_config or family.to_mcore_config(hf.config_dict(hf_config))
+    dtype = dtype or torch.float32
+    torch.manual_seed(seed)
+    if backend == "hf":
+        model = _load_hf(source, hf_config, dtype)
+    else:
+        model = _load_mcore(source, mcore_config, dtype, seed, tensor_parallel_size, pipeline_parallel_size)
+    tokenizer = _tokenizer(source)
+    return ModelHandle(model, family, backend, hf_config, mcore_config, tokenizer, source.path)
+
+
+def _tokenizer(source: Source):
+    from .mcore.dist_ckpt import HF_DIR
+
+    if source.path is None:
+        return None
+    folder = source.path / HF_DIR if source.kind == "mcore" else source.path
+    try:
+        return get_registry().tokenizer(source.family, folder)
+    except FileNotFoundError:
+        return None
+
+
+def _load_hf(source: Source, hf_config, dtype):
+    from . import hf
+
+    if source.kind == "hf":
+        cls = hf.model_class(source.family, hf_config.model_type)
+        return cls.from_pretrained(source.path, config=hf_config, dtype=dtype).eval()
+    model = hf.build_hf_model(source.family, hf_config, dtype)
+    if source.kind == "mcore":
+        from .mapping import TO_HF, MappingContext
+        from .mcore import dist_ckpt
+        from .weights import load_into
+
+        reader = dist_ckpt.DistCheckpointReader(dist_ckpt.iteration_dir(source.path))
+        try:
+            config = source.mcore_config
+            padded = reader.global_shape("embedding.word_embeddings.weight")[0]
+            stored = getattr(torch, source.record.get("dtype", "float32"))
+            layout = dist_ckpt.layout_of(source.family, config, stored, padded)
+            table = get_registry().weight_map(source.family, config)
+            ctx = MappingContext.from_config(config, padded_vocab_size=padded)
+            get = lambda name: reader.read_local(layout, name)  # noqa: E731
+            state = dict(table.iter_convert(TO_HF, ctx, get, layout.local_shapes, model.state_dict().keys()))
+        finally:
+            reader.close()
+        load_into(model, {k: v.to(dtype) for k, v in state.items()}, f"{source.path} -> transformers")
+    return model
+
+
+def _load_mcore(source: Source, config: McoreConfig, dtype, seed: int, tp: int | None, pp: int | None):
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
     from .mcore.build import build_gpt_model
     from .mcore.compat import ensure_model_parallel
     from .weights import load_into, mcore_tensors
 
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, not {backend!r}")
-    family, config, ckpt = resolve(name_or_path, checkpoint)
-    config.update(overrides)
-    hf_config = hf.hf_config(family, config)
-    mcore_config = family.to_mcore_config(hf.config_dict(hf_config))
-    dtype = dtype or torch.float32
-    if backend == "hf":
-        torch.manual_seed(seed)
-        if ckpt is not None:
-            cls = hf.model_class(family, hf_config.model_type)
-            model = cls.from_pretrained(ckpt, config=hf_config, dtype=dtype).eval()
-        else:
-            model = hf.build_hf_model(family, hf_config, dtype)
-    else:
-        ensure_model_parallel()
-        from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+    ensure_model_parallel(tp or 1, pp or 1)
+    have = (parallel_state.get_tensor_model_parallel_world_size(), parallel_state.get_pipeline_model_parallel_world_size())
+    if (tp or have[0], pp or have[1]) != have:
+        raise PaiZooError(f"megatron's parallel state is already set up with tp={have[0]}, pp={have[1]}; asked for tp={tp}, pp={pp}")
+    model_parallel_cuda_manual_seed(seed)
+    padded = source.record.get("padded_vocab_size") if source.record else None
+    model = build_gpt_model(
+        source.family, config, dtype, padded_vocab_size=padded, parallel_output=False,
+        pre_process=parallel_state.is_pipeline_first_stage(), post_process=parallel_state.is_pipeline_last_stage(),
+    )
+    if source.kind == "mcore":
+        from .mcore.dist_ckpt import load_model_weights
 
-        torch.manual_seed(seed)
-        model_parallel_cuda_manual_seed(seed)
-        model = build_gpt_model(family, mcore_config, dtype)
-        if ckpt is not None:
-            source = HFCheckpoint(ckpt)
-            from .mapping import TO_MCORE, MappingContext
+        load_model_weights(model, source.path)
+    elif source.kind == "hf":
+        if have != (1, 1):
+            raise PaiZooError(f"{source.path}: a Hugging Face folder loads into one process; for tp/pp > 1 "
+                              f"convert it first (pai-zoo convert {source.path} DST --to mcore)")
+        from .mapping import TO_MCORE, MappingContext
 
-            table = get_registry().weight_map(family, mcore_config)
-            ctx = MappingContext.from_config(mcore_config)
-            target = mcore_tensors(model)
-            state = dict(table.iter_convert(TO_MCORE, ctx, source.get, source.names(), target.keys()))
-            load_into(model, state, f"{ckpt} -> megatron-core")
-        model.eval()
-    tokenizer = None
-    if ckpt is not None:
-        try:
-            tokenizer = get_registry().tokenizer(family, ckpt)
-        except FileNotFoundError:
-            tokenizer = None
-    return ModelHandle(model, family, backend, hf_config, mcore_config, tokenizer, ckpt)
+        checkpoint = HFCheckpoint(source.path)
+        table = get_registry().weight_map(source.family, config)
+        ctx = MappingContext.from_config(config)
+        target = mcore_tensors(model)
+        state = dict(table.iter_convert(TO_MCORE, ctx, checkpoint.get, checkpoint.names(), target.keys()))
+        load_into(model, {k: v.to(dtype) for k, v in state.items()}, f"{source.path} -> megatron-core")
+    return model.eval()

@@ -46,15 +46,16 @@ class MappingContext:
     tied_embeddings: bool
 
     @classmethod
-    def from_config(cls, config, tensor_parallel_size: int = 1) -> "MappingContext":
-        """Build from a :class:`~pai_zoo.config_map.McoreConfig`."""
+    def from_config(cls, config, tensor_parallel_size: int = 1, padded_vocab_size: int | None = None) -> "MappingContext":
+        """Build from a :class:`~pai_zoo.config_map.McoreConfig`; the padded vocabulary follows
+        Megatron's rule for ``tensor_parallel_size`` unless given (a checkpoint's own)."""
         return cls(
             num_layers=config.num_layers,
             num_attention_heads=config.num_attention_heads,
             num_query_groups=config.num_query_groups,
             head_dim=config.kv_channels,
             vocab_size=config["vocab_size"],
-            padded_vocab_size=config.padded_vocab_size(tensor_parallel_size),
+            padded_vocab_size=padded_vocab_size or config.padded_vocab_size(tensor_parallel_size),
             tied_embeddings=config.tied_embeddings,
         )
 
@@ -274,6 +275,11 @@ class WeightMap:
         steps, _ = self.plan(direction, ctx)
         names = [n for s in steps for n in s.targets]
         return names + [tied for tied, _ in self._tied_outputs(direction, ctx)]
+
+    def tied_outputs(self, ctx: MappingContext) -> list[str]:
+        """HF names that are copies of the embedding when embeddings are tied (``lm_head.weight``);
+        ``save_pretrained`` leaves them out of a checkpoint."""
+        return [out for out, _ in self._tied_outputs(TO_HF, ctx)]
 
     def _tied_outputs(self, direction: str, ctx: MappingContext) -> list[tuple[str, str]]:
         """(HF output name, HF embedding name) pairs to rebuild when converting to HF with tied embeddings."""

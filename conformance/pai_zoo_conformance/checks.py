@@ -251,3 +251,97 @@ def check_training(case: Case, steps: int = 8, lr: float = 3e-3) -> tuple[float,
     if not losses[-1] < 0.9 * losses[0]:
         _fail("training", f"loss did not fall by 10% in {steps} steps: {losses}")
     return losses[0], losses[-1]
+
+
+#: Tolerance between a tensor/pipeline-parallel model's logits and the single-process ones.
+PARALLEL_ATOL = 1e-5
+#: The layouts the parallel check runs, each with 2 processes.
+PARALLEL_LAYOUTS = ((2, 1), (1, 2))
+
+
+def check_disk_round_trip(case: Case, folder: Path) -> None:
+    """HF folder -> Megatron-Core checkpoint -> HF folder: bit-identical tensors, equal config."""
+    import torch
+    from safetensors.torch import load_file
+
+    from pai_zoo import hf
+    from pai_zoo.conversion import convert
+
+    folder = Path(folder)
+    case.hf_model.save_pretrained(folder / "hf")
+    convert(folder / "hf", folder / "mcore", "mcore")
+    convert(folder / "mcore", folder / "hf-again", "hf")
+
+    def tensors(path):
+        out = {}
+        for file in sorted(Path(path).glob("*.safetensors")):
+            out.update(load_file(file))
+        return out
+
+    before, after = tensors(folder / "hf"), tensors(folder / "hf-again")
+    if before.keys() != after.keys():
+        _fail("disk", f"tensor names differ: missing {sorted(before.keys() - after.keys())}, "
+                      f"extra {sorted(after.keys() - before.keys())}")
+    changed = [k for k in before if before[k].dtype != after[k].dtype or not torch.equal(before[k], after[k])]
+    if changed:
+        _fail("disk", f"HF -> mcore -> HF on disk changed tensors: {changed}")
+    ignore = {"transformers_version", "_name_or_path"}
+    configs = [
+        {k: v for k, v in hf.config_dict(hf.hf_config(case.family, _read_json(f / "config.json"))).items() if k not in ignore}
+        for f in (folder / "hf", folder / "hf-again")
+    ]
+    diff = {k: (configs[0].get(k), configs[1].get(k)) for k in configs[0].keys() | configs[1].keys()
+            if configs[0].get(k) != configs[1].get(k)}
+    if diff:
+        _fail("disk", f"config.json changed (before, after): {diff}")
+
+
+def _read_json(path: Path) -> dict:
+    import json
+
+    return json.loads(Path(path).read_text())
+
+
+def check_parallel_equivalence(case: Case, folder: Path, layouts=PARALLEL_LAYOUTS, atol: float = PARALLEL_ATOL) -> dict:
+    """Logits of the model loaded with each ``(tp, pp)`` layout (2 gloo processes under
+    torchrun) equal the single-process logits within ``atol``. Returns max |delta| per layout."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    import torch
+
+    import pai_zoo
+    from pai_zoo.conversion import convert
+
+    folder = Path(folder)
+    case.hf_model.save_pretrained(folder / "hf")
+    tp_max = max(tp for tp, _ in layouts)
+    convert(folder / "hf", folder / "mcore", "mcore", tp=tp_max)
+    gen = torch.Generator().manual_seed(99)
+    ids = torch.randint(0, case.mcore_config["vocab_size"], (2, 12), generator=gen)
+    torch.save(ids, folder / "ids.pt")
+    reference = pai_zoo.load(folder / "mcore", backend="mcore").logits(ids)
+    deltas = {}
+    for tp, pp in layouts:
+        out = folder / f"logits-tp{tp}-pp{pp}.pt"
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(tp * pp),
+                   "--master-addr", "127.0.0.1", "--master-port", str(port),
+                   "-m", "pai_zoo_conformance.parallel_worker", "--checkpoint", str(folder / "mcore"),
+                   "--tp", str(tp), "--pp", str(pp), "--ids", str(folder / "ids.pt"), "--out", str(out)]
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+        if proc.returncode != 0:
+            _fail("parallel", f"tp={tp} pp={pp}: torchrun failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+        got = torch.load(out)
+        if got.shape != reference.shape:
+            _fail("parallel", f"tp={tp} pp={pp}: logits shape {tuple(got.shape)} != {tuple(reference.shape)}")
+        delta = (got - reference).abs().max().item()
+        if not delta <= atol:
+            _fail("parallel", f"tp={tp} pp={pp}: max |logits delta| vs one process = {delta:.3g} > {atol:g}")
+        deltas[(tp, pp)] = delta
+    return deltas

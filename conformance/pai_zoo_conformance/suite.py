@@ -62,3 +62,9 @@ class ConformanceSuite:
 
     def test_training_lowers_loss(self, case):
         checks.check_training(case)
+
+    def test_disk_round_trip(self, case, tmp_path):
+        checks.check_disk_round_trip(case, tmp_path)
+
+    def test_tensor_and_pipeline_parallel_equivalence(self, case, tmp_path):
+        checks.check_parallel_equivalence(case, tmp_path)

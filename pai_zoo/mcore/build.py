@@ -40,7 +40,7 @@ def transformer_config(config: McoreConfig, dtype: torch.dtype = torch.float32, 
         if act not in ACTIVATIONS:
             raise ValueError(f"unknown activation_func {act!r}; known: {sorted(ACTIVATIONS)}")
         kwargs["activation_func"] = ACTIVATIONS[act]
-    kwargs["params_dtype"] = dtype
+    kwargs["params_dtype"] = kwargs["pipeline_dtype"] = dtype
     kwargs["bf16"] = dtype == torch.bfloat16
     kwargs["fp16"] = dtype == torch.float16
     if not torch.cuda.is_available():
@@ -68,6 +68,8 @@ def build_gpt_model(
     dtype: torch.dtype = torch.float32,
     pre_process: bool = True,
     post_process: bool = True,
+    padded_vocab_size: int | None = None,
+    parallel_output: bool = True,
     **overrides: Any,
 ):
     """A randomly initialised ``GPTModel`` for ``config``, with the family's layer spec.
@@ -75,16 +77,18 @@ def build_gpt_model(
     The caller must have set up megatron's parallel state
     (:func:`pai_zoo.mcore.compat.ensure_model_parallel`). ``overrides`` go to the
     ``TransformerConfig``; the vocabulary is padded by Megatron's rule for the current
-    tensor-parallel size.
+    tensor-parallel size unless ``padded_vocab_size`` says otherwise (a checkpoint's).
+    ``parallel_output=False`` gathers the tensor-parallel logits (for inference).
     """
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
 
     tp = parallel_state.get_tensor_model_parallel_world_size()
-    tconfig = transformer_config(config, dtype, tensor_model_parallel_size=tp, **overrides)
+    pp = parallel_state.get_pipeline_model_parallel_world_size()
+    tconfig = transformer_config(config, dtype, **{"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp, **overrides})
     spec = (family.layer_spec or default_layer_spec)(config)
     gpt_args = {k: v for k, v in config.arch.items() if k in GPT_MODEL_ARGS}
-    gpt_args["vocab_size"] = config.padded_vocab_size(tp)
+    gpt_args["vocab_size"] = padded_vocab_size or config.padded_vocab_size(tp)
     gpt_args.setdefault("max_sequence_length", 4096)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -93,6 +97,7 @@ def build_gpt_model(
             transformer_layer_spec=spec,
             pre_process=pre_process,
             post_process=post_process,
+            parallel_output=parallel_output,
             **gpt_args,
         )
     return model.to(dtype)

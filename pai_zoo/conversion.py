@@ -1,0 +1,280 @@
+"""Checkpoint conversion on disk: Hugging Face folder <-> Megatron-Core distributed checkpoint.
+
+Streams tensor by tensor: a source tensor is read (memory-mapped), transformed by the
+family's weight table and written; a fused tensor holds only its parts. Before anything is
+written the whole conversion is rehearsed on meta tensors, so a wrong shape or a missing or
+unexpected name fails fast. The output goes to a temporary folder beside ``dst`` and is
+renamed into place at the end: a failed conversion leaves no partial ``dst``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from . import hf
+from .checkpoint import CONFIG, GENERATION_CONFIG, HFCheckpoint, SafetensorsWriter, is_hf_checkpoint, read_config, tokenizer_files
+from .config_map import McoreConfig
+from .errors import MappingError, PaiZooError
+from .family import Family
+from .mapping import TO_HF, TO_MCORE, MappingContext
+from .mcore import dist_ckpt
+from .progress import Progress
+from .registry import get_registry
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
+          "bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+_MODEL_KEY_PREFIXES = ("embedding.", "decoder.", "output_layer.")
+
+
+@dataclass
+class ConversionReport:
+    """What a conversion did: counts, sizes and, with ``verify``, the logits comparison."""
+
+    src: Path
+    dst: Path
+    to: str
+    family: str
+    tensors: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+    verification: dict | None = field(default=None)
+
+    @property
+    def ok(self) -> bool:
+        return self.verification is None or self.verification["ok"]
+
+
+def parse_dtype(value) -> torch.dtype | None:
+    if value is None or isinstance(value, torch.dtype):
+        return value
+    try:
+        return DTYPES[str(value).lower()]
+    except KeyError:
+        raise PaiZooError(f"unknown dtype {value!r}; use one of bf16, fp16, fp32") from None
+
+
+def convert(src, dst, to: str, *, family: str | None = None, tp: int = 1, pp: int = 1, dtype=None,
+            force: bool = False, max_shard_size: str | int = "5GB", verify: bool = False,
+            progress: bool | None = None) -> ConversionReport:
+    """Convert ``src`` to ``dst``: ``to="mcore"`` (HF folder -> Megatron-Core checkpoint with a
+    ``tp``/``pp`` layout) or ``to="hf"`` (Megatron-Core checkpoint -> HF folder). ``verify``
+    compares the logits of both sides on a sample prompt (see :func:`verify_conversion`)."""
+    import time
+
+    src, dst = Path(src), Path(dst)
+    if to not in ("mcore", "hf"):
+        raise PaiZooError(f"--to must be 'mcore' or 'hf', not {to!r}")
+    if tp < 1 or pp < 1:
+        raise PaiZooError(f"--tp and --pp must be positive (got tp={tp}, pp={pp})")
+    if dst.exists() and not force:
+        raise PaiZooError(f"{dst} exists; pass --force to replace it")
+    if dst.resolve() == src.resolve():
+        raise PaiZooError(f"{dst}: the destination is the source")
+    start = time.perf_counter()
+    tmp = dst.parent / f".{dst.name}.pai-zoo-tmp-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        if to == "mcore":
+            report = _hf_to_mcore(src, tmp, family, tp, pp, parse_dtype(dtype), progress)
+        else:
+            report = _mcore_to_hf(src, tmp, family, parse_dtype(dtype), max_shard_size, progress)
+        _move_into_place(tmp, dst)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    report.src, report.dst, report.seconds = src, dst, time.perf_counter() - start
+    if verify:
+        report.verification = verify_conversion(src, dst)
+    return report
+
+
+def _move_into_place(tmp: Path, dst: Path) -> None:
+    if dst.exists():
+        old = dst.parent / f".{dst.name}.pai-zoo-old-{os.getpid()}"
+        dst.rename(old)
+        tmp.rename(dst)
+        shutil.rmtree(old) if old.is_dir() else old.unlink()
+    else:
+        tmp.rename(dst)
+
+
+def _family_for(config: dict, where: Path, name: str | None) -> Family:
+    registry = get_registry()
+    return registry.family(name) if name else registry.family_for_hf_config(config, where=str(where))
+
+
+def _check_shapes(name: str, got, expected: tuple, where: str) -> None:
+    if tuple(got.shape) != tuple(expected):
+        raise MappingError(f"{where}: tensor {name} would have shape {tuple(got.shape)}, the model needs {tuple(expected)}")
+
+
+# -- HF -> Megatron-Core ------------------------------------------------------------------------
+def _hf_to_mcore(src: Path, out: Path, family_name, tp: int, pp: int, dtype, progress) -> ConversionReport:
+    if not is_hf_checkpoint(src):
+        raise PaiZooError(f"{src}: not a Hugging Face checkpoint folder (no {CONFIG})")
+    raw_config = read_config(src)
+    family = _family_for(raw_config, src / CONFIG, family_name)
+    config = family.to_mcore_config(hf.config_dict(hf.hf_config(family, raw_config)))
+    if config.num_layers % pp:
+        raise PaiZooError(f"--pp {pp} does not divide the model's {config.num_layers} layers")
+    if config.num_query_groups % tp and tp % config.num_query_groups:
+        raise PaiZooError(f"--tp {tp} does not fit the model's {config.num_query_groups} key/value head groups")
+    source = HFCheckpoint(src)
+    dtype = dtype or _floating_dtype(source)
+    padded = config.padded_vocab_size(tp)
+    layout = dist_ckpt.layout_of(family, config, dtype, padded)
+    table = get_registry().weight_map(family, config)
+    ctx = MappingContext.from_config(config, padded_vocab_size=padded)
+    where = f"{src} -> megatron-core"
+    # Rehearse on meta tensors: names, coverage and shapes are checked before writing.
+    for name, tensor in table.iter_convert(TO_MCORE, ctx, source.meta, source.names(), layout.local_shapes):
+        _check_shapes(name, tensor, layout.local_shapes[name], where)
+    writer = dist_ckpt.DistCheckpointWriter(out / dist_ckpt.RELEASE)
+    total = sum(source.nbytes(n) for n in source.names())
+    bar = Progress("hf -> mcore", len(layout.local_shapes), total, progress)
+    report = ConversionReport(src, out, "mcore", family.name)
+    for name, tensor in table.iter_convert(TO_MCORE, ctx, source.get, source.names(), layout.local_shapes):
+        tensor = tensor.to(dtype)
+        for chunk in layout.by_local[name]:
+            writer.write_chunk(chunk, tensor[chunk.local_slice])
+        nbytes = tensor.numel() * tensor.element_size()
+        report.tensors, report.bytes = report.tensors + 1, report.bytes + nbytes
+        bar.update(nbytes)
+        del tensor
+    bar.close()
+    for key, obj in layout.objects.items():
+        writer.write_object(key, obj)
+    args = dist_ckpt.megatron_lm_args(config, tp, pp, padded, dtype)
+    writer.finish({"args": args, "checkpoint_version": 3.0, "iteration": 0})
+    (out / dist_ckpt.TRACKER).write_text(dist_ckpt.RELEASE)
+    dist_ckpt.write_pai_zoo_config(out, config, tp, pp, dtype, padded)
+    _copy_hf_side(src, out / dist_ckpt.HF_DIR)
+    return report
+
+
+def _floating_dtype(source: HFCheckpoint) -> torch.dtype:
+    for name in source.names():
+        t = source.meta(name)
+        if t.is_floating_point():
+            return t.dtype
+    return torch.float32
+
+
+def _copy_hf_side(src: Path, dst: Path) -> None:
+    """config.json, generation_config.json and the tokenizer files."""
+    dst.mkdir(parents=True, exist_ok=True)
+    for file in [src / CONFIG, src / GENERATION_CONFIG, *tokenizer_files(src)]:
+        if file.is_file():
+            shutil.copy2(file, dst / file.name)
+
+
+# -- Megatron-Core -> HF ------------------------------------------------------------------------
+def _mcore_to_hf(src: Path, out: Path, family_name, dtype, max_shard_size, progress) -> ConversionReport:
+    if not dist_ckpt.is_mcore_checkpoint(src):
+        raise PaiZooError(f"{src}: not a Megatron-Core checkpoint folder (no {dist_ckpt.TRACKER})")
+    config, record = dist_ckpt.mcore_config_of(src)
+    family = get_registry().family(family_name or config.family)
+    reader = dist_ckpt.DistCheckpointReader(dist_ckpt.iteration_dir(src))
+    try:
+        return _write_hf(src, out, family, config, record, reader, dtype, max_shard_size, progress)
+    finally:
+        reader.close()
+
+
+def _write_hf(src, out, family, config: McoreConfig, record, reader, dtype, max_shard_size, progress):
+    stored_dtype = parse_dtype(record.get("dtype", "fp32"))
+    dtype = dtype or stored_dtype
+    padded = reader.global_shape("embedding.word_embeddings.weight")[0]
+    layout = dist_ckpt.layout_of(family, config, stored_dtype, padded)
+    expected_keys = {c.key for c in layout.chunks}
+    stored_keys = {k for k in reader.keys() if k.startswith(_MODEL_KEY_PREFIXES) and "/shard_" not in k}
+    if expected_keys - stored_keys or stored_keys - expected_keys:
+        raise MappingError(
+            f"{reader.folder}: checkpoint tensors do not match the {family.name} model: "
+            f"missing {sorted(expected_keys - stored_keys)}, unexpected {sorted(stored_keys - expected_keys)}"
+        )
+    for key in expected_keys:
+        want = next(c.global_shape for c in layout.chunks if c.key == key)
+        if reader.global_shape(key) != want:
+            raise MappingError(f"{reader.folder}: tensor {key} has shape {reader.global_shape(key)}, the model needs {want}")
+    table = get_registry().weight_map(family, config)
+    ctx = MappingContext.from_config(config, padded_vocab_size=padded)
+    tied = set(table.tied_outputs(ctx))
+    plan = [(n, tuple(t.shape), dtype) for n, t in table.iter_convert(TO_HF, ctx, layout.meta, layout.local_shapes)
+            if n not in tied]
+    out.mkdir(parents=True)
+    writer = SafetensorsWriter(out, plan, max_shard_size)
+    bar = Progress("mcore -> hf", len(plan), writer.total_size, progress)
+    report = ConversionReport(src, out, "hf", family.name)
+    get = lambda name: reader.read_local(layout, name)  # noqa: E731
+    for name, tensor in table.iter_convert(TO_HF, ctx, get, layout.local_shapes):
+        if name in tied:
+            continue
+        tensor = tensor.to(dtype)
+        writer.write(name, tensor)
+        nbytes = tensor.numel() * tensor.element_size()
+        report.tensors, report.bytes = report.tensors + 1, report.bytes + nbytes
+        bar.update(nbytes)
+        del tensor
+    writer.close()
+    bar.close()
+    _write_hf_configs(src, out, family, config, dtype)
+    return report
+
+
+def _write_hf_configs(src: Path, out: Path, family: Family, config: McoreConfig, dtype: torch.dtype) -> None:
+    hf_side = src / dist_ckpt.HF_DIR
+    hf_config = hf.hf_config_from_mcore(family, config)
+    hf_config.dtype = dtype
+    if not getattr(hf_config, "architectures", None):
+        hf_config.architectures = [family.hf_architectures[0]] if family.hf_architectures else None
+    hf_config.save_pretrained(out)
+    if (hf_side / GENERATION_CONFIG).is_file():
+        shutil.copy2(hf_side / GENERATION_CONFIG, out / GENERATION_CONFIG)
+    else:
+        from transformers import GenerationConfig
+
+        GenerationConfig.from_model_config(hf_config).save_pretrained(out)
+    for file in tokenizer_files(hf_side):
+        shutil.copy2(file, out / file.name)
+
+
+# -- verification -------------------------------------------------------------------------------
+SAMPLE_PROMPT_LENGTH = 32
+
+
+def compare_logits(reference, candidate) -> dict:
+    """max |delta|, cosine similarity and next-token (argmax) agreement of two logits tensors."""
+    a, b = reference.double().flatten(), candidate.double().flatten()
+    cosine = torch.nn.functional.cosine_similarity(a, b, dim=0).item()
+    agree = (reference.argmax(-1) == candidate.argmax(-1)).double().mean().item()
+    return {"max_abs_delta": (a - b).abs().max().item(), "cosine": cosine, "next_token_agreement": agree}
+
+
+def verify_conversion(src, dst) -> dict:
+    """Load both sides in float32 (HF with transformers, megatron-core with megatron-core's own
+    loader), run a sample prompt, and compare the logits against the family's tolerance."""
+    from .handle import load
+
+    src, dst = Path(src), Path(dst)
+    hf_side, mcore_side = (src, dst) if is_hf_checkpoint(src) else (dst, src)
+    reference = load(hf_side, backend="hf", dtype=torch.float32)
+    candidate = load(mcore_side, backend="mcore", dtype=torch.float32)
+    vocab = candidate.vocab_size
+    ids = torch.randint(0, vocab, (1, SAMPLE_PROMPT_LENGTH), generator=torch.Generator().manual_seed(0))
+    if reference.tokenizer is not None:
+        text = "The quick brown fox jumps over the lazy dog. Megatron-Core checkpoints convert both ways."
+        encoded = reference.tokenizer.encode(text)[:SAMPLE_PROMPT_LENGTH]
+        if encoded and max(encoded) < vocab:
+            ids = torch.tensor([encoded])
+    result = compare_logits(reference.logits(ids), candidate.logits(ids))
+    result["tolerance"] = candidate.family.logits_atol
+    result["ok"] = result["max_abs_delta"] <= result["tolerance"] and result["next_token_agreement"] == 1.0
+    return result

@@ -1,0 +1,362 @@
+"""Megatron-Core distributed checkpoints (``torch_dist``) written and read tensor by tensor.
+
+A checkpoint folder, as Megatron-LM's ``--load`` expects it::
+
+    DST/latest_checkpointed_iteration.txt     "release" (or an iteration number)
+    DST/release/                              torch.distributed.checkpoint files:
+        .metadata  __0_0.distcp  common.pt  metadata.json
+    DST/pai_zoo.json                          the McoreConfig and layout, to rebuild the model
+    DST/hf/                                   config.json, generation_config.json, tokenizer files
+
+The storage layout (keys, global shapes, chunks) is taken from megatron-core itself: a
+``GPTModel`` is built on the meta device (no memory) and its ``sharded_state_dict()`` says
+where every local tensor goes. Tensors are stored as global, TP-independent tensors, so any
+tensor/pipeline-parallel layout loads them (megatron-core reshards on load).
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import pickle
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import torch
+
+from ..config_map import McoreConfig
+from ..errors import PaiZooError
+from ..family import Family
+
+TRACKER = "latest_checkpointed_iteration.txt"
+RELEASE = "release"
+PAI_ZOO_CONFIG = "pai_zoo.json"
+HF_DIR = "hf"
+DATA_FILE = "__0_0.distcp"
+_BACKEND_METADATA = {"sharded_backend": "torch_dist", "sharded_backend_version": 1,
+                     "common_backend": "torch", "common_backend_version": 1}
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One stored piece: ``local[local_slice]`` of megatron state-dict tensor ``local_name`` is
+    stored under checkpoint ``key`` at ``offsets`` (with ``sizes``) of a ``global_shape`` tensor."""
+
+    local_name: str
+    local_slice: tuple
+    key: str
+    offsets: tuple[int, ...]
+    sizes: tuple[int, ...]
+    global_shape: tuple[int, ...]
+
+
+@dataclass
+class Layout:
+    """Where every tensor of a model lives in a distributed checkpoint."""
+
+    chunks: list[Chunk]
+    objects: dict[str, Any]  # unique key -> object (``_extra_state`` entries)
+    local_shapes: dict[str, tuple[int, ...]]
+    dtype: torch.dtype
+    by_local: dict[str, list[Chunk]] = field(default_factory=dict)
+
+    def __post_init__(self):
+        for chunk in self.chunks:
+            self.by_local.setdefault(chunk.local_name, []).append(chunk)
+
+    def meta(self, local_name: str):
+        return torch.empty(self.local_shapes[local_name], dtype=self.dtype, device="meta")
+
+
+def _walk(x):
+    if isinstance(x, dict):
+        for v in x.values():
+            yield from _walk(v)
+    elif isinstance(x, (list, tuple)):
+        for v in x:
+            yield from _walk(v)
+    else:
+        yield x
+
+
+def meta_model(family: Family, config: McoreConfig, dtype: torch.dtype, padded_vocab_size: int | None = None):
+    """A ``GPTModel`` on the meta device (single process, all layers): shapes without memory."""
+    from .build import build_gpt_model
+    from .compat import ensure_model_parallel
+
+    ensure_model_parallel()
+    with torch.device("meta"):
+        return build_gpt_model(family, config, dtype, padded_vocab_size=padded_vocab_size, perform_initialization=False)
+
+
+def layout_of(family: Family, config: McoreConfig, dtype: torch.dtype, padded_vocab_size: int) -> Layout:
+    """The checkpoint layout of ``config``'s model, from megatron-core's ``sharded_state_dict``."""
+    from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor, apply_factories
+
+    model = meta_model(family, config, dtype, padded_vocab_size)
+    local_shapes = {n: tuple(t.shape) for n, t in model.state_dict().items() if not n.endswith("._extra_state")}
+    sharded = model.sharded_state_dict()
+    apply_factories(sharded)
+    chunks, objects = [], {}
+    for local_name, entry in sharded.items():
+        for item in _walk(entry):
+            if isinstance(item, ShardedObject):
+                objects[item.unique_key] = item.data
+            elif isinstance(item, ShardedTensor):
+                if local_name not in local_shapes:
+                    raise PaiZooError(f"sharded state dict entry {local_name} has no tensor in the model")
+                prepend = item.prepend_axis_num
+                local_slice = tuple(slice(o, o + s) for o, s in zip(item.global_offset[prepend:], item.data.shape))
+                sizes = (1,) * prepend + tuple(item.data.shape)
+                chunks.append(Chunk(local_name, local_slice, item.key, tuple(item.global_offset), sizes,
+                                    tuple(item.global_shape)))
+            else:
+                raise PaiZooError(f"unexpected entry {type(item).__name__} for {local_name} in the sharded state dict")
+    return Layout(chunks, objects, local_shapes, dtype)
+
+
+def megatron_lm_args(config: McoreConfig, tp: int, pp: int, padded_vocab_size: int, dtype: torch.dtype) -> argparse.Namespace:
+    """The model arguments Megatron-LM stores in a checkpoint (for ``--use-checkpoint-args``)."""
+    a = config.arch
+    return argparse.Namespace(
+        num_layers=a["num_layers"], hidden_size=a["hidden_size"], ffn_hidden_size=a.get("ffn_hidden_size"),
+        num_attention_heads=a["num_attention_heads"], num_query_groups=config.num_query_groups,
+        group_query_attention=config.num_query_groups != a["num_attention_heads"], kv_channels=config.kv_channels,
+        max_position_embeddings=a.get("max_sequence_length"), seq_length=a.get("max_sequence_length"),
+        position_embedding_type=a.get("position_embedding_type", "learned_absolute"),
+        add_position_embedding=a.get("position_embedding_type", "learned_absolute") == "learned_absolute",
+        use_rotary_position_embeddings=a.get("position_embedding_type") == "rope",
+        rotary_base=a.get("rotary_base", 10000), rotary_percent=a.get("rotary_percent", 1.0),
+        use_rope_scaling=bool(a.get("rope_scaling", False)), rope_scaling_factor=a.get("rope_scaling_factor", 8.0),
+        add_bias_linear=a.get("add_bias_linear", True), add_qkv_bias=a.get("add_qkv_bias", False),
+        swiglu=bool(a.get("gated_linear_unit")) and a.get("activation_func") == "silu",
+        untie_embeddings_and_output_weights=not config.tied_embeddings,
+        normalization=a.get("normalization", "LayerNorm"), norm_epsilon=a.get("layernorm_epsilon", 1e-5),
+        qk_layernorm=bool(a.get("qk_layernorm", False)),
+        make_vocab_size_divisible_by=config.make_vocab_size_divisible_by, padded_vocab_size=padded_vocab_size,
+        vocab_size=a["vocab_size"], tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+        bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16, params_dtype=dtype, ckpt_format="torch_dist",
+    )
+
+
+class DistCheckpointWriter:
+    """Writes a ``torch_dist`` checkpoint folder one tensor chunk at a time."""
+
+    def __init__(self, folder: Path):
+        from torch.distributed.checkpoint.metadata import Metadata
+
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.folder / DATA_FILE, "wb")
+        self.metadata = Metadata(state_dict_metadata={}, storage_data={})
+
+    def _append(self, write) -> tuple[int, int]:
+        start = self._file.tell()
+        write(self._file)
+        return start, self._file.tell() - start
+
+    def write_chunk(self, chunk: Chunk, tensor) -> None:
+        from torch.distributed.checkpoint.filesystem import _StorageInfo
+        from torch.distributed.checkpoint.metadata import (
+            ChunkStorageMetadata, MetadataIndex, TensorProperties, TensorStorageMetadata,
+        )
+
+        tensor = tensor.reshape(chunk.sizes)
+        if tensor.untyped_storage().nbytes() != tensor.numel() * tensor.element_size():
+            tensor = tensor.clone()  # torch.save would store a view's whole storage
+        md = self.metadata.state_dict_metadata.get(chunk.key)
+        if md is None:
+            md = TensorStorageMetadata(TensorProperties(dtype=tensor.dtype), torch.Size(chunk.global_shape), [])
+            self.metadata.state_dict_metadata[chunk.key] = md
+        offsets = torch.Size(chunk.offsets)
+        md.chunks.append(ChunkStorageMetadata(offsets=offsets, sizes=torch.Size(chunk.sizes)))
+        start, length = self._append(lambda f: torch.save(tensor, f))
+        self.metadata.storage_data[MetadataIndex(chunk.key, offsets)] = _StorageInfo(DATA_FILE, start, length)
+
+    def write_object(self, unique_key: str, obj: Any) -> None:
+        from torch.distributed.checkpoint.filesystem import _StorageInfo
+        from torch.distributed.checkpoint.metadata import BytesStorageMetadata, MetadataIndex
+
+        buffer = io.BytesIO()
+        torch.save([obj], buffer)  # megatron stores each ShardedObject as a one-element list
+        start, length = self._append(lambda f: f.write(buffer.getbuffer()))
+        self.metadata.state_dict_metadata[unique_key] = BytesStorageMetadata()
+        self.metadata.storage_data[MetadataIndex(unique_key)] = _StorageInfo(DATA_FILE, start, length)
+
+    def finish(self, common: dict) -> None:
+        """Write the metadata, the common (non-tensor) state and megatron's backend marker."""
+        try:
+            from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION
+        except ImportError:  # pragma: no cover - older torch
+            CURRENT_DCP_VERSION = "1.0.0"
+        self._file.close()
+        self.metadata.version = CURRENT_DCP_VERSION
+        with open(self.folder / ".metadata", "wb") as f:
+            pickle.dump(self.metadata, f)
+        torch.save(common, self.folder / "common.pt")
+        (self.folder / "metadata.json").write_text(json.dumps(_BACKEND_METADATA))
+
+
+class _FileSlice(io.RawIOBase):
+    """A read-only window ``[start, start + length)`` of an open file, for ``torch.load``."""
+
+    def __init__(self, file, start: int, length: int):
+        self._f, self._start, self._length, self._pos = file, start, length, 0
+
+    def readable(self):
+        return True
+
+    def seekable(self):
+        return True
+
+    def tell(self):
+        return self._pos
+
+    def seek(self, offset, whence=io.SEEK_SET):
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._length}[whence]
+        self._pos = max(0, min(self._length, base + offset))
+        return self._pos
+
+    def readinto(self, buffer):
+        n = min(len(buffer), self._length - self._pos)
+        self._f.seek(self._start + self._pos)
+        data = self._f.read(n)
+        buffer[: len(data)] = data
+        self._pos += len(data)
+        return len(data)
+
+
+class DistCheckpointReader:
+    """Reads regions of the global tensors of a ``torch_dist`` checkpoint folder, chunk by chunk,
+    whatever tensor/pipeline-parallel layout wrote it."""
+
+    def __init__(self, folder: Path):
+        self.folder = Path(folder)
+        meta = self.folder / ".metadata"
+        if not meta.is_file():
+            raise PaiZooError(f"{self.folder}: not a torch_dist checkpoint (no .metadata)")
+        try:
+            with open(meta, "rb") as f:
+                self.metadata = pickle.load(f)
+        except Exception as exc:
+            raise PaiZooError(f"{meta}: cannot be read: {exc}") from None
+        self._files: dict[str, object] = {}
+
+    def keys(self) -> list[str]:
+        return list(self.metadata.state_dict_metadata)
+
+    def global_shape(self, key: str) -> tuple[int, ...]:
+        return tuple(self.metadata.state_dict_metadata[key].size)
+
+    def dtype(self, key: str) -> torch.dtype:
+        return self.metadata.state_dict_metadata[key].properties.dtype
+
+    def _load_chunk(self, key: str, offsets) -> torch.Tensor:
+        from torch.distributed.checkpoint.metadata import MetadataIndex
+
+        info = self.metadata.storage_data[MetadataIndex(key, torch.Size(offsets))]
+        if info.relative_path not in self._files:
+            path = self.folder / info.relative_path
+            if not path.is_file():
+                raise PaiZooError(f"{path}: data file named in {self.folder / '.metadata'} is missing")
+            self._files[info.relative_path] = open(path, "rb")
+        try:
+            return torch.load(_FileSlice(self._files[info.relative_path], info.offset, info.length),
+                              map_location="cpu", weights_only=True)
+        except Exception as exc:
+            raise PaiZooError(f"{self.folder / info.relative_path}: chunk {key} at {tuple(offsets)} is corrupt: {exc}") from None
+
+    def read(self, key: str, offsets: Iterable[int], sizes: Iterable[int]) -> torch.Tensor:
+        """The region ``[offsets, offsets + sizes)`` of global tensor ``key``."""
+        if key not in self.metadata.state_dict_metadata:
+            raise PaiZooError(f"{self.folder}: the checkpoint has no tensor {key}")
+        md = self.metadata.state_dict_metadata[key]
+        offsets, sizes = tuple(offsets), tuple(sizes)
+        out = torch.empty(sizes, dtype=md.properties.dtype)
+        covered = 0
+        for chunk in md.chunks:
+            lo = [max(a, b) for a, b in zip(offsets, chunk.offsets)]
+            hi = [min(a + s, b + t) for a, s, b, t in zip(offsets, sizes, chunk.offsets, chunk.sizes)]
+            if any(h <= l for l, h in zip(lo, hi)):
+                continue
+            data = self._load_chunk(key, chunk.offsets)
+            src = tuple(slice(l - c, h - c) for l, h, c in zip(lo, hi, chunk.offsets))
+            dst = tuple(slice(l - o, h - o) for l, h, o in zip(lo, hi, offsets))
+            out[dst] = data[src]
+            covered += int(torch.Size([h - l for l, h in zip(lo, hi)]).numel())
+            del data
+        if covered != out.numel():
+            raise PaiZooError(f"{self.folder}: tensor {key} region {offsets}+{sizes} is not fully stored")
+        return out
+
+    def read_local(self, layout: Layout, local_name: str) -> torch.Tensor:
+        """A full megatron state-dict tensor (e.g. one layer's ``linear_qkv.weight``)."""
+        out = torch.empty(layout.local_shapes[local_name], dtype=layout.dtype)
+        for chunk in layout.by_local[local_name]:
+            region = self.read(chunk.key, chunk.offsets, chunk.sizes)
+            out[chunk.local_slice] = region.reshape(out[chunk.local_slice].shape).to(layout.dtype)
+        return out
+
+    def close(self) -> None:
+        for f in self._files.values():
+            f.close()
+        self._files.clear()
+
+
+# -- the checkpoint folder --------------------------------------------------------------------
+def is_mcore_checkpoint(path) -> bool:
+    return (Path(path) / TRACKER).is_file()
+
+
+def iteration_dir(path) -> Path:
+    """The folder of the iteration that ``latest_checkpointed_iteration.txt`` names."""
+    tracker = Path(path) / TRACKER
+    value = tracker.read_text().strip()
+    if value == RELEASE:
+        return Path(path) / RELEASE
+    try:
+        return Path(path) / f"iter_{int(value):07d}"
+    except ValueError:
+        raise PaiZooError(f"{tracker}: expected 'release' or an iteration number, found {value!r}") from None
+
+
+def read_pai_zoo_config(path) -> dict:
+    """``pai_zoo.json``: ``{"mcore_config": ..., "tensor_parallel": ..., ...}``."""
+    file = Path(path) / PAI_ZOO_CONFIG
+    if not file.is_file():
+        raise PaiZooError(f"{file}: missing; this Megatron checkpoint was not written by pai-zoo, "
+                          "so its model config is unknown")
+    return json.loads(file.read_text())
+
+
+def write_pai_zoo_config(path, config: McoreConfig, tp: int, pp: int, dtype: torch.dtype, padded_vocab_size: int) -> None:
+    record = {
+        "format": 1,
+        "mcore_config": json.loads(config.to_json()),
+        "tensor_parallel": tp,
+        "pipeline_parallel": pp,
+        "dtype": str(dtype).removeprefix("torch."),
+        "padded_vocab_size": padded_vocab_size,
+    }
+    (Path(path) / PAI_ZOO_CONFIG).write_text(json.dumps(record, indent=2) + "\n")
+
+
+def mcore_config_of(path) -> tuple[McoreConfig, dict]:
+    record = read_pai_zoo_config(path)
+    return McoreConfig(**record["mcore_config"]), record
+
+
+def load_model_weights(model, path) -> None:
+    """Load a checkpoint folder into a (possibly TP/PP-sharded) ``GPTModel`` with megatron-core's
+    own loader, as Megatron-LM's ``--load`` does."""
+    from megatron.core import dist_checkpointing
+
+    folder = iteration_dir(path)
+    state = dist_checkpointing.load(model.sharded_state_dict(), str(folder))
+    own = model.state_dict().keys()
+    # The loaded dict also holds the common state (args, iteration ...): keep the model's entries.
+    missing, _ = model.load_state_dict({k: v for k, v in state.items() if k in own}, strict=False)
+    missing = [m for m in missing if not m.endswith("._extra_state")]
+    if missing:
+        raise PaiZooError(f"{folder}: the checkpoint lacks {missing}")
