@@ -110,11 +110,6 @@ def _family_for(config: dict, where: Path, name: str | None) -> Family:
     return registry.family(name) if name else registry.family_for_hf_config(config, where=str(where))
 
 
-def _check_shapes(name: str, got, expected: tuple, where: str) -> None:
-    if tuple(got.shape) != tuple(expected):
-        raise MappingError(f"{where}: tensor {name} would have shape {tuple(got.shape)}, the model needs {tuple(expected)}")
-
-
 # -- HF -> Megatron-Core ------------------------------------------------------------------------
 def _hf_to_mcore(src: Path, out: Path, family_name, tp: int, pp: int, dtype, progress) -> ConversionReport:
     if not is_hf_checkpoint(src):
@@ -132,10 +127,9 @@ def _hf_to_mcore(src: Path, out: Path, family_name, tp: int, pp: int, dtype, pro
     layout = dist_ckpt.layout_of(family, config, dtype, padded)
     table = get_registry().weight_map(family, config)
     ctx = MappingContext.from_config(config, padded_vocab_size=padded)
-    where = f"{src} -> megatron-core"
     # Rehearse on meta tensors: names, coverage and shapes are checked before writing.
-    for name, tensor in table.iter_convert(TO_MCORE, ctx, source.meta, source.names(), layout.local_shapes):
-        _check_shapes(name, tensor, layout.local_shapes[name], where)
+    for _ in table.iter_convert(TO_MCORE, ctx, source.meta, source.names(), layout.local_shapes):
+        pass
     writer = dist_ckpt.DistCheckpointWriter(out / dist_ckpt.RELEASE)
     total = sum(source.nbytes(n) for n in source.names())
     bar = Progress("hf -> mcore", len(layout.local_shapes), total, progress)

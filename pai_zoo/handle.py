@@ -187,6 +187,8 @@ def _tokenizer(source: Source):
 
 
 def _load_hf(source: Source, hf_config, dtype):
+    import torch
+
     from . import hf
 
     if source.kind == "hf":

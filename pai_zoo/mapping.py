@@ -333,16 +333,24 @@ class WeightMap:
     ) -> Iterator[tuple[str, object]]:
         """Yield ``(target name, tensor)`` row by row; ``get(name)`` loads one source tensor.
 
-        Coverage is checked before the first tensor is read, so a bad table fails fast.
+        Coverage is checked before the first tensor is read, so a bad table fails fast. When
+        ``expected_targets`` maps names to shapes, every produced tensor's shape is checked too
+        (the error names the source tensors it came from).
         """
         self.check_coverage(direction, ctx, source_names, expected_targets)
+        shapes = expected_targets if isinstance(expected_targets, Mapping) else {}
         steps, _ = self.plan(direction, ctx)
         tied = dict((emb, out) for out, emb in self._tied_outputs(direction, ctx))
         for step in steps:
-            outputs = step.row.apply(direction, [get(n) for n in step.sources], ctx)
+            inputs = [get(n) for n in step.sources]
+            outputs = step.row.apply(direction, inputs, ctx)
             if len(outputs) != len(step.targets):
                 raise MappingError(f"{step.row} produced {len(outputs)} tensors for {len(step.targets)} names")
             for name, tensor in zip(step.targets, outputs):
+                if shapes and tuple(tensor.shape) != tuple(shapes[name]):
+                    given = ", ".join(f"{n} {tuple(t.shape)}" for n, t in zip(step.sources, inputs))
+                    raise MappingError(f"{name}: made from {given} has shape {tuple(tensor.shape)}, "
+                                       f"the model needs {tuple(shapes[name])}")
                 yield name, tensor
                 if name in tied:
                     yield tied[name], tensor
