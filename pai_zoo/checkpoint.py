@@ -9,6 +9,7 @@ plan of names and shapes, one tensor at a time, without holding a shard in memor
 from __future__ import annotations
 
 import json
+import os
 import struct
 from pathlib import Path
 from typing import Iterator
@@ -89,6 +90,7 @@ class HFCheckpoint:
         else:
             self._file_of = None
         self._headers: dict[str, tuple[Path, str, list[int]]] = {}
+        self._extents: dict[str, tuple[int, int]] = {}  # safetensors: (file offset, byte length)
         for file in sorted(set(self._file_of.values())) if self._file_of else [found]:
             for name, dtype, shape in self._scan(file):
                 self._headers[name] = (file, dtype, shape)
@@ -109,10 +111,23 @@ class HFCheckpoint:
             self._pickles[file] = state
             return [(n, str(t.dtype).removeprefix("torch."), list(t.shape)) for n, t in state.items()]
         header = read_safetensors_header(file)
-        return [(n, _DTYPES.get(h["dtype"], h["dtype"]), h["shape"]) for n, h in header.items() if n != "__metadata__"]
+        data_start = header.pop("__data_start__")
+        entries = []
+        for name, h in header.items():
+            if name == "__metadata__":
+                continue
+            begin, end = h["data_offsets"]
+            self._extents[name] = (data_start + begin, end - begin)
+            entries.append((name, _DTYPES.get(h["dtype"], h["dtype"]), h["shape"]))
+        return entries
 
     def names(self) -> list[str]:
         return list(self._headers)
+
+    def close(self) -> None:
+        for f in self._handles.values():
+            f.close()
+        self._handles.clear()
 
     def meta(self, name: str):
         """A meta-device tensor with the stored shape and dtype (nothing is read)."""
@@ -126,14 +141,29 @@ class HFCheckpoint:
         return t.numel() * t.element_size()
 
     def get(self, name: str):
+        """One tensor, read into fresh memory. safetensors files are read with plain reads at the
+        offsets their header gives (no memory map stays resident), pickles through a weights-only
+        memory-mapped load."""
+        import torch
+
         file = self._headers[name][0]
         if self.format == "pickle":
             return self._pickles[file][name]
-        from safetensors import safe_open
-
+        tensor = self.meta(name)
+        out = torch.empty(tensor.shape, dtype=tensor.dtype)
+        start, length = self._extents[name]
         if file not in self._handles:
-            self._handles[file] = safe_open(file, "pt")
-        return self._handles[file].get_tensor(name)
+            self._handles[file] = open(file, "rb", buffering=0)
+        f = self._handles[file]
+        f.seek(start)
+        view = memoryview(out.reshape(-1).view(torch.uint8).numpy()) if length else memoryview(b"")
+        read = 0
+        while read < length:
+            n = f.readinto(view[read:])
+            if not n:
+                raise PaiZooError(f"{file}: ends inside tensor {name}")
+            read += n
+        return out
 
     def items(self) -> Iterator[tuple[str, object]]:
         for name in self._headers:
@@ -141,7 +171,8 @@ class HFCheckpoint:
 
 
 def read_safetensors_header(file: Path) -> dict:
-    """The JSON header of a safetensors file; a truncated or corrupt file is an error naming it."""
+    """The JSON header of a safetensors file (plus ``__data_start__``, the byte where the data
+    begins); a truncated or corrupt file is an error naming it."""
     try:
         size = file.stat().st_size
         with open(file, "rb") as f:
@@ -152,9 +183,12 @@ def read_safetensors_header(file: Path) -> dict:
             if length > size - 8:
                 raise ValueError(f"header length {length} exceeds the file size {size}")
             header = json.loads(f.read(length))
+            if not isinstance(header, dict):
+                raise ValueError("header is not a JSON object")
         end = max((h["data_offsets"][1] for n, h in header.items() if n != "__metadata__"), default=0)
         if 8 + length + end > size:
             raise ValueError(f"data ends at byte {8 + length + end} but the file has {size} (truncated)")
+        header["__data_start__"] = 8 + length
         return header
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
         raise PaiZooError(f"{file}: corrupt safetensors file: {exc}") from None
@@ -232,13 +266,17 @@ class SafetensorsWriter:
             self._files[file] = open(file, "r+b")
         f = self._files[file]
         f.seek(start)
-        data = tensor.detach().contiguous().reshape(-1).view(__import__("torch").uint8).numpy()
+        import torch
+
+        data = tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
         f.write(memoryview(data))
         self._written.add(name)
 
     def close(self) -> None:
         """Close the files and write the index; every planned tensor must have been written."""
         for f in self._files.values():
+            f.flush()
+            os.fsync(f.fileno())  # durable before the folder is renamed into place
             f.close()
         missing = sorted(set(self._where) - self._written)
         if missing:

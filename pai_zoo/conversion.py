@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from . import hf
+from .background import BackgroundWriter
 from .checkpoint import CONFIG, GENERATION_CONFIG, HFCheckpoint, SafetensorsWriter, is_hf_checkpoint, read_config, tokenizer_files
 from .config_map import McoreConfig
 from .errors import MappingError, PaiZooError
@@ -122,6 +123,13 @@ def _hf_to_mcore(src: Path, out: Path, family_name, tp: int, pp: int, dtype, pro
     if config.num_query_groups % tp and tp % config.num_query_groups:
         raise PaiZooError(f"--tp {tp} does not fit the model's {config.num_query_groups} key/value head groups")
     source = HFCheckpoint(src)
+    try:
+        return _write_mcore(src, out, family, config, source, tp, pp, dtype, progress)
+    finally:
+        source.close()
+
+
+def _write_mcore(src: Path, out: Path, family: Family, config: McoreConfig, source: HFCheckpoint, tp, pp, dtype, progress):
     dtype = dtype or _floating_dtype(source)
     padded = config.padded_vocab_size(tp)
     layout = dist_ckpt.layout_of(family, config, dtype, padded)
@@ -134,14 +142,15 @@ def _hf_to_mcore(src: Path, out: Path, family_name, tp: int, pp: int, dtype, pro
     total = sum(source.nbytes(n) for n in source.names())
     bar = Progress("hf -> mcore", len(layout.local_shapes), total, progress)
     report = ConversionReport(src, out, "mcore", family.name)
-    for name, tensor in table.iter_convert(TO_MCORE, ctx, source.get, source.names(), layout.local_shapes):
-        tensor = tensor.to(dtype)
-        for chunk in layout.by_local[name]:
-            writer.write_chunk(chunk, tensor[chunk.local_slice])
-        nbytes = tensor.numel() * tensor.element_size()
-        report.tensors, report.bytes = report.tensors + 1, report.bytes + nbytes
-        bar.update(nbytes)
-        del tensor
+    with BackgroundWriter() as background:
+        for name, tensor in table.iter_convert(TO_MCORE, ctx, source.get, source.names(), layout.local_shapes):
+            tensor = tensor.to(dtype)
+            for chunk in layout.by_local[name]:
+                background.submit(writer.write_chunk, chunk, tensor[chunk.local_slice])
+            nbytes = tensor.numel() * tensor.element_size()
+            report.tensors, report.bytes = report.tensors + 1, report.bytes + nbytes
+            bar.update(nbytes)
+            del tensor
     bar.close()
     for key, obj in layout.objects.items():
         writer.write_object(key, obj)
@@ -208,15 +217,16 @@ def _write_hf(src, out, family, config: McoreConfig, record, reader, dtype, max_
     bar = Progress("mcore -> hf", len(plan), writer.total_size, progress)
     report = ConversionReport(src, out, "hf", family.name)
     get = lambda name: reader.read_local(layout, name)  # noqa: E731
-    for name, tensor in table.iter_convert(TO_HF, ctx, get, layout.local_shapes):
-        if name in tied:
-            continue
-        tensor = tensor.to(dtype)
-        writer.write(name, tensor)
-        nbytes = tensor.numel() * tensor.element_size()
-        report.tensors, report.bytes = report.tensors + 1, report.bytes + nbytes
-        bar.update(nbytes)
-        del tensor
+    with BackgroundWriter() as background:
+        for name, tensor in table.iter_convert(TO_HF, ctx, get, layout.local_shapes):
+            if name in tied:
+                continue
+            tensor = tensor.to(dtype)
+            background.submit(writer.write, name, tensor)
+            nbytes = tensor.numel() * tensor.element_size()
+            report.tensors, report.bytes = report.tensors + 1, report.bytes + nbytes
+            bar.update(nbytes)
+            del tensor
     writer.close()
     bar.close()
     _write_hf_configs(src, out, family, config, dtype)

@@ -287,3 +287,23 @@ def test_bad_megatron_checkpoints(hf_folder, tmp_path):
     assert_nothing_written(tmp_path, tmp_path / "x")
     with pytest.raises(PaiZooError, match="does not divide the model's 2 layers"):
         convert(hf_folder, tmp_path / "x", "mcore", pp=3)
+
+
+def test_background_writer_keeps_order_and_raises_errors():
+    from pai_zoo.background import BackgroundWriter
+
+    seen = []
+    with BackgroundWriter(depth=1) as background:
+        for i in range(20):
+            background.submit(seen.append, i)
+    assert seen == list(range(20))
+
+    def boom(x):
+        raise ValueError(f"cannot write {x}")
+
+    background = BackgroundWriter()
+    background.submit(boom, 1)
+    with pytest.raises(ValueError, match="cannot write 1"):
+        for i in range(100):
+            background.submit(seen.append, i)
+        background.close()

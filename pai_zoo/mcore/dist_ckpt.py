@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -190,6 +191,8 @@ class DistCheckpointWriter:
             from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION
         except ImportError:  # pragma: no cover - older torch
             CURRENT_DCP_VERSION = "1.0.0"
+        self._file.flush()
+        os.fsync(self._file.fileno())  # durable before the folder is renamed into place
         self._file.close()
         self.metadata.version = CURRENT_DCP_VERSION
         with open(self.folder / ".metadata", "wb") as f:
@@ -273,6 +276,9 @@ class DistCheckpointReader:
             raise PaiZooError(f"{self.folder}: the checkpoint has no tensor {key}")
         md = self.metadata.state_dict_metadata[key]
         offsets, sizes = tuple(offsets), tuple(sizes)
+        for chunk in md.chunks:  # the common case: the region is one stored chunk
+            if tuple(chunk.offsets) == offsets and tuple(chunk.sizes) == sizes:
+                return self._load_chunk(key, offsets)
         out = torch.empty(sizes, dtype=md.properties.dtype)
         covered = 0
         for chunk in md.chunks:
@@ -292,8 +298,12 @@ class DistCheckpointReader:
 
     def read_local(self, layout: Layout, local_name: str) -> torch.Tensor:
         """A full megatron state-dict tensor (e.g. one layer's ``linear_qkv.weight``)."""
-        out = torch.empty(layout.local_shapes[local_name], dtype=layout.dtype)
-        for chunk in layout.by_local[local_name]:
+        shape = layout.local_shapes[local_name]
+        chunks = layout.by_local[local_name]
+        if len(chunks) == 1 and int(torch.Size(chunks[0].sizes).numel()) == int(torch.Size(shape).numel()):
+            return self.read(chunks[0].key, chunks[0].offsets, chunks[0].sizes).reshape(shape).to(layout.dtype)
+        out = torch.empty(shape, dtype=layout.dtype)
+        for chunk in chunks:
             region = self.read(chunk.key, chunk.offsets, chunk.sizes)
             out[chunk.local_slice] = region.reshape(out[chunk.local_slice].shape).to(layout.dtype)
         return out
