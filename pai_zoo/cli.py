@@ -4,6 +4,8 @@
     pai-zoo info NAME            a family (or preset): names, presets, config translation, weight table
     pai-zoo conformance NAME     run the conformance suite on an installed family
     pai-zoo convert SRC DST --to mcore|hf   Hugging Face folder <-> Megatron-Core checkpoint
+    pai-zoo preprocess --input PATH... --output-prefix PREFIX --tokenizer T   text -> .bin/.idx
+    pai-zoo dataset inspect PREFIX | dataset merge --output-prefix OUT PREFIX...
 
 ``list`` imports neither torch nor megatron-core.
 """
@@ -118,6 +120,54 @@ def cmd_convert(args) -> int:
     return 0 if report.ok else 3
 
 
+def cmd_preprocess(args) -> int:
+    from .data.preprocess import preprocess, preprocess_sft
+
+    common = dict(workers=args.workers, skip_bad=args.skip_bad, batch_size=args.batch_size, progress=None)
+    if args.sft:
+        summary = preprocess_sft(args.input, args.output_prefix, args.tokenizer, seq_length=args.seq_length,
+                                 pad_length=args.pad_length, pack=not args.no_pack, **common)
+    else:
+        summary = preprocess(args.input, args.output_prefix, args.tokenizer, json_keys=args.json_keys,
+                             append_eod=args.append_eod, text_mode=args.text_mode,
+                             add_special_tokens=not args.no_special_tokens, **common)
+    for example in summary.skipped_examples:
+        print(f"skipped: {example}", file=sys.stderr)
+    print(summary.line())
+    return 0
+
+
+def cmd_dataset_inspect(args) -> int:
+    from .data.indexed import IndexedDatasetReader, statistics
+
+    stats = statistics(args.prefix)
+    for key, value in stats.items():
+        print(f"{key + ':':<22} {value:.2f}" if isinstance(value, float) else f"{key + ':':<22} {value}")
+    if args.document is not None:
+        reader = IndexedDatasetReader(args.prefix)
+        if not 0 <= args.document < reader.num_documents:
+            raise PaiZooError(f"{args.prefix}: document {args.document} is out of range (0..{reader.num_documents - 1})")
+        ids = reader.document(args.document).tolist()
+        print(f"document {args.document}: {len(ids)} tokens")
+        if args.tokenizer:
+            from .data.preprocess import load_tokenizer, resolve_tokenizer
+
+            print(load_tokenizer(*resolve_tokenizer(args.tokenizer)).decode(ids))
+        else:
+            print(ids)
+    return 0
+
+
+def cmd_dataset_merge(args) -> int:
+    from .data.indexed import merge, statistics
+
+    merge(args.prefixes, args.output_prefix)
+    stats = statistics(args.output_prefix)
+    print(f"merged {len(args.prefixes)} datasets -> {args.output_prefix}: {stats['documents']} documents, "
+          f"{stats['tokens']} tokens")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pai-zoo", description="A plugin-based model zoo for Megatron-Core.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -143,6 +193,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="replace DST if it exists")
     p.add_argument("--verify", action="store_true", help="compare both sides' logits on a sample prompt")
     p.set_defaults(func=cmd_convert)
+
+    p = sub.add_parser("preprocess", help="tokenize text into Megatron indexed datasets (.bin/.idx)")
+    p.add_argument("--input", nargs="+", required=True, help="JSON Lines (.jsonl[.gz|.zst]) or text files, or globs")
+    p.add_argument("--output-prefix", required=True, help="writes PREFIX_{key}_document.bin/.idx")
+    p.add_argument("--tokenizer", required=True, help="checkpoint folder, tokenizer file, family or preset")
+    p.add_argument("--json-keys", nargs="+", default=["text"], help="keys to tokenize (one dataset each)")
+    p.add_argument("--append-eod", action="store_true", help="end every document with the end-of-document token")
+    p.add_argument("--no-special-tokens", action="store_true", help="do not let the tokenizer add BOS/EOS")
+    p.add_argument("--text-mode", choices=("file", "paragraph"), default="file",
+                   help="plain-text inputs: one document per file or per blank-line paragraph")
+    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--batch-size", type=int, default=256, help="records per worker task")
+    p.add_argument("--skip-bad", action="store_true", help="skip and count bad records instead of stopping")
+    p.add_argument("--sft", action="store_true", help="instruction/chat records: tokens + loss mask, packed")
+    p.add_argument("--seq-length", type=int, default=1024, help="--sft: tokens per packed sequence")
+    p.add_argument("--pad-length", type=int, default=128, help="--sft --no-pack: pad each record to a multiple")
+    p.add_argument("--no-pack", action="store_true", help="--sft: one record per sequence, padded")
+    p.set_defaults(func=cmd_preprocess)
+
+    p = sub.add_parser("dataset", help="inspect or merge indexed datasets")
+    dsub = p.add_subparsers(dest="dataset_command", required=True)
+    q = dsub.add_parser("inspect", help="counts and token statistics; decode a document")
+    q.add_argument("prefix", help="PREFIX of PREFIX.bin/PREFIX.idx")
+    q.add_argument("--document", type=int, help="show this document")
+    q.add_argument("--tokenizer", help="decode the document with this tokenizer")
+    q.set_defaults(func=cmd_dataset_inspect)
+    q = dsub.add_parser("merge", help="concatenate datasets")
+    q.add_argument("prefixes", nargs="+")
+    q.add_argument("--output-prefix", required=True)
+    q.set_defaults(func=cmd_dataset_merge)
     return parser
 
 

@@ -140,7 +140,7 @@ def _write_mcore(src: Path, out: Path, family: Family, config: McoreConfig, sour
         pass
     writer = dist_ckpt.DistCheckpointWriter(out / dist_ckpt.RELEASE)
     total = sum(source.nbytes(n) for n in source.names())
-    bar = Progress("hf -> mcore", len(layout.local_shapes), total, progress)
+    bar = Progress("hf -> mcore", total, totals={"tensors": len(layout.local_shapes)}, enabled=progress)
     report = ConversionReport(src, out, "mcore", family.name)
     with BackgroundWriter() as background:
         for name, tensor in table.iter_convert(TO_MCORE, ctx, source.get, source.names(), layout.local_shapes):
@@ -214,7 +214,7 @@ def _write_hf(src, out, family, config: McoreConfig, record, reader, dtype, max_
             if n not in tied]
     out.mkdir(parents=True)
     writer = SafetensorsWriter(out, plan, max_shard_size)
-    bar = Progress("mcore -> hf", len(plan), writer.total_size, progress)
+    bar = Progress("mcore -> hf", writer.total_size, totals={"tensors": len(plan)}, enabled=progress)
     report = ConversionReport(src, out, "hf", family.name)
     get = lambda name: reader.read_local(layout, name)  # noqa: E731
     with BackgroundWriter() as background:

@@ -1,4 +1,4 @@
-"""A one-line progress bar on a terminal (stderr); silent in pipes and CI."""
+"""A one-line progress display on a terminal (stderr); silent in pipes and CI."""
 from __future__ import annotations
 
 import os
@@ -7,42 +7,64 @@ import time
 
 
 class Progress:
-    """Counts tensors and bytes; shows ``tensors, bytes, bytes/s`` when stderr is a terminal."""
+    """Counts bytes and named units (``tensors``, ``documents``, ``tokens`` ...) and shows them with
+    their rates when stderr is a terminal. With ``total_bytes`` it draws a bar; ``totals`` gives
+    ``done/total`` for units."""
 
-    def __init__(self, label: str, total_tensors: int, total_bytes: int, enabled: bool | None = None, stream=None):
+    def __init__(self, label: str, total_bytes: int | None = None, *, units=("tensors",), totals=None,
+                 enabled: bool | None = None, stream=None):
         self.stream = stream or sys.stderr
         if enabled is None:
             enabled = self.stream.isatty() and not os.environ.get("CI")
-        self.enabled = enabled
-        self.label, self.total_tensors, self.total_bytes = label, total_tensors, total_bytes
-        self.tensors = self.bytes = 0
+        self.enabled, self.label, self.total_bytes = enabled, label, total_bytes
+        self.counts = {unit: 0 for unit in units}
+        self.totals = dict(totals or {})
+        self.bytes = 0
         self.start = self._last = time.perf_counter()
 
-    def update(self, nbytes: int) -> None:
-        self.tensors += 1
+    def update(self, nbytes: int = 0, **counts: int) -> None:
+        """Add ``nbytes`` and counts; with no counts, the first unit goes up by one."""
         self.bytes += nbytes
+        for unit, n in (counts or {next(iter(self.counts)): 1}).items():
+            self.counts[unit] = self.counts.get(unit, 0) + n
         now = time.perf_counter()
-        if self.enabled and (now - self._last > 0.1 or self.tensors == self.total_tensors):
+        if self.enabled and now - self._last > 0.1:
             self._last = now
             self.stream.write("\r" + self.line())
             self.stream.flush()
 
+    @property
+    def seconds(self) -> float:
+        return max(time.perf_counter() - self.start, 1e-9)
+
     def line(self) -> str:
-        elapsed = max(time.perf_counter() - self.start, 1e-9)
-        frac = self.bytes / self.total_bytes if self.total_bytes else 1.0
-        bar = "#" * int(24 * frac) + "-" * (24 - int(24 * frac))
-        return (f"{self.label} [{bar}] {self.tensors}/{self.total_tensors} tensors "
-                f"{_size(self.bytes)}/{_size(self.total_bytes)} {_size(self.bytes / elapsed)}/s")
+        parts = [self.label]
+        if self.total_bytes:
+            filled = int(24 * min(1.0, self.bytes / self.total_bytes))
+            parts.append("[" + "#" * filled + "-" * (24 - filled) + "]")
+        for unit, n in self.counts.items():
+            total = self.totals.get(unit)
+            parts.append(f"{n}/{total} {unit}" if total else f"{_count(n)} {unit} ({_count(n / self.seconds)}/s)")
+        size = f"{_size(self.bytes)}/{_size(self.total_bytes)}" if self.total_bytes else _size(self.bytes)
+        parts.append(f"{size} {_size(self.bytes / self.seconds)}/s")
+        return " ".join(parts)
 
     def close(self) -> None:
         if self.enabled:
-            self.stream.write("\n")
+            self.stream.write("\r" + self.line() + "\n")
             self.stream.flush()
 
 
+def _count(n: float) -> str:
+    for unit, div in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= div:
+            return f"{n / div:.1f}{unit}"
+    return f"{n:.0f}"
+
+
 def _size(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if n < 1000 or unit == "TB":
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000:
             return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
         n /= 1000
-    return f"{n:.1f} TB"  # pragma: no cover
+    return f"{n:.1f} TB"

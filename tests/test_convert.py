@@ -158,13 +158,13 @@ def test_progress_bar_shows_tensors_bytes_and_rate():
     import io
 
     stream = io.StringIO()
-    bar = Progress("hf -> mcore", 2, 2000, enabled=True, stream=stream)
+    bar = Progress("hf -> mcore", 2000, totals={"tensors": 2}, enabled=True, stream=stream)
     bar.update(1000)
     bar.update(1000)
     bar.close()
     assert "2/2 tensors" in stream.getvalue() and "2.0 KB/2.0 KB" in stream.getvalue() and "/s" in stream.getvalue()
     quiet = io.StringIO()
-    Progress("x", 1, 1, stream=quiet).update(1)  # not a terminal: silent
+    Progress("x", 1, stream=quiet).update(1)  # not a terminal: silent
     assert quiet.getvalue() == ""
 
 

@@ -1,0 +1,1 @@
+"""Training data: Megatron indexed datasets, preprocessing, SFT."""

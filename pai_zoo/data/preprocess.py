@@ -1,0 +1,320 @@
+"""``pai-zoo preprocess``: raw text -> Megatron indexed datasets (``.bin``/``.idx``), in parallel.
+
+Records stream from the inputs in batches; worker processes tokenize them; results come back
+in input order, so the output is byte-identical whatever the number of workers. At most
+``2 x workers`` batches are in flight, so memory stays bounded on inputs of any size. Output
+files follow Megatron-LM's ``tools/preprocess_data.py``: ``PREFIX_{key}_document.bin/.idx``
+(SFT: ``PREFIX_text_document`` and ``PREFIX_loss_mask_document``).
+"""
+from __future__ import annotations
+
+import collections
+import contextlib
+import multiprocessing
+import time
+from dataclasses import dataclass, field
+from itertools import islice
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
+
+from ..errors import PaiZooError
+from ..progress import Progress
+from .sources import BadRecord, iter_records
+
+
+@dataclass
+class PreprocessSummary:
+    """What a run wrote, and what it skipped (``--skip-bad``)."""
+
+    outputs: list[str]
+    documents: int = 0
+    tokens: int = 0
+    bytes: int = 0
+    skipped: int = 0
+    skipped_examples: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+    def line(self) -> str:
+        rate = self.seconds or 1e-9
+        text = (f"{self.documents} documents, {self.tokens} tokens, {self.bytes / 1e6:.1f} MB in {self.seconds:.1f} s "
+                f"({self.documents / rate:.0f} docs/s, {self.tokens / rate:.0f} tokens/s, {self.bytes / 1e6 / rate:.1f} MB/s)")
+        if self.skipped:
+            text += f"; skipped {self.skipped} bad records"
+        return text + " -> " + ", ".join(self.outputs)
+
+
+def output_prefix(prefix, key: str) -> str:
+    """Megatron-LM's naming: ``PREFIX_{key}_document``."""
+    return f"{prefix}_{key}_document"
+
+
+# -- tokenizers by name ---------------------------------------------------------------------------
+def resolve_tokenizer(spec) -> tuple[str, str | None]:
+    """``(path, family name or None)`` for ``--tokenizer``: a checkpoint folder, a tokenizer file,
+    or a family / preset name (the family's bundled tokenizer, written once to a cache folder)."""
+    from ..registry import get_registry
+
+    path = Path(str(spec)).expanduser()
+    registry = get_registry()
+    if path.exists():
+        family = None
+        if path.is_dir() and (path / "config.json").is_file():
+            from ..checkpoint import read_config
+
+            with contextlib.suppress(PaiZooError):
+                family = registry.family_for_hf_config(read_config(path)).name
+        return str(path), family
+    name = str(spec)
+    if registry.is_preset(name) or registry.is_family(name):
+        family = registry.preset(name)[0] if registry.is_preset(name) else registry.family(name)
+        if family.test_tokenizer is None:
+            raise PaiZooError(f"--tokenizer {name}: family {family.name!r} bundles no tokenizer; pass a folder or file")
+        folder = Path.home() / ".cache" / "pai-zoo" / "tokenizers" / family.name
+        if not folder.is_dir():
+            tmp = folder.with_name(folder.name + ".tmp")
+            tmp.mkdir(parents=True, exist_ok=True)
+            family.test_tokenizer(tmp)
+            tmp.rename(folder)
+        return str(folder), family.name
+    raise PaiZooError(f"--tokenizer {name}: not a file, a folder, a family or a preset")
+
+
+def load_tokenizer(path: str, family: str | None):
+    """The tokenizer adapter for a resolved ``--tokenizer`` (through the family's hook if known)."""
+    from ..registry import get_registry
+    from ..tokenizer import load_tokenizer as load_file
+
+    if family is None:
+        return load_file(path)
+    registry = get_registry()
+    return registry.tokenizer(registry.family(family), path)
+
+
+# -- workers ------------------------------------------------------------------------------------
+_TOKENIZER = None
+_INIT_ERROR: BaseException | None = None
+
+
+def _init_worker(path: str, family: str | None) -> None:
+    """Load the tokenizer once per worker. A failure is kept and raised by the first task (an
+    exception in a pool initializer would make the pool restart the worker forever)."""
+    global _TOKENIZER, _INIT_ERROR
+    try:
+        _TOKENIZER = load_tokenizer(path, family)
+    except BaseException as exc:  # noqa: BLE001 - re-raised in the task
+        _INIT_ERROR = exc
+
+
+@dataclass(frozen=True)
+class _Task:
+    """What a worker needs to turn one batch of records into token ids."""
+
+    keys: tuple[str, ...]
+    add_special_tokens: bool
+    append_eod: bool
+
+
+def _encode_pretraining(task: _Task, batch: list[tuple[str, object]]) -> list:
+    """Per record: ``(where, [ids per key], utf8 bytes)`` or ``(where, BadRecord)``."""
+    tokenizer = _TOKENIZER
+    out = []
+    for where, record in batch:
+        if isinstance(record, BadRecord):
+            out.append((where, record))
+            continue
+        texts = []
+        for key in task.keys:
+            text = record.get(key)
+            if text is None:
+                out.append((where, BadRecord(f"{where}: no key {key!r} (keys: {', '.join(sorted(record))})")))
+                break
+            if not isinstance(text, str):
+                out.append((where, BadRecord(f"{where}: {key!r} is a {type(text).__name__}, not a string")))
+                break
+            if not text.strip():
+                out.append((where, BadRecord(f"{where}: empty document in {key!r}")))
+                break
+            texts.append(text)
+        else:
+            ids = tokenizer.encode_batch(texts, add_special_tokens=task.add_special_tokens)
+            if task.append_eod:
+                ids = [seq + [tokenizer.eod_id] for seq in ids]
+            out.append((where, ids, sum(len(t.encode("utf-8")) for t in texts)))
+    return out
+
+
+def _run(args):
+    if _INIT_ERROR is not None:
+        raise _INIT_ERROR
+    fn, task, batch = args
+    return fn(task, batch)
+
+
+def ordered_parallel_map(fn: Callable, task, batches: Iterable, workers: int, initializer: Callable | None = None,
+                         initargs: tuple = ()) -> Iterator:
+    """``fn(task, batch)`` for each batch, results in input order. ``workers <= 1`` runs in this
+    process; otherwise a spawn pool (``initializer(*initargs)`` in each worker) with at most
+    ``2 x workers`` batches in flight. ``fn`` must be importable (a module-level function)."""
+    if workers <= 1:
+        if initializer is not None:
+            initializer(*initargs)
+        for batch in batches:
+            yield _run((fn, task, batch))
+        return
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(workers, initializer=initializer, initargs=initargs) as pool:
+        pending: collections.deque = collections.deque()
+        for batch in batches:
+            pending.append(pool.apply_async(_run, ((fn, task, batch),)))
+            if len(pending) >= 2 * workers:
+                yield pending.popleft().get()
+        while pending:
+            yield pending.popleft().get()
+
+
+def _batches(records: Iterator, size: int) -> Iterator[list]:
+    while batch := list(islice(records, size)):
+        yield batch
+
+
+class _BadRecords:
+    """Stops at the first bad record, or (``skip``) counts them."""
+
+    def __init__(self, skip: bool):
+        self.skip, self.count, self.examples = skip, 0, []
+
+    def __call__(self, error: BadRecord) -> None:
+        if not self.skip:
+            raise error
+        self.count += 1
+        if len(self.examples) < 10:
+            self.examples.append(str(error))
+
+
+def preprocess(inputs, prefix, tokenizer, *, json_keys=("text",), append_eod: bool = False, workers: int = 1,
+               skip_bad: bool = False, text_mode: str = "file", batch_size: int = 256,
+               add_special_tokens: bool = True, progress: bool | None = None) -> PreprocessSummary:
+    """Tokenize ``inputs`` (paths or globs) into ``PREFIX_{key}_document.bin/.idx`` per JSON key.
+
+    A bad record (malformed JSON, missing key, non-UTF-8 bytes, empty document) stops the run
+    with its ``file:line`` and leaves no output, unless ``skip_bad`` counts and skips it.
+    """
+    from .indexed import IndexedDatasetWriter, optimal_dtype
+
+    keys = tuple(json_keys)
+    path, family = resolve_tokenizer(tokenizer)
+    dtype = optimal_dtype(load_tokenizer(path, family).vocab_size)
+    outputs = [output_prefix(prefix, key) for key in keys]
+    summary = PreprocessSummary(outputs)
+    bad = _BadRecords(skip_bad)
+    start = time.perf_counter()
+    bar = Progress("preprocess", units=("documents", "tokens"), enabled=progress)
+    task = _Task(keys, add_special_tokens, append_eod)
+    records = iter_records(inputs, text_mode=text_mode, text_key=keys[0])
+    with contextlib.ExitStack() as stack:
+        writers = [stack.enter_context(IndexedDatasetWriter(out, dtype)) for out in outputs]
+        batches = _batches(records, batch_size)
+        for results in ordered_parallel_map(_encode_pretraining, task, batches, workers, _init_worker, (path, family)):
+            for result in results:
+                if isinstance(result[1], BadRecord):
+                    bad(result[1])
+                    continue
+                _, ids, nbytes = result
+                for writer, seq in zip(writers, ids):
+                    writer.add_document(seq)
+                tokens = sum(len(seq) for seq in ids)
+                summary.documents, summary.tokens, summary.bytes = summary.documents + 1, summary.tokens + tokens, summary.bytes + nbytes
+                bar.update(nbytes, documents=1, tokens=tokens)
+        if summary.documents == 0:
+            raise PaiZooError(f"no documents in {', '.join(map(str, inputs))}" + (f" ({bad.count} skipped)" if bad.count else ""))
+        for writer in writers:
+            writer.finalize()
+    bar.close()
+    summary.skipped, summary.skipped_examples = bad.count, bad.examples
+    summary.seconds = time.perf_counter() - start
+    return summary
+
+
+# -- SFT ------------------------------------------------------------------------------------------
+def _encode_sft(task: _Task, batch: list[tuple[str, object]]) -> list:
+    """Per record: ``(where, tokens, loss_mask, utf8 bytes)`` or ``(where, BadRecord)``."""
+    from .sft import build_example, normalize_record
+
+    out = []
+    for where, record in batch:
+        if isinstance(record, BadRecord):
+            out.append((where, record))
+            continue
+        try:
+            messages = normalize_record(record, where)
+            tokens, mask = build_example(messages, _TOKENIZER)
+        except ValueError as exc:
+            out.append((where, BadRecord(str(exc))))
+            continue
+        nbytes = sum(len(m["content"].encode("utf-8")) for m in messages)
+        out.append((where, tokens, mask, nbytes))
+    return out
+
+
+def preprocess_sft(inputs, prefix, tokenizer, *, seq_length: int = 1024, pad_length: int = 128, pack: bool = True,
+                   workers: int = 1, skip_bad: bool = False, batch_size: int = 256,
+                   progress: bool | None = None) -> PreprocessSummary:
+    """Instruction or chat records -> ``PREFIX_text_document`` (token ids) and
+    ``PREFIX_loss_mask_document`` (1 where the loss applies: assistant responses), with the same
+    layout: with ``pack``, one document per packed sequence of ``seq_length`` tokens and one
+    sequence per record inside it (the record boundaries, so attention can be reset); without,
+    one document per record, padded to a multiple of ``pad_length``."""
+    import numpy as np
+
+    from . import sft
+    from .indexed import IndexedDatasetWriter, optimal_dtype
+
+    path, family = resolve_tokenizer(tokenizer)
+    tok = load_tokenizer(path, family)
+    pad_id = tok.pad_id if tok.pad_id is not None else tok.eod_id
+    if pad_id is None:
+        raise PaiZooError(f"--tokenizer {tokenizer}: no pad or end-of-document token to pad with")
+    outputs = [output_prefix(prefix, "text"), output_prefix(prefix, "loss_mask")]
+    summary = PreprocessSummary(outputs)
+    bad = _BadRecords(skip_bad)
+    start = time.perf_counter()
+    bar = Progress("preprocess --sft", units=("documents", "tokens"), enabled=progress)
+    task = _Task(("messages",), True, False)
+    records = iter_records(inputs)
+
+    def examples():
+        batches = _batches(records, batch_size)
+        for results in ordered_parallel_map(_encode_sft, task, batches, workers, _init_worker, (path, family)):
+            for result in results:
+                if isinstance(result[1], BadRecord):
+                    bad(result[1])
+                    continue
+                _, tokens, mask, nbytes = result
+                summary.documents, summary.bytes = summary.documents + 1, summary.bytes + nbytes
+                bar.update(nbytes, documents=1, tokens=len(tokens))
+                yield tokens, mask
+
+    with IndexedDatasetWriter(outputs[0], optimal_dtype(tok.vocab_size)) as text_writer, \
+            IndexedDatasetWriter(outputs[1], np.uint8) as mask_writer:
+        if pack:
+            stats = sft.PackStats()
+            for packed in sft.pack(examples(), seq_length, pad_id, stats=stats):
+                text_writer.add_document(packed.tokens, lengths=packed.boundaries)
+                mask_writer.add_document(packed.loss_mask, lengths=packed.boundaries)
+                summary.tokens += len(packed.tokens)
+            summary.extra = {"packs": stats.packs, "truncated": stats.truncated, "padding": stats.padding}
+        else:
+            for tokens, mask in examples():
+                tokens, mask = sft.pad_to_multiple(tokens, mask, pad_length, pad_id)
+                text_writer.add_document(tokens)
+                mask_writer.add_document(mask)
+                summary.tokens += len(tokens)
+        if summary.documents == 0:
+            raise PaiZooError(f"no records in {', '.join(map(str, inputs))}" + (f" ({bad.count} skipped)" if bad.count else ""))
+        text_writer.finalize()
+        mask_writer.finalize()
+    bar.close()
+    summary.skipped, summary.skipped_examples = bad.count, bad.examples
+    summary.seconds = time.perf_counter() - start
+    return summary
