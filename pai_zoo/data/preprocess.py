@@ -19,7 +19,7 @@ from typing import Callable, Iterable, Iterator
 
 from ..errors import PaiZooError
 from ..progress import Progress
-from .sources import BadRecord, iter_records
+from .sources import BadRecord, iter_raw_records
 
 
 @dataclass
@@ -108,39 +108,52 @@ def _init_worker(path: str, family: str | None) -> None:
 
 @dataclass(frozen=True)
 class _Task:
-    """What a worker needs to turn one batch of records into token ids."""
+    """What a worker needs to turn one batch of raw records into token ids."""
 
     keys: tuple[str, ...]
     add_special_tokens: bool
     append_eod: bool
+    dtype: str = "int32"
+
+
+def _texts(record: dict, keys, where: str):
+    """The record's texts for ``keys``, or the BadRecord saying why not."""
+    texts = []
+    for key in keys:
+        text = record.get(key)
+        if text is None:
+            return BadRecord(f"{where}: no key {key!r} (keys: {', '.join(sorted(record))})")
+        if not isinstance(text, str):
+            return BadRecord(f"{where}: {key!r} is a {type(text).__name__}, not a string")
+        if not text.strip():
+            return BadRecord(f"{where}: empty document in {key!r}")
+        texts.append(text)
+    return texts
 
 
 def _encode_pretraining(task: _Task, batch: list[tuple[str, object]]) -> list:
-    """Per record: ``(where, [ids per key], utf8 bytes)`` or ``(where, BadRecord)``."""
-    tokenizer = _TOKENIZER
-    out = []
-    for where, record in batch:
-        if isinstance(record, BadRecord):
-            out.append((where, record))
-            continue
-        texts = []
-        for key in task.keys:
-            text = record.get(key)
-            if text is None:
-                out.append((where, BadRecord(f"{where}: no key {key!r} (keys: {', '.join(sorted(record))})")))
-                break
-            if not isinstance(text, str):
-                out.append((where, BadRecord(f"{where}: {key!r} is a {type(text).__name__}, not a string")))
-                break
-            if not text.strip():
-                out.append((where, BadRecord(f"{where}: empty document in {key!r}")))
-                break
-            texts.append(text)
+    """Parse and tokenize a batch of raw records (one ``encode_batch`` call per key). Per record:
+    ``(where, [token array per key], utf8 bytes)`` or ``(where, BadRecord)``; arrays are numpy
+    in the output dtype, so that results travel back cheaply."""
+    import numpy as np
+
+    from .sources import parse_record
+
+    out: list = [None] * len(batch)
+    good: list[tuple[int, str, list[str]]] = []
+    for i, (where, payload) in enumerate(batch):
+        record = payload if isinstance(payload, BadRecord) else parse_record(where, payload)
+        texts = record if isinstance(record, BadRecord) else _texts(record, task.keys, where)
+        if isinstance(texts, BadRecord):
+            out[i] = (where, texts)
         else:
-            ids = tokenizer.encode_batch(texts, add_special_tokens=task.add_special_tokens)
-            if task.append_eod:
-                ids = [seq + [tokenizer.eod_id] for seq in ids]
-            out.append((where, ids, sum(len(t.encode("utf-8")) for t in texts)))
+            good.append((i, where, texts))
+    per_key = [_TOKENIZER.encode_batch([texts[k] for _, _, texts in good], add_special_tokens=task.add_special_tokens)
+               for k in range(len(task.keys))]
+    eod = [_TOKENIZER.eod_id] if task.append_eod else []
+    for j, (i, where, texts) in enumerate(good):
+        arrays = [np.asarray(ids[j] + eod, dtype=task.dtype) for ids in per_key]
+        out[i] = (where, arrays, sum(len(t.encode("utf-8")) for t in texts))
     return out
 
 
@@ -162,15 +175,23 @@ def ordered_parallel_map(fn: Callable, task, batches: Iterable, workers: int, in
         for batch in batches:
             yield _run((fn, task, batch))
         return
+    from concurrent.futures import ProcessPoolExecutor
+
+    # A pool executor, not multiprocessing.Pool: a worker that dies raises BrokenProcessPool here
+    # instead of being restarted forever.
     context = multiprocessing.get_context("spawn")
-    with context.Pool(workers, initializer=initializer, initargs=initargs) as pool:
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=initializer, initargs=initargs) as pool:
         pending: collections.deque = collections.deque()
-        for batch in batches:
-            pending.append(pool.apply_async(_run, ((fn, task, batch),)))
-            if len(pending) >= 2 * workers:
-                yield pending.popleft().get()
-        while pending:
-            yield pending.popleft().get()
+        try:
+            for batch in batches:
+                pending.append(pool.submit(_run, (fn, task, batch)))
+                if len(pending) >= 2 * workers:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+        finally:
+            for future in pending:
+                future.cancel()
 
 
 def _batches(records: Iterator, size: int) -> Iterator[list]:
@@ -210,8 +231,8 @@ def preprocess(inputs, prefix, tokenizer, *, json_keys=("text",), append_eod: bo
     bad = _BadRecords(skip_bad)
     start = time.perf_counter()
     bar = Progress("preprocess", units=("documents", "tokens"), enabled=progress)
-    task = _Task(keys, add_special_tokens, append_eod)
-    records = iter_records(inputs, text_mode=text_mode, text_key=keys[0])
+    task = _Task(keys, add_special_tokens, append_eod, str(dtype))
+    records = iter_raw_records(inputs, text_mode=text_mode, text_key=keys[0])
     with contextlib.ExitStack() as stack:
         writers = [stack.enter_context(IndexedDatasetWriter(out, dtype)) for out in outputs]
         batches = _batches(records, batch_size)
@@ -223,7 +244,7 @@ def preprocess(inputs, prefix, tokenizer, *, json_keys=("text",), append_eod: bo
                 _, ids, nbytes = result
                 for writer, seq in zip(writers, ids):
                     writer.add_document(seq)
-                tokens = sum(len(seq) for seq in ids)
+                tokens = sum(seq.size for seq in ids)
                 summary.documents, summary.tokens, summary.bytes = summary.documents + 1, summary.tokens + tokens, summary.bytes + nbytes
                 bar.update(nbytes, documents=1, tokens=tokens)
         if summary.documents == 0:
@@ -240,9 +261,11 @@ def preprocess(inputs, prefix, tokenizer, *, json_keys=("text",), append_eod: bo
 def _encode_sft(task: _Task, batch: list[tuple[str, object]]) -> list:
     """Per record: ``(where, tokens, loss_mask, utf8 bytes)`` or ``(where, BadRecord)``."""
     from .sft import build_example, normalize_record
+    from .sources import parse_record
 
     out = []
-    for where, record in batch:
+    for where, payload in batch:
+        record = payload if isinstance(payload, BadRecord) else parse_record(where, payload)
         if isinstance(record, BadRecord):
             out.append((where, record))
             continue
@@ -281,7 +304,7 @@ def preprocess_sft(inputs, prefix, tokenizer, *, seq_length: int = 1024, pad_len
     start = time.perf_counter()
     bar = Progress("preprocess --sft", units=("documents", "tokens"), enabled=progress)
     task = _Task(("messages",), True, False)
-    records = iter_records(inputs)
+    records = iter_raw_records(inputs)
 
     def examples():
         batches = _batches(records, batch_size)

@@ -70,27 +70,29 @@ def _decode(raw: bytes, where: str) -> str:
         raise BadRecord(f"{where}: not UTF-8 (byte {exc.start}: {raw[exc.start:exc.start + 4]!r})") from None
 
 
-def iter_json_lines(path: Path) -> Iterator[tuple[str, dict | BadRecord]]:
-    """``(where, record)`` per non-blank line; a bad line yields ``(where, BadRecord)`` so that the
-    caller decides whether to stop or skip."""
+def parse_record(where: str, payload) -> dict | BadRecord:
+    """A raw record (a JSON line's bytes, or an already built dict) as a dict, or the reason it is bad."""
+    if not isinstance(payload, bytes):
+        return payload
+    try:
+        record = json.loads(_decode(payload, where))
+    except BadRecord as exc:
+        return exc
+    except json.JSONDecodeError as exc:
+        return BadRecord(f"{where}: malformed JSON at column {exc.colno}: {exc.msg}")
+    if not isinstance(record, dict):
+        return BadRecord(f"{where}: expected a JSON object, found {type(record).__name__}")
+    return record
+
+
+def iter_json_lines(path: Path) -> Iterator[tuple[str, bytes]]:
+    """``(where, raw line)`` per non-blank line; :func:`parse_record` turns it into a dict (in a
+    worker process, so that the reading process only moves bytes)."""
     with open_binary(path) as raw:
         stream = io.BufferedReader(raw) if not isinstance(raw, io.BufferedIOBase) else raw
         for number, line in enumerate(stream, start=1):
-            where = f"{path}:{number}"
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(_decode(line, where))
-            except BadRecord as exc:
-                yield where, exc
-                continue
-            except json.JSONDecodeError as exc:
-                yield where, BadRecord(f"{where}: malformed JSON at column {exc.colno}: {exc.msg}")
-                continue
-            if not isinstance(record, dict):
-                yield where, BadRecord(f"{where}: expected a JSON object, found {type(record).__name__}")
-                continue
-            yield where, record
+            if line.strip():
+                yield f"{path}:{number}", line
 
 
 def iter_text(path: Path, mode: str, key: str) -> Iterator[tuple[str, dict | BadRecord]]:
@@ -122,10 +124,16 @@ def iter_text(path: Path, mode: str, key: str) -> Iterator[tuple[str, dict | Bad
         yield f"{path}:{start}", {key: "".join(paragraph).rstrip("\n")}
 
 
-def iter_records(inputs, text_mode: str = "file", text_key: str = "text") -> Iterator[tuple[str, dict | BadRecord]]:
-    """Every record of every input, in order: JSON Lines files by line, other files as text."""
+def iter_raw_records(inputs, text_mode: str = "file", text_key: str = "text") -> Iterator[tuple[str, object]]:
+    """Every record of every input, in order, unparsed: ``(where, JSON line bytes | dict | BadRecord)``."""
     for path in expand_inputs(inputs):
         if is_json_lines(path):
             yield from iter_json_lines(path)
         else:
             yield from iter_text(path, text_mode, text_key)
+
+
+def iter_records(inputs, text_mode: str = "file", text_key: str = "text") -> Iterator[tuple[str, dict | BadRecord]]:
+    """Every record of every input, in order, parsed: JSON Lines files by line, other files as text."""
+    for where, payload in iter_raw_records(inputs, text_mode, text_key):
+        yield where, parse_record(where, payload)
