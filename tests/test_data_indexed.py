@@ -436,3 +436,21 @@ def test_import_pulls_in_neither_torch_nor_megatron():
     )
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
+
+
+def test_add_documents_equals_one_add_document_per_document(tmp_path):
+    docs = [[1, 2, 3], [], [7], [4, 5]]
+    with IndexedDatasetWriter(tmp_path / "one", np.uint16) as w:
+        for d in docs:
+            w.add_document(d)
+    with IndexedDatasetWriter(tmp_path / "batch", np.uint16) as w:
+        w.add_documents(np.array([1, 2, 3, 7, 4, 5]), [3, 0, 1, 2])
+    for suffix in (".bin", ".idx"):
+        assert (tmp_path / f"one{suffix}").read_bytes() == (tmp_path / f"batch{suffix}").read_bytes()
+    with IndexedDatasetWriter(tmp_path / "bad", np.uint16) as w:
+        with pytest.raises(ValueError, match="lengths sum to 2 but 3 tokens"):
+            w.add_documents([1, 2, 3], [1, 1])
+        w.add_item([1])
+        with pytest.raises(ValueError, match="end the current document first"):
+            w.add_documents([1], [1])
+        w.end_document()

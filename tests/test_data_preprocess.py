@@ -158,18 +158,18 @@ def test_interrupted_run_leaves_no_dataset(tmp_path, bpe, monkeypatch):
 
     write_jsonl(tmp_path / "in.jsonl", documents(50))
     calls = []
-    original = indexed.IndexedDatasetWriter.add_document
+    original = indexed.IndexedDatasetWriter.add_documents
 
     def interrupt(self, *args, **kwargs):
         calls.append(1)
-        if len(calls) == 20:
+        if len(calls) == 3:
             raise KeyboardInterrupt
         return original(self, *args, **kwargs)
 
-    monkeypatch.setattr(indexed.IndexedDatasetWriter, "add_document", interrupt)
+    monkeypatch.setattr(indexed.IndexedDatasetWriter, "add_documents", interrupt)
     with pytest.raises(KeyboardInterrupt):
-        preprocess([tmp_path / "in.jsonl"], tmp_path / "out", bpe)
-    assert outputs_present(tmp_path / "out") == []
+        preprocess([tmp_path / "in.jsonl"], tmp_path / "out", bpe, batch_size=8)
+    assert len(calls) == 3 and outputs_present(tmp_path / "out") == []
 
 
 def test_missing_inputs_are_errors(tmp_path, bpe):
@@ -205,7 +205,7 @@ def test_a_worker_that_cannot_load_the_tokenizer_fails_the_run(tmp_path, bpe):
     real = module.resolve_tokenizer(broken)
     (broken / "tokenizer.json").write_text("{ not json")  # readable when resolved, broken when workers load it
     with pytest.raises(ValueError, match="tokenizer.json"):
-        list(module.ordered_parallel_map(module._encode_pretraining, module._Task(("text",), True, False),
+        list(module.ordered_parallel_map(module._encode_pretraining, module._Task(("text",), True, False, "uint16"),
                                          [[("x:1", {"text": "a"})]], 2, module._init_worker, real))
 
 

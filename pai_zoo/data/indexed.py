@@ -219,6 +219,22 @@ class IndexedDatasetWriter:
         self._write(arr, lengths)
         self._document_indices.append(len(self._lengths))
 
+    def add_documents(self, tokens, lengths) -> None:
+        """Add many one-sequence documents at once: the first ``lengths[0]`` tokens are the first
+        document, and so on (one range check and one write for the whole batch)."""
+        self._check_open()
+        if self._pending():
+            raise ValueError("add_documents: end the current document first (end_document)")
+        arr = _cast_tokens(tokens, self.dtype)
+        sizes = np.asarray(lengths, dtype=np.int64).reshape(-1)
+        if sizes.size and (sizes.min() < 0 or sizes.max() > _INT32_MAX):
+            raise ValueError(f"sequence lengths must lie in [0, {_INT32_MAX}]")
+        if int(sizes.sum()) != arr.size:
+            raise ValueError(f"lengths sum to {int(sizes.sum())} but {arr.size} tokens were given")
+        first = len(self._lengths)
+        self._write(arr, sizes.tolist())
+        self._document_indices.extend(range(first + 1, first + sizes.size + 1))
+
     def add_index(self, prefix) -> None:
         """Append a whole existing dataset (its documents follow the ones written so far); dtypes must match."""
         self._check_open()

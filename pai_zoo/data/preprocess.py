@@ -13,7 +13,7 @@ import contextlib
 import multiprocessing
 import time
 from dataclasses import dataclass, field
-from itertools import islice
+from itertools import chain, islice
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
@@ -131,30 +131,46 @@ def _texts(record: dict, keys, where: str):
     return texts
 
 
-def _encode_pretraining(task: _Task, batch: list[tuple[str, object]]) -> list:
-    """Parse and tokenize a batch of raw records (one ``encode_batch`` call per key). Per record:
-    ``(where, [token array per key], utf8 bytes)`` or ``(where, BadRecord)``; arrays are numpy
-    in the output dtype, so that results travel back cheaply."""
+@dataclass
+class _EncodedBatch:
+    """A tokenized batch, compact for the trip back: per key, all documents' tokens in one array
+    and their lengths; the bad records with their position in the batch."""
+
+    tokens: list            # per key: np.ndarray of every good document's tokens, in order
+    lengths: list           # per key: np.ndarray[int64] of token counts per good document
+    nbytes: int             # UTF-8 bytes of the good documents' texts
+    bad: list               # (position in batch, BadRecord)
+
+    @property
+    def documents(self) -> int:
+        return len(self.lengths[0]) if self.lengths else 0
+
+
+def _encode_pretraining(task: _Task, batch: list[tuple[str, object]]) -> _EncodedBatch:
+    """Parse and tokenize a batch of raw records (one ``encode_batch`` call per key)."""
     import numpy as np
 
     from .sources import parse_record
 
-    out: list = [None] * len(batch)
-    good: list[tuple[int, str, list[str]]] = []
+    bad, good = [], []
     for i, (where, payload) in enumerate(batch):
         record = payload if isinstance(payload, BadRecord) else parse_record(where, payload)
         texts = record if isinstance(record, BadRecord) else _texts(record, task.keys, where)
         if isinstance(texts, BadRecord):
-            out[i] = (where, texts)
+            bad.append((i, texts))
         else:
-            good.append((i, where, texts))
-    per_key = [_TOKENIZER.encode_batch([texts[k] for _, _, texts in good], add_special_tokens=task.add_special_tokens)
-               for k in range(len(task.keys))]
+            good.append(texts)
     eod = [_TOKENIZER.eod_id] if task.append_eod else []
-    for j, (i, where, texts) in enumerate(good):
-        arrays = [np.asarray(ids[j] + eod, dtype=task.dtype) for ids in per_key]
-        out[i] = (where, arrays, sum(len(t.encode("utf-8")) for t in texts))
-    return out
+    tokens, lengths = [], []
+    for k in range(len(task.keys)):
+        ids = _TOKENIZER.encode_batch([texts[k] for texts in good], add_special_tokens=task.add_special_tokens)
+        if eod:
+            ids = [seq + eod for seq in ids]
+        lengths.append(np.fromiter(map(len, ids), dtype=np.int64, count=len(ids)))
+        flat = np.fromiter(chain.from_iterable(ids), dtype=task.dtype, count=int(lengths[-1].sum()))
+        tokens.append(flat)
+    nbytes = sum(len(t.encode("utf-8")) for texts in good for t in texts)
+    return _EncodedBatch(tokens, lengths, nbytes, bad)
 
 
 def _run(args):
@@ -236,17 +252,16 @@ def preprocess(inputs, prefix, tokenizer, *, json_keys=("text",), append_eod: bo
     with contextlib.ExitStack() as stack:
         writers = [stack.enter_context(IndexedDatasetWriter(out, dtype)) for out in outputs]
         batches = _batches(records, batch_size)
-        for results in ordered_parallel_map(_encode_pretraining, task, batches, workers, _init_worker, (path, family)):
-            for result in results:
-                if isinstance(result[1], BadRecord):
-                    bad(result[1])
-                    continue
-                _, ids, nbytes = result
-                for writer, seq in zip(writers, ids):
-                    writer.add_document(seq)
-                tokens = sum(seq.size for seq in ids)
-                summary.documents, summary.tokens, summary.bytes = summary.documents + 1, summary.tokens + tokens, summary.bytes + nbytes
-                bar.update(nbytes, documents=1, tokens=tokens)
+        for encoded in ordered_parallel_map(_encode_pretraining, task, batches, workers, _init_worker, (path, family)):
+            for _, error in encoded.bad:  # stops here (nothing is kept) unless bad records are skipped
+                bad(error)
+            for writer, tokens, lengths in zip(writers, encoded.tokens, encoded.lengths):
+                writer.add_documents(tokens, lengths)
+            tokens = sum(t.size for t in encoded.tokens)
+            summary.documents += encoded.documents
+            summary.tokens += tokens
+            summary.bytes += encoded.nbytes
+            bar.update(encoded.nbytes, documents=encoded.documents, tokens=tokens)
         if summary.documents == 0:
             raise PaiZooError(f"no documents in {', '.join(map(str, inputs))}" + (f" ({bad.count} skipped)" if bad.count else ""))
         for writer in writers:
