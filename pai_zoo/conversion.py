@@ -8,7 +8,6 @@ renamed into place at the end: a failed conversion leaves no partial ``dst``.
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -20,16 +19,15 @@ from . import hf
 from .background import BackgroundWriter
 from .checkpoint import CONFIG, GENERATION_CONFIG, HFCheckpoint, SafetensorsWriter, is_hf_checkpoint, read_config, tokenizer_files
 from .config_map import McoreConfig
-from .errors import MappingError, PaiZooError
+from .errors import PaiZooError
 from .family import Family
-from .mapping import TO_HF, TO_MCORE, MappingContext
+from .mapping import TO_MCORE, MappingContext
 from .mcore import dist_ckpt
 from .progress import Progress
 from .registry import get_registry
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
           "bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-_MODEL_KEY_PREFIXES = ("embedding.", "decoder.", "output_layer.")
 
 
 @dataclass
@@ -182,43 +180,20 @@ def _copy_hf_side(src: Path, dst: Path) -> None:
 def _mcore_to_hf(src: Path, out: Path, family_name, dtype, max_shard_size, progress) -> ConversionReport:
     if not dist_ckpt.is_mcore_checkpoint(src):
         raise PaiZooError(f"{src}: not a Megatron-Core checkpoint folder (no {dist_ckpt.TRACKER})")
-    config, record = dist_ckpt.mcore_config_of(src)
-    family = get_registry().family(family_name or config.family)
-    reader = dist_ckpt.DistCheckpointReader(dist_ckpt.iteration_dir(src))
-    try:
-        return _write_hf(src, out, family, config, record, reader, dtype, max_shard_size, progress)
-    finally:
-        reader.close()
+    family = get_registry().family(family_name) if family_name else None
+    with dist_ckpt.MegatronCheckpoint(src, family) as checkpoint:
+        return _write_hf(checkpoint, out, dtype or checkpoint.stored_dtype, max_shard_size, progress)
 
 
-def _write_hf(src, out, family, config: McoreConfig, record, reader, dtype, max_shard_size, progress):
-    stored_dtype = parse_dtype(record.get("dtype", "fp32"))
-    dtype = dtype or stored_dtype
-    padded = reader.global_shape("embedding.word_embeddings.weight")[0]
-    layout = dist_ckpt.layout_of(family, config, stored_dtype, padded)
-    expected_keys = {c.key for c in layout.chunks}
-    stored_keys = {k for k in reader.keys() if k.startswith(_MODEL_KEY_PREFIXES) and "/shard_" not in k}
-    if expected_keys - stored_keys or stored_keys - expected_keys:
-        raise MappingError(
-            f"{reader.folder}: checkpoint tensors do not match the {family.name} model: "
-            f"missing {sorted(expected_keys - stored_keys)}, unexpected {sorted(stored_keys - expected_keys)}"
-        )
-    for key in expected_keys:
-        want = next(c.global_shape for c in layout.chunks if c.key == key)
-        if reader.global_shape(key) != want:
-            raise MappingError(f"{reader.folder}: tensor {key} has shape {reader.global_shape(key)}, the model needs {want}")
-    table = get_registry().weight_map(family, config)
-    ctx = MappingContext.from_config(config, padded_vocab_size=padded)
-    tied = set(table.tied_outputs(ctx))
-    plan = [(n, tuple(t.shape), dtype) for n, t in table.iter_convert(TO_HF, ctx, layout.meta, layout.local_shapes)
-            if n not in tied]
+def _write_hf(checkpoint: dist_ckpt.MegatronCheckpoint, out: Path, dtype, max_shard_size, progress) -> ConversionReport:
+    tied = set(checkpoint.table.tied_outputs(checkpoint.ctx))
+    plan = [(n, tuple(t.shape), dtype) for n, t in checkpoint.hf_tensors(meta=True) if n not in tied]
     out.mkdir(parents=True)
     writer = SafetensorsWriter(out, plan, max_shard_size)
     bar = Progress("mcore -> hf", writer.total_size, totals={"tensors": len(plan)}, enabled=progress)
-    report = ConversionReport(src, out, "hf", family.name)
-    get = lambda name: reader.read_local(layout, name)  # noqa: E731
+    report = ConversionReport(checkpoint.path, out, "hf", checkpoint.family.name)
     with BackgroundWriter() as background:
-        for name, tensor in table.iter_convert(TO_HF, ctx, get, layout.local_shapes):
+        for name, tensor in checkpoint.hf_tensors():
             if name in tied:
                 continue
             tensor = tensor.to(dtype)
@@ -229,7 +204,7 @@ def _write_hf(src, out, family, config: McoreConfig, record, reader, dtype, max_
             del tensor
     writer.close()
     bar.close()
-    _write_hf_configs(src, out, family, config, dtype)
+    _write_hf_configs(checkpoint.path, out, checkpoint.family, checkpoint.config, dtype)
     return report
 
 

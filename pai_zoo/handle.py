@@ -187,8 +187,6 @@ def _tokenizer(source: Source):
 
 
 def _load_hf(source: Source, hf_config, dtype):
-    import torch
-
     from . import hf
 
     if source.kind == "hf":
@@ -196,22 +194,11 @@ def _load_hf(source: Source, hf_config, dtype):
         return cls.from_pretrained(source.path, config=hf_config, dtype=dtype).eval()
     model = hf.build_hf_model(source.family, hf_config, dtype)
     if source.kind == "mcore":
-        from .mapping import TO_HF, MappingContext
-        from .mcore import dist_ckpt
+        from .mcore.dist_ckpt import MegatronCheckpoint
         from .weights import load_into
 
-        reader = dist_ckpt.DistCheckpointReader(dist_ckpt.iteration_dir(source.path))
-        try:
-            config = source.mcore_config
-            padded = reader.global_shape("embedding.word_embeddings.weight")[0]
-            stored = getattr(torch, source.record.get("dtype", "float32"))
-            layout = dist_ckpt.layout_of(source.family, config, stored, padded)
-            table = get_registry().weight_map(source.family, config)
-            ctx = MappingContext.from_config(config, padded_vocab_size=padded)
-            get = lambda name: reader.read_local(layout, name)  # noqa: E731
-            state = dict(table.iter_convert(TO_HF, ctx, get, layout.local_shapes, model.state_dict().keys()))
-        finally:
-            reader.close()
+        with MegatronCheckpoint(source.path, source.family) as checkpoint:
+            state = dict(checkpoint.hf_tensors(expected=model.state_dict().keys()))
         load_into(model, {k: v.to(dtype) for k, v in state.items()}, f"{source.path} -> transformers")
     return model
 

@@ -55,9 +55,3 @@ def hf_model_to_mcore(family: Family, config: McoreConfig, hf_model, mcore_model
     hf_state = hf_model.state_dict()
     target = mcore_tensors(mcore_model)
     load_into(mcore_model, hf_to_mcore(family, config, hf_state, expected=target.keys()), "megatron-core model")
-
-
-def mcore_model_to_hf(family: Family, config: McoreConfig, mcore_model, hf_model) -> None:
-    """Load a megatron-core model's weights into a transformers model (single process)."""
-    state = mcore_to_hf(family, config, mcore_tensors(mcore_model), expected=hf_model.state_dict().keys())
-    load_into(hf_model, state, "transformers model")

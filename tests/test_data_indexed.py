@@ -34,7 +34,6 @@ pytestmark = pytest.mark.filterwarnings(
 @pytest.fixture(scope="module")
 def mc():
     """megatron-core's indexed_dataset module (imports torch)."""
-    import torch
     from megatron.core.datasets import indexed_dataset
 
     return indexed_dataset

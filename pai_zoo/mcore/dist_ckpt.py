@@ -27,7 +27,7 @@ from typing import Any, Iterable
 import torch
 
 from ..config_map import McoreConfig
-from ..errors import PaiZooError
+from ..errors import MappingError, PaiZooError
 from ..family import Family
 
 TRACKER = "latest_checkpointed_iteration.txt"
@@ -355,6 +355,59 @@ def write_pai_zoo_config(path, config: McoreConfig, tp: int, pp: int, dtype: tor
 def mcore_config_of(path) -> tuple[McoreConfig, dict]:
     record = read_pai_zoo_config(path)
     return McoreConfig(**record["mcore_config"]), record
+
+
+_MODEL_KEY_PREFIXES = ("embedding.", "decoder.", "output_layer.")
+
+
+class MegatronCheckpoint:
+    """A Megatron-Core checkpoint folder written by pai-zoo, read as its family's Hugging Face
+    tensors, one at a time (whatever TP/PP layout saved it). Use as a context manager."""
+
+    def __init__(self, path, family: Family | None = None):
+        from ..mapping import MappingContext
+        from ..registry import get_registry
+
+        self.path = Path(path)
+        self.config, self.record = mcore_config_of(self.path)
+        registry = get_registry()
+        self.family = family or registry.family(self.config.family)
+        self.reader = DistCheckpointReader(iteration_dir(self.path))
+        self.stored_dtype = getattr(torch, self.record.get("dtype", "float32"))
+        self.padded_vocab_size = self.reader.global_shape("embedding.word_embeddings.weight")[0]
+        self.layout = layout_of(self.family, self.config, self.stored_dtype, self.padded_vocab_size)
+        self.table = registry.weight_map(self.family, self.config)
+        self.ctx = MappingContext.from_config(self.config, padded_vocab_size=self.padded_vocab_size)
+        self._check_keys()
+
+    def _check_keys(self) -> None:
+        shapes = {c.key: c.global_shape for c in self.layout.chunks}
+        stored = {k for k in self.reader.keys() if k.startswith(_MODEL_KEY_PREFIXES) and "/shard_" not in k}
+        if shapes.keys() != stored:
+            raise MappingError(
+                f"{self.reader.folder}: checkpoint tensors do not match the {self.family.name} model: "
+                f"missing {sorted(shapes.keys() - stored)}, unexpected {sorted(stored - shapes.keys())}"
+            )
+        for key, want in shapes.items():
+            if self.reader.global_shape(key) != want:
+                raise MappingError(f"{self.reader.folder}: tensor {key} has shape {self.reader.global_shape(key)}, "
+                                   f"the model needs {want}")
+
+    def hf_tensors(self, expected=None, meta: bool = False):
+        """``(HF name, tensor)`` pairs through the family's table; ``meta=True`` gives shapes only."""
+        from ..mapping import TO_HF
+
+        get = self.layout.meta if meta else (lambda name: self.reader.read_local(self.layout, name))
+        return self.table.iter_convert(TO_HF, self.ctx, get, self.layout.local_shapes, expected)
+
+    def close(self) -> None:
+        self.reader.close()
+
+    def __enter__(self) -> "MegatronCheckpoint":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def load_model_weights(model, path) -> None:
