@@ -28,9 +28,9 @@ _TOKENIZER = None
 
 def _init(path: str, family: str | None) -> None:
     global _TOKENIZER
-    from pai_zoo.data.preprocess import load_tokenizer
+    from pai_zoo.data.preprocess import family_tokenizer
 
-    _TOKENIZER = load_tokenizer(path, family)
+    _TOKENIZER = family_tokenizer(path, family)
 
 
 def _count(texts: list[str]) -> int:

@@ -150,9 +150,9 @@ def cmd_dataset_inspect(args) -> int:
         ids = reader.document(args.document).tolist()
         print(f"document {args.document}: {len(ids)} tokens")
         if args.tokenizer:
-            from .data.preprocess import load_tokenizer, resolve_tokenizer
+            from .data.preprocess import family_tokenizer, resolve_tokenizer
 
-            print(load_tokenizer(*resolve_tokenizer(args.tokenizer)).decode(ids))
+            print(family_tokenizer(*resolve_tokenizer(args.tokenizer)).decode(ids))
         else:
             print(ids)
     return 0

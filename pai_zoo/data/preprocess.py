@@ -80,13 +80,13 @@ def resolve_tokenizer(spec) -> tuple[str, str | None]:
     raise PaiZooError(f"--tokenizer {name}: not a file, a folder, a family or a preset")
 
 
-def load_tokenizer(path: str, family: str | None):
+def family_tokenizer(path: str, family: str | None):
     """The tokenizer adapter for a resolved ``--tokenizer`` (through the family's hook if known)."""
     from ..registry import get_registry
-    from ..tokenizer import load_tokenizer as load_file
+    from ..tokenizer import load_tokenizer
 
     if family is None:
-        return load_file(path)
+        return load_tokenizer(path)
     registry = get_registry()
     return registry.tokenizer(registry.family(family), path)
 
@@ -101,7 +101,7 @@ def _init_worker(path: str, family: str | None) -> None:
     exception in a pool initializer would make the pool restart the worker forever)."""
     global _TOKENIZER, _INIT_ERROR
     try:
-        _TOKENIZER = load_tokenizer(path, family)
+        _TOKENIZER = family_tokenizer(path, family)
     except BaseException as exc:  # noqa: BLE001 - re-raised in the task
         _INIT_ERROR = exc
 
@@ -241,7 +241,7 @@ def preprocess(inputs, prefix, tokenizer, *, json_keys=("text",), append_eod: bo
 
     keys = tuple(json_keys)
     path, family = resolve_tokenizer(tokenizer)
-    dtype = optimal_dtype(load_tokenizer(path, family).vocab_size)
+    dtype = optimal_dtype(family_tokenizer(path, family).vocab_size)
     outputs = [output_prefix(prefix, key) for key in keys]
     summary = PreprocessSummary(outputs)
     bad = _BadRecords(skip_bad)
@@ -309,7 +309,7 @@ def preprocess_sft(inputs, prefix, tokenizer, *, seq_length: int = 1024, pad_len
     from .indexed import IndexedDatasetWriter, optimal_dtype
 
     path, family = resolve_tokenizer(tokenizer)
-    tok = load_tokenizer(path, family)
+    tok = family_tokenizer(path, family)
     pad_id = tok.pad_id if tok.pad_id is not None else tok.eod_id
     if pad_id is None:
         raise PaiZooError(f"--tokenizer {tokenizer}: no pad or end-of-document token to pad with")
