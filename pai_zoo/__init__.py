@@ -12,7 +12,7 @@ from .config_map import ConfigMap, Field, Fixed, McoreConfig, Require, Rope
 from .errors import ConfigTranslationError, MappingError, PaiZooError, PluginError, UnknownModelError
 from .family import Family
 from .hookspecs import hookimpl
-from .mapping import QKV, Copy, GateUp, MappingContext, Output, Row, Vocab, WeightMap
+from .mapping import QKV, Copy, Dropped, FusedQKV, GateUp, MappingContext, Output, Row, Vocab, WeightMap
 from .registry import get_registry
 
 __version__ = "0.1.0"
@@ -33,7 +33,7 @@ def load(name_or_path, backend: str = "mcore", checkpoint=None, **kwargs):
 
 
 __all__ = [
-    "ConfigMap", "ConfigTranslationError", "Copy", "Family", "Field", "Fixed", "GateUp", "MappingContext",
+    "ConfigMap", "ConfigTranslationError", "Copy", "Dropped", "Family", "Field", "Fixed", "FusedQKV", "GateUp", "MappingContext",
     "MappingError", "McoreConfig", "Output", "PaiZooError", "PluginError", "QKV", "Require", "Rope", "Row",
     "UnknownModelError", "Vocab", "WeightMap", "convert", "get_registry", "hookimpl", "load",
 ]

@@ -225,6 +225,47 @@ class GateUp(Row):
         return list(fused.chunk(2, dim=0))
 
 
+class FusedQKV(QKV):
+    """One HF tensor ``[q; k; v]`` (all query heads, then all key heads, then all value heads:
+    ChatGLM's ``query_key_value``, Baichuan's ``W_pack``, Qwen's ``c_attn``; weight or bias)
+    <-> megatron's ``linear_qkv`` (grouped per query group): split, then :class:`QKV`'s transform."""
+
+    def __init__(self, hf: str, mcore: str):
+        self.hf, self.mcore = (hf,), (mcore,)
+
+    def _rows(self, ctx: MappingContext) -> list[int]:
+        kv = ctx.num_query_groups * ctx.head_dim
+        return [ctx.num_attention_heads * ctx.head_dim, kv, kv]
+
+    def to_mcore(self, tensors, ctx):
+        (fused,) = tensors
+        rows = self._rows(ctx)
+        if fused.shape[0] != sum(rows):
+            raise MappingError(f"{self.hf[0]}: first dimension {fused.shape[0]} != q+k+v rows {rows} "
+                               f"({ctx.num_attention_heads} query heads, {ctx.num_query_groups} key/value heads x {ctx.head_dim})")
+        return super().to_mcore(list(fused.split(rows, dim=0)), ctx)
+
+    def to_hf(self, tensors, ctx):
+        import torch
+
+        return [torch.cat(super().to_hf(tensors, ctx), dim=0)]
+
+
+class Dropped(Row):
+    """A tensor that HF checkpoints may carry but that no model parameter holds (a rotary
+    ``inv_freq`` buffer recomputed from the config): accepted and dropped on the way to
+    megatron-core, never produced on the way back."""
+
+    def __init__(self, hf: str):
+        self.hf, self.mcore = (hf,), ()
+
+    def active(self, ctx):
+        return False
+
+    def optional_sources(self, direction, ctx):
+        return self.hf if direction == TO_MCORE else ()
+
+
 @dataclass(frozen=True)
 class _Step:
     """One expanded row: concrete source and target names for one direction."""
