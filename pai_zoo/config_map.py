@@ -49,6 +49,11 @@ GPT_MODEL_ARGS = frozenset(
     }
 )
 
+#: Prefix of :attr:`McoreConfig.arch` keys that only the family's own ``layer_spec`` or
+#: ``model_class`` reads (``"family.parallel_layernorms"``); passed to neither ``GPTModel``
+#: nor ``TransformerConfig``.
+FAMILY_KEY_PREFIX = "family."
+
 
 @dataclass
 class McoreConfig:

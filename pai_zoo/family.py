@@ -33,6 +33,10 @@ class Family:
         layer_spec: ``(McoreConfig) -> megatron ModuleSpec`` for the transformer layer, or
             ``None`` for megatron-core's local GPT layer spec (normalization and
             ``qk_layernorm`` taken from the config). Import megatron-core inside it.
+        model_class: ``(McoreConfig) -> GPTModel subclass`` for model-level changes a layer
+            spec cannot express (a position offset, an embedding LayerNorm ...), or ``None``
+            for megatron-core's ``GPTModel``. The subclass must keep ``sharded_state_dict``
+            and pipeline parallelism (``pre_process``/``post_process``) working.
         hf_model_class: ``(model_type) -> PreTrainedModel subclass`` for families whose
             Hugging Face model is not in transformers (remote-code checkpoints); ``None``
             uses ``AutoModelForCausalLM``.
@@ -51,6 +55,7 @@ class Family:
     hf_architectures: tuple[str, ...] = ()
     model_types: tuple[str, ...] = ()
     layer_spec: Callable[[McoreConfig], Any] | None = None
+    model_class: Callable[[McoreConfig], type] | None = None
     hf_model_class: Callable[[str], Any] | None = None
     hf_config_class: Callable[[str], Any] | None = None
     test_tokenizer: Callable[[Any], None] | None = None

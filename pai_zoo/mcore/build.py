@@ -7,7 +7,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..config_map import GPT_MODEL_ARGS, McoreConfig
+from ..config_map import FAMILY_KEY_PREFIX, GPT_MODEL_ARGS, McoreConfig
 from ..family import Family
 
 #: Activation names usable in ``McoreConfig.arch["activation_func"]``.
@@ -34,7 +34,7 @@ def transformer_config(config: McoreConfig, dtype: torch.dtype = torch.float32, 
     from megatron.core.transformer import TransformerConfig
 
     kwargs: dict[str, Any] = dict(_HF_LIKE_DEFAULTS)
-    kwargs.update({k: v for k, v in config.arch.items() if k not in GPT_MODEL_ARGS})
+    kwargs.update({k: v for k, v in config.arch.items() if k not in GPT_MODEL_ARGS and not k.startswith(FAMILY_KEY_PREFIX)})
     act = kwargs.get("activation_func")
     if isinstance(act, str):
         if act not in ACTIVATIONS:
@@ -72,7 +72,8 @@ def build_gpt_model(
     parallel_output: bool = True,
     **overrides: Any,
 ):
-    """A randomly initialised ``GPTModel`` for ``config``, with the family's layer spec.
+    """A randomly initialised ``GPTModel`` (or the family's ``model_class``) for ``config``,
+    with the family's layer spec.
 
     The caller must have set up megatron's parallel state
     (:func:`pai_zoo.mcore.compat.ensure_model_parallel`). ``overrides`` go to the
@@ -83,6 +84,7 @@ def build_gpt_model(
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
 
+    model_class = family.model_class(config) if family.model_class else GPTModel
     tp = parallel_state.get_tensor_model_parallel_world_size()
     pp = parallel_state.get_pipeline_model_parallel_world_size()
     tconfig = transformer_config(config, dtype, **{"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp, **overrides})
@@ -92,7 +94,7 @@ def build_gpt_model(
     gpt_args.setdefault("max_sequence_length", 4096)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = GPTModel(
+        model = model_class(
             config=tconfig,
             transformer_layer_spec=spec,
             pre_process=pre_process,
