@@ -6,6 +6,8 @@
     pai-zoo convert SRC DST --to mcore|hf   Hugging Face folder <-> Megatron-Core checkpoint
     pai-zoo preprocess --input PATH... --output-prefix PREFIX --tokenizer T   text -> .bin/.idx
     pai-zoo dataset inspect PREFIX | dataset merge --output-prefix OUT PREFIX...
+    pai-zoo train [CONFIG.yaml] --model M --data PREFIX --save DIR [flags]   (torchrun for several processes)
+    pai-zoo generate --model M --prompts IN.jsonl --output OUT.jsonl | --prompt TEXT   text generation
 
 ``list`` imports neither torch nor megatron-core.
 """
@@ -137,6 +139,57 @@ def cmd_preprocess(args) -> int:
     return 0
 
 
+def cmd_train(args) -> int:
+    from .training.config import TrainConfig
+    from .training.trainer import train
+
+    overrides = {name: getattr(args, name) for name in TRAIN_FLAGS if getattr(args, name, None) is not None}
+    overrides.update({flag: True for flag in ("bf16", "sft") if getattr(args, flag)})
+    if args.no_progress:
+        overrides["progress"] = False
+    cfg = TrainConfig.load(args.config, overrides)
+    last = train(cfg)
+    if last and (not torch_distributed_rank()):
+        print(f"trained {cfg.model} -> {cfg.save}: step {last['step']}, loss {last['loss']:.4f}"
+              + (f", eval loss {last['eval_loss']:.4f}" if "eval_loss" in last else ""))
+    return 0
+
+
+def torch_distributed_rank() -> int:
+    import os
+
+    return int(os.environ.get("RANK", 0))
+
+
+#: ``pai-zoo train`` flags: TrainConfig field -> (flag names, help).
+TRAIN_FLAGS = {
+    "model": (("--model",), "preset, Hugging Face folder or Megatron-Core checkpoint"),
+    "data": (("--data",), "PREFIX (preprocess output) or WEIGHT PREFIX WEIGHT PREFIX ... to blend"),
+    "save": (("--save",), "output folder: checkpoints, metrics.jsonl; rerun to resume"),
+    "batch_size": (("--batch-size", "--micro-batch-size"), "samples per data-parallel rank per micro-step (1)"),
+    "global_batch_size": (("--global-batch-size",), "samples per optimizer step across ranks (32)"),
+    "learning_rate": (("--learning-rate", "--lr"), "peak learning rate (5e-5)"),
+    "min_learning_rate": (("--min-learning-rate", "--min-lr"), "floor of the cosine decay (5e-6)"),
+    "sequence_length": (("--sequence-length", "--seq-length"), "tokens per sample (1024)"),
+    "pad_length": (("--pad-length",), "SFT: pad sequences to a multiple of this (128)"),
+    "save_interval": (("--save-interval",), "steps between checkpoints (1000)"),
+    "train_tokens": (("--train-tokens",), "total training tokens (1638400)"),
+    "warmup_tokens": (("--warmup-tokens",), "tokens of linear warm-up (163840)"),
+    "weight_decay": (("--weight-decay",), "AdamW weight decay (0.1)"),
+    "adam_beta1": (("--adam-beta1",), "(0.9)"),
+    "adam_beta2": (("--adam-beta2",), "(0.95)"),
+    "adam_eps": (("--adam-eps",), "(1e-8)"),
+    "clip_grad": (("--clip-grad",), "max gradient norm, 0 = off (1.0)"),
+    "seed": (("--seed",), "(1234)"),
+    "split": (("--split",), "train,valid,test document weights (99,1,0)"),
+    "eval_interval": (("--eval-interval",), "steps between evaluations, 0 = never (0)"),
+    "eval_iters": (("--eval-iters",), "global batches per evaluation (10)"),
+    "log_interval": (("--log-interval",), "steps between log lines (1)"),
+    "tensor_parallel_size": (("--tensor-parallel-size", "--tp"), "(1)"),
+    "pipeline_parallel_size": (("--pipeline-parallel-size", "--pp"), "(1)"),
+}
+
+
 def cmd_dataset_inspect(args) -> int:
     from .data.indexed import IndexedDatasetReader, statistics
 
@@ -156,6 +209,12 @@ def cmd_dataset_inspect(args) -> int:
         else:
             print(ids)
     return 0
+
+
+def cmd_generate(args) -> int:
+    from .generation import run_command
+
+    return run_command(args)
 
 
 def cmd_dataset_merge(args) -> int:
@@ -211,6 +270,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pad-length", type=int, default=128, help="--sft --no-pack: pad each record to a multiple")
     p.add_argument("--no-pack", action="store_true", help="--sft: one record per sequence, padded")
     p.set_defaults(func=cmd_preprocess)
+
+    p = sub.add_parser("train", help="continued pretraining or SFT on Megatron-Core (torchrun for several processes)")
+    p.add_argument("config", nargs="?", help="YAML file of settings (flags override it)")
+    for name, (flags, text) in TRAIN_FLAGS.items():
+        p.add_argument(*flags, dest=name, nargs="+" if name == "data" else None, help=text)
+    p.add_argument("--bf16", action="store_const", const=True, help="bfloat16 training (GPU)")
+    p.add_argument("--sft", action="store_const", const=True, help="SFT data from preprocess --sft (loss mask, boundaries)")
+    p.add_argument("--no-progress", action="store_true", help="plain log lines instead of a progress bar")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("generate", help="complete prompts (JSON Lines in and out, or one streamed --prompt)")
+    p.add_argument("--model", required=True, help="Megatron-Core checkpoint, Hugging Face folder or preset")
+    p.add_argument("--prompts", help='JSON Lines: {"prompt": ...} (or {"messages": [...]} with --chat) per line')
+    p.add_argument("--output", help="JSON Lines: each input record plus completion, token_ids, stop_reason")
+    p.add_argument("--prompt", help="one prompt; the completion is streamed to stdout")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens (0 = all)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling probability mass (1.0 = all)")
+    p.add_argument("--seed", type=int, help="seed for reproducible sampling")
+    p.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template (ChatML if it has none)")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--stop", nargs="+", metavar="S", help="strings that end a completion")
+    p.add_argument("--truncate", choices=("left",), help="drop the oldest prompt tokens that do not fit the context")
+    p.add_argument("--backend", choices=("mcore", "hf"), default="mcore")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size (run under torchrun)")
+    p.add_argument("--threads", type=int, help="torch CPU threads")
+    p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("dataset", help="inspect or merge indexed datasets")
     dsub = p.add_subparsers(dest="dataset_command", required=True)

@@ -61,6 +61,15 @@ class ModelHandle:
                 out = forward_logits(self.model, input_ids, attention_mask)
         return out[..., : self.vocab_size]
 
+    def generate(self, prompts, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0,
+                 top_p: float = 1.0, seed: int | None = None, stop=(), **kwargs):
+        """Complete prompts (strings, token-id lists or chats); a list of
+        :class:`pai_zoo.generation.Generation`. Greedy unless ``temperature > 0``; see
+        :func:`pai_zoo.generation.generate` for the other options."""
+        from .generation import generate
+
+        return generate(self, prompts, max_new_tokens, temperature, top_k, top_p, seed, stop, **kwargs)
+
     def hf_state_dict(self) -> dict:
         """The weights under Hugging Face names (converted when the backend is megatron-core)."""
         if self.backend == "hf":
@@ -209,7 +218,6 @@ def _load_mcore(source: Source, config: McoreConfig, dtype, seed: int, tp: int |
 
     from .mcore.build import build_gpt_model
     from .mcore.compat import ensure_model_parallel
-    from .weights import load_into, mcore_tensors
 
     ensure_model_parallel(tp or 1, pp or 1)
     have = (parallel_state.get_tensor_model_parallel_world_size(), parallel_state.get_pipeline_model_parallel_world_size())
@@ -221,20 +229,68 @@ def _load_mcore(source: Source, config: McoreConfig, dtype, seed: int, tp: int |
         source.family, config, dtype, padded_vocab_size=padded, parallel_output=False,
         pre_process=parallel_state.is_pipeline_first_stage(), post_process=parallel_state.is_pipeline_last_stage(),
     )
+    if source.record and source.record.get("head"):  # a reward model / critic (pai_zoo.rl.heads)
+        from .rl.heads import attach_score_head
+
+        attach_score_head(model)
+    if source.kind == "hf" and have != (1, 1):
+        raise PaiZooError(f"{source.path}: a Hugging Face folder loads into one process; for tp/pp > 1 "
+                          f"convert it first (pai-zoo convert {source.path} DST --to mcore)")
+    load_mcore_weights(model, source, config, dtype)
+    return model.eval()
+
+
+def load_mcore_weights(model, source: Source, config: McoreConfig, dtype, scratch: Path | None = None) -> None:
+    """Fill a (possibly TP/PP-sharded) megatron-core ``model`` from ``source``'s checkpoint.
+
+    A Megatron-Core checkpoint is read by megatron-core's own loader (any saved layout). A
+    Hugging Face folder is streamed through the family's table into a single-process model;
+    for a sharded model it is first converted into ``scratch`` (by global rank 0, removed
+    afterwards) and loaded from there. A preset has no weights to load.
+    """
+    import shutil
+
+    import torch
+    from megatron.core import parallel_state
+
+    from .mapping import TO_MCORE, MappingContext
+    from .mcore.dist_ckpt import load_model_weights
+    from .weights import load_into, mcore_tensors
+
     if source.kind == "mcore":
-        from .mcore.dist_ckpt import load_model_weights
-
         load_model_weights(model, source.path)
-    elif source.kind == "hf":
-        if have != (1, 1):
-            raise PaiZooError(f"{source.path}: a Hugging Face folder loads into one process; for tp/pp > 1 "
-                              f"convert it first (pai-zoo convert {source.path} DST --to mcore)")
-        from .mapping import TO_MCORE, MappingContext
-
+    elif source.kind == "hf" and parallel_state.get_model_parallel_group().size() == 1:
         checkpoint = HFCheckpoint(source.path)
         table = get_registry().weight_map(source.family, config)
-        ctx = MappingContext.from_config(config)
+        ctx = MappingContext.from_config(config, padded_vocab_size=model_vocab_rows(model))
         target = mcore_tensors(model)
         state = dict(table.iter_convert(TO_MCORE, ctx, checkpoint.get, checkpoint.names(), target.keys()))
         load_into(model, {k: v.to(dtype) for k, v in state.items()}, f"{source.path} -> megatron-core")
-    return model.eval()
+    elif source.kind == "hf":
+        from .conversion import convert
+
+        if scratch is None:
+            raise PaiZooError(f"{source.path}: a Hugging Face folder loads into one process; for tp/pp > 1 "
+                              f"convert it first (pai-zoo convert {source.path} DST --to mcore)")
+        rank0 = torch.distributed.get_rank() == 0
+        if rank0:
+            shutil.rmtree(scratch, ignore_errors=True)
+            convert(source.path, scratch, to="mcore", family=source.family.name,
+                    tp=parallel_state.get_tensor_model_parallel_world_size(),
+                    pp=parallel_state.get_pipeline_model_parallel_world_size(), progress=False)
+        torch.distributed.barrier()
+        load_model_weights(model, scratch)
+        torch.distributed.barrier()
+        if rank0:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def model_vocab_rows(model) -> int | None:
+    """The padded vocabulary of a megatron-core model (``None`` on a middle pipeline stage)."""
+    from megatron.core import parallel_state
+
+    for module in (getattr(model, "embedding", None), getattr(model, "output_layer", None)):
+        weight = getattr(getattr(module, "word_embeddings", module), "weight", None)
+        if weight is not None:
+            return weight.shape[0] * parallel_state.get_tensor_model_parallel_world_size()
+    return None

@@ -10,7 +10,8 @@ the CPU at run time, without editing megatron-core's source, and only when
   forks work;
 * in the modules listed in :data:`CUDA_LITERAL_MODULES`, tensors created with
   ``device="cuda"`` are created on the CPU (a proxy of ``torch`` is set as those modules'
-  global ``torch``).
+  global ``torch``);
+* gradient clipping by the total norm, which asserts CUDA gradients, scales CPU ones.
 
 :func:`ensure_model_parallel` sets up a single-process gloo group and megatron's
 parallel state when the caller has not.
@@ -31,6 +32,7 @@ CUDA_LITERAL_MODULES = (
     "megatron.core.pipeline_parallel.schedules",
     "megatron.core.optimizer.optimizer",
     "megatron.core.optimizer.clip_grads",
+    "megatron.core.utils",  # local_multi_tensor_l2_norm (gradient norm without apex)
 )
 
 _FACTORIES = ("zeros", "ones", "empty", "full", "tensor", "arange", "rand", "randn", "zeros_like", "ones_like", "empty_like")
@@ -100,6 +102,24 @@ def _patch_rng_tracker() -> None:
     mrandom.initialize_rng_tracker(force_reset=True)
 
 
+def _clip_grad_by_total_norm(parameters, max_norm, total_norm, use_decoupled_grad=False):
+    """megatron's ``clip_grad_by_total_norm_fp32`` for gradients of any device."""
+    if isinstance(parameters, torch.Tensor):
+        parameters = [parameters]
+    attr = "decoupled_grad" if use_decoupled_grad else "grad"
+    grads = [getattr(p, attr) for p in parameters if getattr(p, attr, None) is not None]
+    clip_coeff = max_norm / (total_norm + 1.0e-6)
+    if clip_coeff < 1.0:
+        torch._foreach_mul_([g.detach() for g in grads], clip_coeff)
+
+
+def _patch_grad_clipping() -> None:
+    for name in ("megatron.core.optimizer.clip_grads", "megatron.core.optimizer.optimizer"):
+        module = importlib.import_module(name)
+        if hasattr(module, "clip_grad_by_total_norm_fp32"):
+            module.clip_grad_by_total_norm_fp32 = _clip_grad_by_total_norm
+
+
 def apply_cpu_patch() -> bool:
     """Apply the CPU compatibility patch once; returns whether it is active (no CUDA)."""
     global _applied
@@ -110,6 +130,7 @@ def apply_cpu_patch() -> bool:
     torch.cuda.current_device = lambda: "cpu"
     torch.cuda.synchronize = lambda *args, **kwargs: None
     _patch_rng_tracker()
+    _patch_grad_clipping()
     proxy = _CpuTorch()
     for name in CUDA_LITERAL_MODULES:
         importlib.import_module(name).torch = proxy

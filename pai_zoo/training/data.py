@@ -1,0 +1,215 @@
+"""Training samples for ``pai-zoo train``.
+
+Pretraining data goes through megatron-core's own ``BlendedMegatronDatasetBuilder`` and
+``GPTDataset`` (document shuffling, sample packing across documents, blending, splits). SFT data
+(``pai-zoo preprocess --sft``: ``PREFIX_text_document`` + ``PREFIX_loss_mask_document``) is one
+sample per document, with the loss mask and the record boundaries inside packed documents
+(attention and positions restart at each record).
+
+Batches are drawn in a fixed order: optimizer step ``s``, micro-step ``m`` on data-parallel rank
+``r`` reads samples ``s*G + m*B*D + r*B + [0, B)`` (``G`` global batch, ``B`` batch size, ``D``
+data-parallel size), so any layout sees the same samples per step and a resumed run continues
+at the same sample.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..errors import PaiZooError
+from .config import TrainConfig
+
+
+@dataclass
+class _DatasetTokenizer:
+    """What megatron's GPT dataset reads from a tokenizer (no padding token: nothing is masked)."""
+
+    vocab_size: int
+    eod: int
+
+    @property
+    def unique_identifiers(self) -> dict:  # part of megatron's dataset cache key
+        return {"class": "pai_zoo", "vocab_size": self.vocab_size, "eod": self.eod}
+
+
+def _check_prefixes(prefixes: list[str], suffix: str = "") -> None:
+    for prefix in prefixes:
+        for ext in (".bin", ".idx"):
+            if not Path(prefix + suffix + ext).is_file():
+                hint = " (SFT data: give the prefix without _text_document)" if suffix else ""
+                raise PaiZooError(f"--data {prefix}: {prefix + suffix + ext} not found{hint}")
+
+
+def _split_bounds(n: int, weights: list[float]) -> list[tuple[int, int]]:
+    """Megatron's document split: contiguous ranges in proportion to ``weights``."""
+    total = sum(weights)
+    cuts = [0]
+    for w in weights:
+        cuts.append(cuts[-1] + int(round(w / total * n)))
+    cuts = [min(c, n) for c in cuts]
+    cuts[-1] = n
+    return [(cuts[i], cuts[i + 1]) for i in range(3)]
+
+
+def build_pretraining_datasets(cfg: TrainConfig, vocab_size: int, eod: int, samples: tuple[int, int], cache: Path):
+    """``(train, valid)`` megatron ``GPTDataset``/``BlendedDataset`` objects holding at least
+    ``samples`` samples each (``valid`` is ``None`` when it needs none or the split has none)."""
+    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+
+    prefixes, weights = cfg.data_blend()
+    _check_prefixes(prefixes)
+    split = ",".join(str(w) for w in cfg.split_weights())
+    config = GPTDatasetConfig(
+        random_seed=cfg.seed, sequence_length=cfg.sequence_length, blend=(prefixes, weights), split=split,
+        path_to_cache=str(cache), tokenizer=_DatasetTokenizer(vocab_size, eod),
+        reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False, create_attention_mask=False,
+        mid_level_dataset_surplus=0.005,
+    )
+    sizes = [samples[0], samples[1] or None, None]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        train, valid, _ = BlendedMegatronDatasetBuilder(GPTDataset, sizes, lambda: True, config).build()
+    if train is None or len(train) == 0:
+        raise PaiZooError(f"--data {' '.join(cfg.data)}: no training samples of {cfg.sequence_length} tokens "
+                          f"(the data is too small for the split {cfg.split})")
+    return PretrainingSamples(train), (PretrainingSamples(valid) if valid is not None and samples[1] else None)
+
+
+class PretrainingSamples:
+    """A megatron GPT dataset as ``(tokens, labels, loss_mask, position_ids, segment_ids)`` samples."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, i: int):
+        item = self.dataset[i % len(self.dataset)]
+        n = item["tokens"].shape[0]
+        return item["tokens"], item["labels"], item["loss_mask"].float(), item["position_ids"], torch.zeros(n, dtype=torch.long)
+
+
+class SFTSamples:
+    """Documents of an SFT dataset (``preprocess --sft``), one sample each, shuffled per epoch.
+
+    A sample of a document with tokens ``t`` and mask ``m`` is ``t[:-1]`` with labels ``t[1:]``
+    and loss mask ``m[1:]``; inside packed documents, positions restart and attention is
+    confined to each record (``segment_ids``)."""
+
+    def __init__(self, prefix: str, documents: tuple[int, int], seed: int, sequence_length: int):
+        from ..data.indexed import IndexedDatasetReader
+
+        self.text = IndexedDatasetReader(prefix + "_text_document")
+        self.mask = IndexedDatasetReader(prefix + "_loss_mask_document")
+        if self.text.num_documents != self.mask.num_documents or len(self.text) != len(self.mask):
+            raise PaiZooError(f"--data {prefix}: the text and loss-mask datasets differ in documents "
+                              f"({self.text.num_documents} vs {self.mask.num_documents})")
+        self.first, self.stop = documents
+        self.seed = seed
+        self.sequence_length = sequence_length
+        self.truncated = 0
+
+    def __len__(self) -> int:
+        return self.stop - self.first
+
+    def _document(self, i: int) -> int:
+        n = len(self)
+        epoch, j = divmod(i, n)
+        order = np.random.RandomState((self.seed + epoch) % 2**32).permutation(n)
+        return self.first + int(order[j])
+
+    def __getitem__(self, i: int):
+        doc = self._document(i)
+        tokens = torch.from_numpy(self.text.document(doc).astype(np.int64))
+        mask = torch.from_numpy(self.mask.document(doc).astype(np.float32))
+        if tokens.shape != mask.shape:
+            raise PaiZooError(f"SFT document {doc}: {tokens.numel()} tokens but {mask.numel()} loss-mask entries")
+        docs = self.text.document_indices
+        lengths = self.text.sequence_lengths[docs[doc]:docs[doc + 1]]
+        segment = torch.repeat_interleave(torch.arange(len(lengths)), torch.as_tensor(lengths.astype(np.int64)))
+        start = torch.cumsum(torch.as_tensor(lengths.astype(np.int64)), 0) - torch.as_tensor(lengths.astype(np.int64))
+        positions = torch.arange(tokens.numel()) - start[segment]
+        limit = self.sequence_length + 1
+        if tokens.numel() > limit:
+            self.truncated += 1
+            tokens, mask, segment, positions = tokens[:limit], mask[:limit], segment[:limit], positions[:limit]
+        # A label that crosses into the next record is never a target.
+        same = (segment[1:] == segment[:-1]).float()
+        return tokens[:-1], tokens[1:], mask[1:] * same, positions[:-1], segment[:-1]
+
+
+def build_sft_datasets(cfg: TrainConfig):
+    prefixes, weights = cfg.data_blend()
+    if len(prefixes) != 1 or weights is not None:
+        raise PaiZooError("--sft takes one dataset prefix (blending SFT datasets is not supported)")
+    _check_prefixes(prefixes, "_text_document")
+    _check_prefixes(prefixes, "_loss_mask_document")
+    from ..data.indexed import IndexedDatasetReader
+
+    with IndexedDatasetReader(prefixes[0] + "_text_document") as reader:
+        n = reader.num_documents
+    (t0, t1), (v0, v1), _ = _split_bounds(n, cfg.split_weights())
+    if t1 <= t0:
+        raise PaiZooError(f"--data {prefixes[0]}: no training documents in split {cfg.split} of {n} documents")
+    train = SFTSamples(prefixes[0], (t0, t1), cfg.seed, cfg.sequence_length)
+    valid = SFTSamples(prefixes[0], (v0, v1), cfg.seed + 1, cfg.sequence_length) if v1 > v0 else None
+    return train, valid
+
+
+@dataclass
+class Batch:
+    tokens: torch.Tensor
+    labels: torch.Tensor
+    loss_mask: torch.Tensor
+    position_ids: torch.Tensor
+    attention_mask: torch.Tensor  # True = masked out (megatron's convention), [b, 1, s, s]
+
+
+def collate(samples, length: int) -> Batch:
+    """Stack samples padded (loss-masked) to ``length`` tokens, with causal masks that keep
+    attention inside each segment."""
+    def pad(x, value):
+        return torch.nn.functional.pad(x, (0, length - x.numel()), value=value)
+
+    tokens = torch.stack([pad(s[0], 0) for s in samples])
+    labels = torch.stack([pad(s[1], 0) for s in samples])
+    loss_mask = torch.stack([pad(s[2], 0.0) for s in samples])
+    positions = torch.stack([pad(s[3], 0) for s in samples])
+    segments = torch.stack([pad(s[4], -1) for s in samples])
+    causal = torch.ones(length, length, dtype=torch.bool).tril()
+    allowed = causal & (segments[:, :, None] == segments[:, None, :])
+    allowed |= torch.eye(length, dtype=torch.bool)  # padding attends to itself (never a target)
+    return Batch(tokens, labels, loss_mask, positions, (~allowed).unsqueeze(1))
+
+
+class BatchSchedule:
+    """The fixed order in which samples form micro-batches (see the module docstring)."""
+
+    def __init__(self, samples, cfg: TrainConfig, dp_rank: int, dp_size: int, fixed_length: bool):
+        self.samples = samples
+        self.cfg = cfg
+        self.dp_rank, self.dp_size = dp_rank, dp_size
+        self.fixed_length = fixed_length
+
+    def length(self, items) -> int:
+        if self.fixed_length:
+            return self.cfg.sequence_length
+        longest = max(s[0].numel() for s in items)
+        return min(self.cfg.sequence_length, math.ceil(longest / self.cfg.pad_length) * self.cfg.pad_length)
+
+    def microbatches(self, step: int, count: int):
+        """The ``count`` micro-batches of optimizer step ``step`` (0-based) for this rank."""
+        b, g = self.cfg.batch_size, self.cfg.global_batch_size
+        batches = []
+        for m in range(count):
+            first = step * g + m * b * self.dp_size + self.dp_rank * b
+            items = [self.samples[first + k] for k in range(b)]
+            batches.append(collate(items, self.length(items)))
+        return batches

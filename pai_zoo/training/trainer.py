@@ -1,0 +1,408 @@
+"""``pai-zoo train``: continued pretraining and SFT on megatron-core's own engine.
+
+The pieces are megatron-core's: ``GPTModel`` in ``DistributedDataParallel``,
+``get_megatron_optimizer``, ``OptimizerParamScheduler`` (linear warm-up, cosine decay),
+``get_forward_backward_func`` (gradient accumulation and pipeline schedules),
+``finalize_model_grads`` and ``dist_checkpointing``. pai-zoo adds the model source (preset, HF
+folder, Megatron checkpoint), the data order, the logs and exact resume.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from ..errors import PaiZooError
+from .config import TrainConfig, TrainConfigError
+
+#: Settings that must not change when a run is resumed.
+RESUME_INVARIANTS = ("global_batch_size", "sequence_length", "data", "split", "seed", "sft", "train_tokens",
+                     "warmup_tokens", "learning_rate", "min_learning_rate")
+
+METRICS_FILE = "metrics.jsonl"
+CONFIG_FILE = "train_config.json"
+
+
+@dataclass
+class StepMetrics:
+    step: int
+    loss: float
+    lr: float
+    grad_norm: float
+    tokens_per_s: float
+    step_time: float
+    target_tokens: int
+    mfu: float | None = None
+
+    def as_dict(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+
+def _world() -> tuple[int, int]:
+    if torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+class Trainer:
+    """One training run. ``Trainer(cfg).run()`` trains (or resumes) and returns the last metrics."""
+
+    def __init__(self, cfg: TrainConfig, echo=print):
+        self.cfg = cfg
+        self.echo = echo
+        self.save_dir = Path(cfg.save)
+
+    # -- set-up -------------------------------------------------------------------------------
+    def _source(self):
+        from ..handle import resolve
+
+        try:
+            return resolve(self.cfg.model)
+        except PaiZooError as e:
+            raise TrainConfigError(f"--model {self.cfg.model}: {e}") from None
+
+    def setup(self) -> None:
+        from megatron.core import parallel_state
+
+        from ..hf import config_dict, hf_config
+        from ..mcore.compat import ensure_model_parallel
+
+        cfg = self.cfg
+        _, world = _world()
+        source = self._source()
+        self.family = source.family
+        self.mcore_config = source.mcore_config or self.family.to_mcore_config(
+            config_dict(hf_config(self.family, source.hf_config)))
+        cfg.validate(world, self.mcore_config.get("max_sequence_length"))
+        if self.mcore_config.num_layers % cfg.pipeline_parallel_size:
+            raise TrainConfigError(f"pipeline_parallel_size {cfg.pipeline_parallel_size} does not divide the "
+                                   f"model's {self.mcore_config.num_layers} layers")
+        groups = self.mcore_config.num_query_groups
+        if groups % cfg.tensor_parallel_size and cfg.tensor_parallel_size % groups:
+            raise TrainConfigError(f"tensor_parallel_size {cfg.tensor_parallel_size} does not fit the model's "
+                                   f"{groups} key/value head groups")
+        self._check_resume_compatible()
+        if cfg.bf16 and not torch.cuda.is_available():
+            raise TrainConfigError("--bf16 needs a GPU (bfloat16 training with fp32 main weights); "
+                                   "on the CPU train in float32")
+        ensure_model_parallel(cfg.tensor_parallel_size, cfg.pipeline_parallel_size, cfg.seed)
+        self.rank, self.world = _world()
+        self.dp_rank = parallel_state.get_data_parallel_rank()
+        self.dp_size = parallel_state.get_data_parallel_world_size()
+        self.microbatches = cfg.microbatches(self.world)
+        self.first_stage = parallel_state.is_pipeline_first_stage()
+        self.last_stage = parallel_state.is_pipeline_last_stage()
+        self.dtype = torch.bfloat16 if cfg.bf16 else torch.float32
+        if self.rank == 0:
+            self.save_dir.mkdir(parents=True, exist_ok=True)
+        torch.distributed.barrier()
+        self._build_model(source)
+        self._build_optimizer()
+        self._build_data()
+
+    def _check_resume_compatible(self) -> None:
+        file = self.save_dir / CONFIG_FILE
+        if not file.is_file():
+            return
+        before = json.loads(file.read_text())
+        now = self.cfg.to_dict()
+        changed = [f"{k}: {before.get(k)!r} -> {now[k]!r}" for k in RESUME_INVARIANTS if before.get(k) != now[k]]
+        if changed:
+            raise TrainConfigError(f"{self.save_dir} holds a run with other settings; resuming it with "
+                                   f"{'; '.join(changed)} would not continue it (use another --save folder)")
+
+    def _build_model(self, source) -> None:
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+        from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+        from ..handle import load_mcore_weights
+        from ..mcore.build import build_gpt_model
+
+        cfg = self.cfg
+        torch.manual_seed(cfg.seed)
+        model_parallel_cuda_manual_seed(cfg.seed)
+        padded = source.record.get("padded_vocab_size") if source.record else None
+        model = build_gpt_model(
+            self.family, self.mcore_config, self.dtype, pre_process=self.first_stage, post_process=self.last_stage,
+            padded_vocab_size=padded, parallel_output=True, calculate_per_token_loss=True,
+        )
+        self.padded_vocab_size = padded or self.mcore_config.padded_vocab_size(cfg.tensor_parallel_size)
+        resuming = self._latest() is not None
+        if not resuming and source.kind != "preset":
+            load_mcore_weights(model, source, self.mcore_config, self.dtype, scratch=self.save_dir / ".init-mcore")
+        if self.rank == 0:
+            self._write_model_description(source)
+        if torch.cuda.is_available():
+            model.cuda()
+        self.model = model
+        ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
+                                                   use_distributed_optimizer=False)
+        self.ddp = DistributedDataParallel(config=model.config, ddp_config=ddp_config, module=model)
+
+    def _write_model_description(self, source) -> None:
+        """``pai_zoo.json`` and ``hf/`` beside the checkpoints (read by convert and load)."""
+        from ..checkpoint import tokenizer_files
+        from ..hf import hf_config_from_mcore
+        from ..mcore import dist_ckpt
+
+        dist_ckpt.write_pai_zoo_config(self.save_dir, self.mcore_config, self.cfg.tensor_parallel_size,
+                                       self.cfg.pipeline_parallel_size, self.dtype, self.padded_vocab_size)
+        hf_dir = self.save_dir / dist_ckpt.HF_DIR
+        hf_dir.mkdir(exist_ok=True)
+        origin = None if source.path is None else (source.path / dist_ckpt.HF_DIR if source.kind == "mcore" else source.path)
+        hf_config_from_mcore(self.family, self.mcore_config).save_pretrained(hf_dir)
+        if origin is not None:
+            for name in ("generation_config.json",):
+                if (origin / name).is_file():
+                    shutil.copy2(origin / name, hf_dir / name)
+            for file in tokenizer_files(origin):
+                shutil.copy2(file, hf_dir / file.name)
+        tmp = self.save_dir / (CONFIG_FILE + ".tmp")
+        tmp.write_text(json.dumps(self.cfg.to_dict(), indent=2) + "\n")
+        tmp.replace(self.save_dir / CONFIG_FILE)
+
+    def _build_optimizer(self) -> None:
+        from megatron.core.distributed import finalize_model_grads
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+        from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+        cfg = self.cfg
+        opt_config = OptimizerConfig(
+            optimizer="adam", lr=cfg.learning_rate, min_lr=cfg.min_learning_rate, weight_decay=cfg.weight_decay,
+            adam_beta1=cfg.adam_beta1, adam_beta2=cfg.adam_beta2, adam_eps=cfg.adam_eps, clip_grad=cfg.clip_grad,
+            bf16=cfg.bf16, params_dtype=self.dtype, use_distributed_optimizer=False,
+        )
+        self.optimizer = get_megatron_optimizer(opt_config, [self.ddp])
+        self.scheduler = OptimizerParamScheduler(
+            self.optimizer, init_lr=0.0, max_lr=cfg.learning_rate, min_lr=cfg.min_learning_rate,
+            lr_warmup_steps=cfg.warmup_steps, lr_decay_steps=cfg.train_steps, lr_decay_style="cosine",
+            start_wd=cfg.weight_decay, end_wd=cfg.weight_decay, wd_incr_steps=cfg.train_steps,
+            wd_incr_style="constant",
+        )
+        config = self.model.config
+        config.finalize_model_grads_func = finalize_model_grads
+        config.no_sync_func = self.ddp.no_sync
+        config.grad_scale_func = self.optimizer.scale_loss
+
+    def _build_data(self) -> None:
+        from . import data
+
+        cfg = self.cfg
+        eval_batches = (cfg.train_steps // cfg.eval_interval + 1) * cfg.eval_iters if cfg.eval_interval else 0
+        if cfg.sft:
+            train, valid = data.build_sft_datasets(cfg)
+        else:
+            eod = self._eod_id()
+            train, valid = data.build_pretraining_datasets(
+                cfg, self.mcore_config["vocab_size"], eod,
+                (cfg.train_steps * cfg.global_batch_size, eval_batches * cfg.global_batch_size),
+                self.save_dir / "data_cache")
+        fixed = cfg.pipeline_parallel_size > 1 or not cfg.sft
+        self.train_batches = data.BatchSchedule(train, cfg, self.dp_rank, self.dp_size, fixed)
+        self.valid_batches = data.BatchSchedule(valid, cfg, self.dp_rank, self.dp_size, fixed) if valid else None
+        if cfg.eval_interval and valid is None and self.rank == 0:
+            self.echo(f"note: split {cfg.split} leaves no validation data; evaluation is off")
+
+    def _eod_id(self) -> int:
+        extra = self.mcore_config.hf_extra
+        eos = extra.get("eos_token_id")
+        if isinstance(eos, list):
+            eos = eos[0] if eos else None
+        return int(eos) if eos is not None else 0
+
+    # -- running ------------------------------------------------------------------------------
+    def _latest(self) -> int | None:
+        from .checkpointing import latest_iteration
+
+        return latest_iteration(self.save_dir)
+
+    def _forward_step(self, data_iterator, model):
+        batch = next(data_iterator)
+        output = model(batch.tokens, batch.position_ids, batch.attention_mask, labels=batch.labels)
+        return output, partial(_loss, batch.loss_mask)
+
+    def _run_batches(self, batches, forward_only: bool) -> tuple[float, float]:
+        """Forward (and backward) over micro-batches; returns the global (loss sum, target tokens)."""
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        if torch.cuda.is_available():
+            batches = [type(b)(*(t.cuda(non_blocking=True) for t in b.__dict__.values())) for b in batches]
+        length = batches[0].tokens.shape[1]
+        reduced = get_forward_backward_func()(
+            forward_step_func=self._forward_step, data_iterator=iter(batches), model=[self.ddp],
+            num_microbatches=len(batches), seq_length=length, micro_batch_size=self.cfg.batch_size,
+            forward_only=forward_only,
+        )
+        from megatron.core import parallel_state
+
+        totals = torch.zeros(2, dtype=torch.float64, device=_device())
+        if self.last_stage and parallel_state.get_tensor_model_parallel_rank() == 0:
+            for item in reduced:
+                totals += item["lm loss"].to(torch.float64)
+        torch.distributed.all_reduce(totals)
+        return totals[0].item(), totals[1].item()
+
+    def train_step(self, step: int) -> StepMetrics:
+        start = time.perf_counter()
+        self.ddp.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        batches = self.train_batches.microbatches(step, self.microbatches)
+        length = batches[0].tokens.shape[1]
+        loss_sum, tokens = self._run_batches(batches, forward_only=False)
+        ok, grad_norm, _ = self.optimizer.step()
+        if not ok:
+            raise PaiZooError(f"step {step + 1}: the optimizer step failed (non-finite gradients)")
+        self.scheduler.step(increment=1)
+        elapsed = time.perf_counter() - start
+        step_tokens = self.cfg.global_batch_size * length
+        return StepMetrics(step + 1, loss_sum / max(tokens, 1), self.optimizer.param_groups[0]["lr"],
+                           float(grad_norm or 0.0), step_tokens / elapsed, elapsed, int(tokens),
+                           self._mfu(step_tokens / elapsed, length))
+
+    def evaluate(self, step: int) -> float:
+        self.ddp.eval()
+        loss_sum = tokens = 0.0
+        with torch.no_grad():
+            for i in range(self.cfg.eval_iters):
+                batches = self.valid_batches.microbatches(step // self.cfg.eval_interval * self.cfg.eval_iters + i,
+                                                          self.microbatches)
+                s, n = self._run_batches(batches, forward_only=True)
+                loss_sum, tokens = loss_sum + s, tokens + n
+        self.ddp.train()
+        return loss_sum / max(tokens, 1)
+
+    def _mfu(self, tokens_per_s: float, length: int) -> float | None:
+        """Model FLOPs utilisation on a GPU (6N + attention FLOPs per token over the peak)."""
+        if not torch.cuda.is_available():
+            return None
+        from ..mcore.flops import model_flops_per_token, peak_flops
+
+        peak = peak_flops(torch.cuda.get_device_name(), self.dtype)
+        if peak is None:
+            return None
+        return tokens_per_s * model_flops_per_token(self.mcore_config, length) / (peak * self.world)
+
+    def save(self, step: int) -> Path:
+        from .checkpointing import save_checkpoint
+
+        return save_checkpoint(self.save_dir, step, self.model, self.optimizer, self.scheduler,
+                               {"consumed_samples": step * self.cfg.global_batch_size,
+                                "train_config": self.cfg.to_dict()})
+
+    def run(self) -> dict:
+        from .checkpointing import load_checkpoint
+
+        self.setup()
+        cfg = self.cfg
+        start = 0
+        if self._latest() is not None:
+            state = load_checkpoint(self.save_dir, self.model, self.optimizer, self.scheduler)
+            start = int(state["iteration"])
+            if self.rank == 0:
+                self.echo(f"resuming {self.save_dir} at step {start} of {cfg.train_steps}")
+        log = MetricsLog(self.save_dir / METRICS_FILE, start) if self.rank == 0 else None
+        bar = StepDisplay(cfg.train_steps, cfg.progress if self.rank == 0 else False)
+        self.ddp.train()
+        last: dict = {}
+        for step in range(start, cfg.train_steps):
+            metrics = self.train_step(step)
+            last = metrics.as_dict()
+            if cfg.eval_interval and self.valid_batches and metrics.step % cfg.eval_interval == 0:
+                last["eval_loss"] = self.evaluate(metrics.step)
+                last["eval_ppl"] = math.exp(min(last["eval_loss"], 50.0))
+            if log is not None and (metrics.step % cfg.log_interval == 0 or metrics.step == cfg.train_steps or "eval_loss" in last):
+                log.write(last)
+                if bar.enabled:
+                    bar.show(last)
+                else:
+                    self.echo(format_metrics(last, cfg.train_steps))
+            if metrics.step % cfg.save_interval == 0 or metrics.step == cfg.train_steps:
+                self.save(metrics.step)
+        bar.close()
+        if log is not None:
+            log.close()
+        if self.rank == 0 and not last:
+            self.echo(f"{self.save_dir}: already trained for {cfg.train_steps} steps")
+        return last
+
+
+def _device():
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def _loss(loss_mask, output):
+    """megatron's per-token loss contract: (loss sum, target tokens, values to report)."""
+    losses = output.float().reshape(-1)
+    mask = loss_mask.reshape(-1).to(losses.device)
+    loss_sum = (losses * mask).sum()
+    tokens = mask.sum().to(torch.int)
+    return loss_sum, tokens, {"lm loss": torch.stack([loss_sum.detach(), tokens.to(loss_sum.dtype)])}
+
+
+def format_metrics(m: dict, total: int) -> str:
+    text = (f"step {m['step']}/{total} | loss {m['loss']:.4f} | lr {m['lr']:.3e} | grad norm {m['grad_norm']:.3f} | "
+            f"{m['tokens_per_s']:,.0f} tokens/s")
+    if "mfu" in m:
+        text += f" | MFU {m['mfu']:.1%}"
+    if "eval_loss" in m:
+        text += f" | eval loss {m['eval_loss']:.4f} (ppl {m['eval_ppl']:.2f})"
+    return text
+
+
+class StepDisplay:
+    """A bar and the latest metrics on one terminal line (stderr); off in pipes and CI."""
+
+    def __init__(self, total: int, enabled: bool | None):
+        import sys
+
+        self.stream = sys.stderr
+        self.total = total
+        self.enabled = (self.stream.isatty() and not os.environ.get("CI")) if enabled is None else enabled
+
+    def show(self, metrics: dict) -> None:
+        filled = int(20 * metrics["step"] / self.total)
+        self.stream.write("\r[" + "#" * filled + "-" * (20 - filled) + "] " + format_metrics(metrics, self.total))
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            self.stream.write("\n")
+
+
+class MetricsLog:
+    """``metrics.jsonl``: one JSON object per logged step; on resume, lines past the resumed step
+    (written after the last checkpoint by the interrupted run) are dropped."""
+
+    def __init__(self, path: Path, resumed_step: int):
+        self.path = path
+        kept = []
+        if path.is_file():
+            for line in path.read_text().splitlines():
+                try:
+                    if json.loads(line)["step"] <= resumed_step:
+                        kept.append(line)
+                except (ValueError, KeyError, TypeError):
+                    break  # a torn last line
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(line + "\n" for line in kept))
+        tmp.replace(path)
+        self.file = open(path, "a")
+
+    def write(self, record: dict) -> None:
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def train(cfg: TrainConfig, echo=print) -> dict:
+    """Run (or resume) training; see :class:`Trainer`."""
+    return Trainer(cfg, echo).run()
