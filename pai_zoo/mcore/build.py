@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from ..config_map import FAMILY_KEY_PREFIX, GPT_MODEL_ARGS, McoreConfig
 from ..family import Family
+from .alibi import ALIBI, with_alibi
 
 #: Activation names usable in ``McoreConfig.arch["activation_func"]``.
 ACTIVATIONS = {
@@ -92,6 +93,9 @@ def build_gpt_model(
     gpt_args = {k: v for k, v in config.arch.items() if k in GPT_MODEL_ARGS}
     gpt_args["vocab_size"] = padded_vocab_size or config.padded_vocab_size(tp)
     gpt_args.setdefault("max_sequence_length", 4096)
+    if gpt_args.get("position_embedding_type") == ALIBI:  # no position embedding; a bias in every attention
+        gpt_args["position_embedding_type"] = "none"
+        spec = with_alibi(spec)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = model_class(
