@@ -345,3 +345,60 @@ def check_parallel_equivalence(case: Case, folder: Path, layouts=PARALLEL_LAYOUT
             _fail("parallel", f"tp={tp} pp={pp}: max |logits delta| vs one process = {delta:.3g} > {atol:g}")
         deltas[(tp, pp)] = delta
     return deltas
+
+
+#: Greedy-generation check: a divergence is accepted only where transformers' own logits make
+#: our token a near-tie with its argmax (within twice the forward tolerance, see check_generation).
+GENERATION_TIE_TOL = 2 * LOGITS_ATOL
+
+
+def check_generation(case: Case, new_tokens: int = 16, lengths=(5, 11, 1, 8), seed: int = 4321,
+                     tie_tol: float = GENERATION_TIE_TOL) -> dict:
+    """Greedy generation with the megatron-core model (pai-zoo's KV-cached loop, left-padded
+    batch) equals transformers' ``generate`` on the same weights, token for token, for prompts
+    of different ``lengths`` (EOS disabled on both sides, so every row has ``new_tokens``).
+
+    Random tiny models can have near-ties: two logits closer than the two backends' float
+    rounding (the forward check allows ``LOGITS_ATOL`` per logit, so a gap below
+    ``2 * LOGITS_ATOL`` may flip). Where a row differs, it still passes only if, teacher-forced
+    on *our* tokens, transformers' full forward puts each of our tokens within ``tie_tol`` of its
+    own maximum at every step -- a real error (wrong mask, position or cache) gives gaps orders of
+    magnitude larger. Returns ``{"rows": n, "tie_rows": rows rescued by the near-tie rule,
+    "max_gap": largest such gap}``.
+    """
+    import torch
+
+    from pai_zoo.generation import Finisher, SamplingParams, hf_generate, left_pad, mcore_generate
+
+    vocab = case.mcore_config["vocab_size"]
+    gen = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in lengths]
+    params = SamplingParams(max_new_tokens=new_tokens)
+    ours = [Finisher(params, (), None) for _ in prompts]
+    theirs = [Finisher(params, (), None) for _ in prompts]
+    mcore_generate(case.mcore_model, prompts, params, ours, vocab_size=vocab)
+    hf_generate(case.hf_model, prompts, params, theirs)
+    for row, (a, b) in enumerate(zip(ours, theirs)):
+        if len(a.tokens) != new_tokens or len(b.tokens) != new_tokens:
+            _fail("generation", f"row {row}: expected {new_tokens} tokens, got {len(a.tokens)} (mcore) and "
+                                f"{len(b.tokens)} (transformers)")
+    differing = [row for row, (a, b) in enumerate(zip(ours, theirs)) if a.tokens != b.tokens]
+    max_gap = 0.0
+    if differing:
+        ids, keep = left_pad([prompts[r] + ours[r].tokens for r in differing])
+        positions = (keep.long().cumsum(-1) - 1).clamp(min=0)
+        with torch.no_grad():
+            logits = case.hf_model(input_ids=ids, attention_mask=keep.long(), position_ids=positions).logits.float()
+        steps = logits[:, -new_tokens - 1:-1, :vocab]  # the logits that chose each new token
+        chosen = ids[:, -new_tokens:]
+        gaps = steps.max(-1).values - steps.gather(-1, chosen[..., None]).squeeze(-1)
+        for k, row in enumerate(differing):
+            worst = gaps[k].max().item()
+            if not worst <= tie_tol:
+                step = int((gaps[k] > tie_tol).nonzero()[0])
+                _fail("generation", f"prompt of {lengths[row]} tokens: greedy tokens differ from transformers' "
+                                    f"generate\n  mcore {ours[row].tokens}\n  hf    {theirs[row].tokens}\n"
+                                    f"  and step {step} is no near-tie: transformers' logit of our token is "
+                                    f"{gaps[k][step].item():.3g} below its maximum (> {tie_tol:g})")
+            max_gap = max(max_gap, worst)
+    return {"rows": len(prompts), "tie_rows": len(differing), "max_gap": max_gap}

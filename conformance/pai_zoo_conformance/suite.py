@@ -68,3 +68,6 @@ class ConformanceSuite:
 
     def test_tensor_and_pipeline_parallel_equivalence(self, case, tmp_path):
         checks.check_parallel_equivalence(case, tmp_path)
+
+    def test_greedy_generation_matches_transformers(self, case):
+        checks.check_generation(case)
