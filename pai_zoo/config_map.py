@@ -240,6 +240,42 @@ class Require(Rule):
         return f"requires: {self.message}"
 
 
+@dataclass
+class FixedIfPresent(Rule):
+    """An HF key that only some configs carry (a published config's extra, say), supported with
+    one ``value`` only: absent or equal to ``value``, otherwise ``ConfigTranslationError`` (with
+    ``reason``). A present key is remembered as ``arch["family.<key>"]`` and written back, so
+    HF -> mcore -> HF keeps it exactly as it was, present or absent."""
+
+    hf: str
+    value: Any
+    reason: str = ""
+
+    @property
+    def hf_keys(self) -> tuple[str, ...]:
+        return (self.hf,)
+
+    @property
+    def mcore(self) -> str:
+        return FAMILY_KEY_PREFIX + self.hf
+
+    def describe(self) -> str:
+        return f"fixed if present: {self.hf}={self.value!r}"
+
+    def to_mcore(self, hf: dict, arch: dict) -> None:
+        if self.hf not in hf:
+            return
+        if hf[self.hf] != self.value:
+            why = f": {self.reason}" if self.reason else ""
+            raise ConfigTranslationError(f"config.json has {self.hf}={hf[self.hf]!r}; this family supports only "
+                                         f"{self.hf}={self.value!r}{why}")
+        arch[self.mcore] = hf[self.hf]
+
+    def to_hf(self, arch: dict, hf: dict) -> None:
+        if self.mcore in arch:
+            hf[self.hf] = arch[self.mcore]
+
+
 # megatron-core's Llama-3 RoPE scaling has these constants built in.
 _MCORE_LLAMA3_SCALING = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 

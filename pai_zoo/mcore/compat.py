@@ -12,6 +12,8 @@ the CPU at run time, without editing megatron-core's source, and only when
   ``device="cuda"`` are created on the CPU (a proxy of ``torch`` is set as those modules'
   global ``torch``);
 * gradient clipping by the total norm, which asserts CUDA gradients, scales CPU ones.
+* tied embeddings under pipeline parallelism: the last stage's copy of the word embeddings,
+  which megatron moves to CUDA before its first all-reduce, stays on the CPU.
 
 :func:`ensure_model_parallel` sets up a single-process gloo group and megatron's
 parallel state when the caller has not.
@@ -120,6 +122,28 @@ def _patch_grad_clipping() -> None:
             module.clip_grad_by_total_norm_fp32 = _clip_grad_by_total_norm
 
 
+def _patch_tied_embeddings() -> None:
+    """``LanguageModule.setup_embeddings_and_output_layer`` calls ``weight.data.cuda()`` before it
+    all-reduces the tied embedding between the first and last pipeline stage: keep it on the CPU."""
+    from megatron.core.models.common.language_module.language_module import LanguageModule
+
+    original = LanguageModule.setup_embeddings_and_output_layer
+    if getattr(original, "_pai_zoo_cpu", False):
+        return
+
+    @functools.wraps(original)
+    def setup_embeddings_and_output_layer(self, *args, **kwargs):
+        cuda = torch.Tensor.cuda
+        torch.Tensor.cuda = lambda tensor, *a, **k: tensor
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            torch.Tensor.cuda = cuda
+
+    setup_embeddings_and_output_layer._pai_zoo_cpu = True
+    LanguageModule.setup_embeddings_and_output_layer = setup_embeddings_and_output_layer
+
+
 def apply_cpu_patch() -> bool:
     """Apply the CPU compatibility patch once; returns whether it is active (no CUDA)."""
     global _applied
@@ -131,6 +155,7 @@ def apply_cpu_patch() -> bool:
     torch.cuda.synchronize = lambda *args, **kwargs: None
     _patch_rng_tracker()
     _patch_grad_clipping()
+    _patch_tied_embeddings()
     proxy = _CpuTorch()
     for name in CUDA_LITERAL_MODULES:
         importlib.import_module(name).torch = proxy
