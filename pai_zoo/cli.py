@@ -8,7 +8,7 @@
     pai-zoo dataset inspect PREFIX | dataset merge --output-prefix OUT PREFIX...
     pai-zoo train [CONFIG.yaml] --model M --data PREFIX --save DIR [flags]   (torchrun for several processes)
     pai-zoo generate --model M --prompts IN.jsonl --output OUT.jsonl | --prompt TEXT   text generation
-    pai-zoo generate --model M --prompts IN.jsonl --output OUT.jsonl | --prompt TEXT   text generation
+    pai-zoo rl list | rl reward --model M --data PAIRS.jsonl --save RM | rl ppo --actor M --reward RM ...   RL
 
 ``list`` imports neither torch nor megatron-core.
 """
@@ -336,7 +336,19 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("prefixes", nargs="+")
     q.add_argument("--output-prefix", required=True)
     q.set_defaults(func=cmd_dataset_merge)
+
+    p = sub.add_parser("rl", add_help=False, help="RL trainers: rl list | rl NAME [flags] (ppo, reward, plugins')",
+                       description="pai-zoo rl list | pai-zoo rl NAME [FLAGS] | pai-zoo rl run NAME [FLAGS]")
+    p.add_argument("-h", "--help", dest="rl_help", action="store_true", help="the usage and the registered trainers")
+    p.add_argument("rl_args", nargs=argparse.REMAINDER, help="list, or a trainer name and its flags")
+    p.set_defaults(func=cmd_rl)
     return parser
+
+
+def cmd_rl(args) -> int:
+    from .rl.cli import main as rl_main
+
+    return rl_main(["--help"] if args.rl_help else args.rl_args)
 
 
 def main(argv: list[str] | None = None) -> int:

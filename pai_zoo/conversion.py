@@ -204,16 +204,21 @@ def _write_hf(checkpoint: dist_ckpt.MegatronCheckpoint, out: Path, dtype, max_sh
             del tensor
     writer.close()
     bar.close()
-    _write_hf_configs(checkpoint.path, out, checkpoint.family, checkpoint.config, dtype)
+    _write_hf_configs(checkpoint.path, out, checkpoint.family, checkpoint.config, dtype, checkpoint.head)
     return report
 
 
-def _write_hf_configs(src: Path, out: Path, family: Family, config: McoreConfig, dtype: torch.dtype) -> None:
+def _write_hf_configs(src: Path, out: Path, family: Family, config: McoreConfig, dtype: torch.dtype,
+                      head: dict | None = None) -> None:
     hf_side = src / dist_ckpt.HF_DIR
     hf_config = hf.hf_config_from_mcore(family, config)
     hf_config.dtype = dtype
     if not getattr(hf_config, "architectures", None):
         hf_config.architectures = [family.hf_architectures[0]] if family.hf_architectures else None
+    if head:  # a reward model: *ForSequenceClassification with score.weight
+        from .rl.heads import sequence_classification_config
+
+        sequence_classification_config(hf_config, head)
     hf_config.save_pretrained(out)
     if (hf_side / GENERATION_CONFIG).is_file():
         shutil.copy2(hf_side / GENERATION_CONFIG, out / GENERATION_CONFIG)

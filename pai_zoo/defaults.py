@@ -16,3 +16,12 @@ def pai_zoo_tokenizer(family, path):
     from .tokenizer import load_tokenizer
 
     return load_tokenizer(path)
+
+
+@hookimpl
+def pai_zoo_rl_trainers():
+    """The core's RL trainers: ``ppo`` and the reward-model trainer ``reward``."""
+    from .rl.ppo import PPOTrainer
+    from .rl.reward import RewardTrainer
+
+    return {"ppo": PPOTrainer, "reward": RewardTrainer}

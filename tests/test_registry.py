@@ -204,7 +204,7 @@ def test_registry_in_an_environment_with_broken_plugins(good_env):
         assert r.plugins["brokenimport"].broken and "frobnicate" in r.plugins["brokenimport"].traceback
         assert r.plugins["brokenfam"].broken and r.plugins["brokenfam"].families == []
         assert not r.pm.has_plugin("brokenfam")  # a broken plugin's other hooks are dropped too
-        assert sorted(pai_zoo.rl.list_trainers()) == ["toy-ppo"]
+        assert sorted(pai_zoo.rl.list_trainers()) == ["ppo", "reward", "toy-ppo"]  # the core's two and the plugin's
         try:
             r.family("nosuch")
         except UnknownModelError as exc:
@@ -433,11 +433,19 @@ class OtherTrainer(RLTrainer):
     name = "othertrainer"
 
 
+def core_trainers() -> dict:
+    """The trainers the core itself registers (``pai_zoo.defaults``): in every registry."""
+    from pai_zoo.rl.ppo import PPOTrainer
+    from pai_zoo.rl.reward import RewardTrainer
+
+    return {"ppo": PPOTrainer, "reward": RewardTrainer}
+
+
 def test_rl_trainers_are_collected_from_plugins():
     reg = Registry(plugins=[("p1", _module_plugin("p1", trainers={"mytrainer": MyTrainer})),
                             ("p2", _module_plugin("p2", [toy_family("tfam")], {"othertrainer": OtherTrainer}))],
                    use_entry_points=False)
-    assert reg.rl_trainers() == {"mytrainer": MyTrainer, "othertrainer": OtherTrainer}
+    assert reg.rl_trainers() == {"mytrainer": MyTrainer, "othertrainer": OtherTrainer, **core_trainers()}
 
 
 def test_rl_trainers_of_a_broken_plugin_are_not_registered():
@@ -445,7 +453,7 @@ def test_rl_trainers_of_a_broken_plugin_are_not_registered():
                             ("bad", _module_plugin("bad", RuntimeError("boom"), {"othertrainer": OtherTrainer}))],
                    use_entry_points=False)
     assert reg.plugins["bad"].error == "RuntimeError: boom"
-    assert reg.rl_trainers() == {"mytrainer": MyTrainer}
+    assert reg.rl_trainers() == {"mytrainer": MyTrainer, **core_trainers()}
 
 
 def test_duplicate_rl_trainer_names_both_plugins():
@@ -468,18 +476,19 @@ def installed_registry(request):
 
 
 def test_get_trainer(installed_registry):
-    assert list_trainers() == {"mytrainer": MyTrainer, "othertrainer": OtherTrainer}
+    assert list_trainers() == {"mytrainer": MyTrainer, "othertrainer": OtherTrainer, **core_trainers()}
     cls = get_trainer("mytrainer")
     assert cls is MyTrainer and cls(steps=3).run() == {"steps": 3}
     with pytest.raises(UnknownModelError) as err:
         get_trainer("nope")
-    assert "'nope'" in str(err.value) and "registered: mytrainer, othertrainer" in str(err.value)
+    assert "'nope'" in str(err.value) and "registered: mytrainer, othertrainer, ppo, reward" in str(err.value)
 
 
-def test_get_trainer_with_none_registered():
+def test_get_trainer_with_only_the_core_trainers():
     reset_registry(Registry(plugins=[], use_entry_points=False))
     try:
-        with pytest.raises(UnknownModelError, match="registered: none"):
+        assert list_trainers() == core_trainers()
+        with pytest.raises(UnknownModelError, match="registered: ppo, reward$"):
             get_trainer("nope")
     finally:
         reset_registry(None)

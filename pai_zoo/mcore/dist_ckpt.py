@@ -81,21 +81,29 @@ def _walk(x):
         yield x
 
 
-def meta_model(family: Family, config: McoreConfig, dtype: torch.dtype, padded_vocab_size: int | None = None):
-    """A ``GPTModel`` on the meta device (single process, all layers): shapes without memory."""
+def meta_model(family: Family, config: McoreConfig, dtype: torch.dtype, padded_vocab_size: int | None = None,
+               head: dict | None = None):
+    """A ``GPTModel`` on the meta device (single process, all layers): shapes without memory.
+    ``head`` (a checkpoint's ``pai_zoo.json`` entry) replaces the LM head by a score head."""
     from .build import build_gpt_model
     from .compat import ensure_model_parallel
 
     ensure_model_parallel()
     with torch.device("meta"):
-        return build_gpt_model(family, config, dtype, padded_vocab_size=padded_vocab_size, perform_initialization=False)
+        model = build_gpt_model(family, config, dtype, padded_vocab_size=padded_vocab_size, perform_initialization=False)
+        if head:
+            from ..rl.heads import attach_score_head
+
+            attach_score_head(model)
+    return model
 
 
-def layout_of(family: Family, config: McoreConfig, dtype: torch.dtype, padded_vocab_size: int) -> Layout:
+def layout_of(family: Family, config: McoreConfig, dtype: torch.dtype, padded_vocab_size: int,
+              head: dict | None = None) -> Layout:
     """The checkpoint layout of ``config``'s model, from megatron-core's ``sharded_state_dict``."""
     from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor, apply_factories
 
-    model = meta_model(family, config, dtype, padded_vocab_size)
+    model = meta_model(family, config, dtype, padded_vocab_size, head)
     local_shapes = {n: tuple(t.shape) for n, t in model.state_dict().items() if not n.endswith("._extra_state")}
     sharded = model.sharded_state_dict()
     apply_factories(sharded)
@@ -375,8 +383,13 @@ class MegatronCheckpoint:
         self.reader = DistCheckpointReader(iteration_dir(self.path))
         self.stored_dtype = getattr(torch, self.record.get("dtype", "float32"))
         self.padded_vocab_size = self.reader.global_shape("embedding.word_embeddings.weight")[0]
-        self.layout = layout_of(self.family, self.config, self.stored_dtype, self.padded_vocab_size)
+        self.head = self.record.get("head")  # a reward model's / critic's score head (pai_zoo.rl.heads)
+        self.layout = layout_of(self.family, self.config, self.stored_dtype, self.padded_vocab_size, self.head)
         self.table = registry.weight_map(self.family, self.config)
+        if self.head:
+            from ..rl.heads import score_weight_map
+
+            self.table = score_weight_map(self.table)
         self.ctx = MappingContext.from_config(self.config, padded_vocab_size=self.padded_vocab_size)
         self._check_keys()
 

@@ -1,0 +1,78 @@
+"""RL data: preference pairs and prompts from JSON Lines, as token ids.
+
+A preference record is ``{"prompt": ..., "chosen": ..., "rejected": ...}``; a prompt record is
+``{"prompt": ...}`` (read by :mod:`pai_zoo.generation`). Each field is text (tokenized with the model's tokenizer) or a list of token
+ids. A bad record stops the run before training with an error naming ``file:line``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..data.sources import BadRecord, iter_records
+from ..errors import PaiZooError
+
+PAIR_FIELDS = ("prompt", "chosen", "rejected")
+
+
+@dataclass
+class Pair:
+    prompt: list[int]
+    chosen: list[int]
+    rejected: list[int]
+    where: str = ""
+
+
+def _ids(where: str, key: str, value, tokenizer, vocab_size: int, add_special_tokens: bool) -> list[int]:
+    if isinstance(value, str):
+        if tokenizer is None:
+            raise PaiZooError(f"{where}: field {key!r} is text but the model has no tokenizer; "
+                              "give token ids (a list of integers) or a model folder with tokenizer files")
+        return tokenizer.encode(value, add_special_tokens=add_special_tokens)
+    if isinstance(value, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+        bad = [i for i in value if not 0 <= i < vocab_size]
+        if bad:
+            raise PaiZooError(f"{where}: field {key!r} has token ids outside the vocabulary [0, {vocab_size}): {bad[:5]}")
+        return list(value)
+    raise PaiZooError(f"{where}: field {key!r} must be text or a list of token ids, not {type(value).__name__}")
+
+
+def _records(path):
+    for where, record in iter_records([path]):
+        if isinstance(record, BadRecord):
+            raise record
+        yield where, record
+
+
+def read_pairs(path, tokenizer=None, vocab_size: int = 1 << 62) -> list[Pair]:
+    """Every preference pair of a JSON Lines file, tokenized."""
+    pairs = []
+    for where, record in _records(path):
+        missing = [k for k in PAIR_FIELDS if k not in record]
+        if missing:
+            raise PaiZooError(f"{where}: preference record lacks {', '.join(repr(m) for m in missing)} "
+                              f"(needs {', '.join(PAIR_FIELDS)})")
+        prompt = _ids(where, "prompt", record["prompt"], tokenizer, vocab_size, True)
+        chosen, rejected = (_ids(where, k, record[k], tokenizer, vocab_size, False) for k in ("chosen", "rejected"))
+        if not chosen or not rejected:
+            raise PaiZooError(f"{where}: 'chosen' and 'rejected' must not be empty")
+        pairs.append(Pair(prompt, chosen, rejected, where))
+    if not pairs:
+        raise PaiZooError(f"{path}: no preference records")
+    return pairs
+
+
+def read_prompts(path, tokenizer=None, vocab_size: int = 1 << 62) -> list[list[int]]:
+    """Every prompt of a JSON Lines file (``{"prompt": text | [ids]}``, read as ``pai-zoo generate``
+    reads prompts), as token ids inside the vocabulary."""
+    from ..generation import encode_prompt
+    from ..generation import read_prompts as read_prompt_records
+
+    prompts = []
+    for number, (_record, prompt) in enumerate(read_prompt_records(path)):
+        where = f"{path}: prompt {number + 1}"
+        ids = encode_prompt(prompt, tokenizer, where)
+        bad = [i for i in ids if not 0 <= i < vocab_size]
+        if bad:
+            raise PaiZooError(f"{where}: token ids outside the vocabulary [0, {vocab_size}): {bad[:5]}")
+        prompts.append(ids)
+    return prompts

@@ -1,0 +1,272 @@
+"""``pai-zoo rl ppo``: align a policy with PPO (Ouyang et al. 2022, Ziegler et al. 2019).
+
+One step: the actor samples responses to a batch of prompts (:func:`pai_zoo.generation.generate`,
+KV-cached); a teacher-forced forward pass of the actor, the frozen reference and the critic gives
+per-token log-probabilities and values; the reward (model, rule or callable) scores each response;
+per-token rewards are ``-kl_coef * KL_t`` plus the score at the last response token; GAE gives
+advantages and returns; then ``ppo_epochs`` passes over shuffled mini-batches minimise the clipped
+policy loss (whitened advantages) and the clipped value loss. The KL coefficient is fixed or
+adapted (Ziegler et al.'s controller) to a target KL.
+
+Layout of a batch: prompts left-padded to ``P`` columns, responses right-padded after them, so
+response token ``t`` of every row sits at column ``P + t`` and is predicted at column ``P + t - 1``.
+"""
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+
+from ..errors import PaiZooError
+from . import RLTrainer
+
+DEFAULTS = dict(
+    critic=None, steps=20, rollout_batch_size=16, ppo_epochs=2, mini_batch_size=8, clip_range=0.2, value_clip=0.2,
+    kl_coef=0.05, kl_target=None, kl_horizon=10000, kl_estimator="k1", gamma=1.0, lam=0.95, max_new_tokens=16,
+    temperature=1.0, top_k=0, top_p=1.0, actor_lr=1e-6, critic_lr=1e-5, max_grad_norm=1.0, whiten_advantages=True,
+    seed=0, save_every=0, resume=True, tensor_parallel_size=1, quiet=False,
+)
+
+
+class PPOTrainer(RLTrainer):
+    """Settings: ``actor`` (SFT policy: preset, HF folder or Megatron checkpoint), ``reward``
+    (reward-model checkpoint, ``"rule:..."`` or a callable ``(prompt_ids, response_ids) -> float``),
+    ``prompts`` (JSON Lines path or a list of token-id lists), ``save`` (output folder), optional
+    ``critic`` (default: the reward model, or the actor with a new zero value head for a rule or
+    callable reward) and the hyper-parameters of :data:`DEFAULTS`."""
+
+    name = "ppo"
+    description = "PPO with a reward model, a critic and a KL penalty against the frozen reference"
+
+    @classmethod
+    def add_arguments(cls, parser) -> None:
+        a = parser.add_argument
+        a("--actor", required=True, help="policy to train: preset, HF folder or Megatron-Core checkpoint")
+        a("--reward", required=True, help="reward-model checkpoint (pai-zoo rl reward) or rule:contains=IDS / rule:fraction=IDS")
+        a("--critic", help="critic initialisation (default: the reward model; the actor with a new head for a rule)")
+        a("--prompts", required=True, help='JSON Lines of {"prompt": text | [ids]}')
+        a("--save", required=True, help="output folder: actor/ and critic/ checkpoints, log.jsonl")
+        a("--steps", type=int, default=DEFAULTS["steps"], help="PPO steps (rollout + update)")
+        a("--rollout-batch-size", type=int, default=DEFAULTS["rollout_batch_size"], help="prompts per rollout")
+        a("--ppo-epochs", type=int, default=DEFAULTS["ppo_epochs"], help="passes over each rollout")
+        a("--mini-batch-size", type=int, default=DEFAULTS["mini_batch_size"])
+        a("--clip-range", type=float, default=DEFAULTS["clip_range"], help="policy ratio clip epsilon")
+        a("--value-clip", type=float, default=DEFAULTS["value_clip"], help="value clip range (negative: off)")
+        a("--kl-coef", type=float, default=DEFAULTS["kl_coef"], help="KL penalty coefficient (initial, if adaptive)")
+        a("--kl-target", type=float, help="target KL: adapt the coefficient (Ziegler et al.); default fixed")
+        a("--kl-horizon", type=int, default=DEFAULTS["kl_horizon"], help="adaptive KL controller horizon")
+        a("--kl-estimator", choices=("k1", "k2", "k3"), default=DEFAULTS["kl_estimator"])
+        a("--gamma", type=float, default=DEFAULTS["gamma"], help="GAE discount")
+        a("--lam", type=float, default=DEFAULTS["lam"], help="GAE lambda")
+        a("--max-new-tokens", type=int, default=DEFAULTS["max_new_tokens"], help="response length")
+        a("--temperature", type=float, default=DEFAULTS["temperature"])
+        a("--top-k", type=int, default=DEFAULTS["top_k"])
+        a("--top-p", type=float, default=DEFAULTS["top_p"])
+        a("--actor-lr", type=float, default=DEFAULTS["actor_lr"])
+        a("--critic-lr", type=float, default=DEFAULTS["critic_lr"])
+        a("--max-grad-norm", type=float, default=DEFAULTS["max_grad_norm"])
+        a("--no-whiten-advantages", dest="whiten_advantages", action="store_false")
+        a("--seed", type=int, default=DEFAULTS["seed"])
+        a("--save-every", type=int, default=DEFAULTS["save_every"], help="checkpoint every N steps (0: at the end)")
+        a("--no-resume", dest="resume", action="store_false", help="start over even if SAVE holds a checkpoint")
+        a("--tp", dest="tensor_parallel_size", type=int, default=1, help="tensor-parallel size (under torchrun)")
+
+    def run(self) -> dict:
+        return _PPORun({**DEFAULTS, **self.settings}).train()
+
+
+class _PPORun:
+    def __init__(self, s: dict):
+        import torch
+
+        from .checkpoint import latest_iteration, load_state, set_rng_state
+        from .data import read_prompts
+        from .heads import has_score_head
+        from .log import MetricsLog
+        from .models import check_same_tokenizer, describe, load_model, make_optimizer, value_model
+        from .ops import kl_controller
+        from .rewards import make_reward
+
+        for key in ("actor", "reward", "prompts", "save"):
+            if s.get(key) is None or s.get(key) == "":
+                raise PaiZooError(f"ppo: {key!r} is required")
+        if s["mini_batch_size"] < 1 or s["rollout_batch_size"] < 1:
+            raise PaiZooError("ppo: rollout and mini-batch sizes must be positive")
+        if s["kl_estimator"] not in ("k1", "k2", "k3"):
+            raise PaiZooError(f"ppo: unknown KL estimator {s['kl_estimator']!r}")
+        self.s = s
+        self.save = Path(s["save"])
+        tp, seed = s["tensor_parallel_size"], s["seed"]
+        torch.manual_seed(seed)
+        resume_at = latest_iteration(self.save / "actor") if s["resume"] else None
+        # -- models, checked against each other before any training -------------------------
+        self.reference = load_model(s["actor"], tp, seed)
+        if has_score_head(self.reference.model):
+            raise PaiZooError(f"--actor {describe(self.reference)}: a reward model / critic, not a language model")
+        self.reward, reward_handle = make_reward(s["reward"], tp, seed)
+        if reward_handle is not None:
+            check_same_tokenizer(self.reference, reward_handle, "actor", "reward model")
+        critic_spec = s["critic"] if s["critic"] is not None else (reward_handle if reward_handle is not None else None)
+        if resume_at is not None:
+            self.actor = load_model(self.save / "actor", tp, seed)
+            self.critic = value_model(self.save / "critic", tp, seed)
+        else:
+            self.actor = load_model(s["actor"], tp, seed)
+            if critic_spec is reward_handle and reward_handle is not None:
+                critic_spec = reward_handle.checkpoint  # a second copy: the reward model stays frozen
+            self.critic = value_model(critic_spec if critic_spec is not None else s["actor"], tp, seed, init_std=0.0)
+        check_same_tokenizer(self.actor, self.critic, "actor", "critic")
+        self.reference.model.eval()
+        for p in self.reference.model.parameters():
+            p.requires_grad_(False)
+        prompts = s["prompts"]
+        self.prompts = (read_prompts(prompts, self.actor.tokenizer, self.actor.vocab_size)
+                        if isinstance(prompts, (str, Path)) else [list(p) for p in prompts])
+        if not self.prompts:
+            raise PaiZooError("ppo: no prompts")
+        self.order = list(range(len(self.prompts)))
+        random.Random(seed).shuffle(self.order)
+        self.actor_opt = make_optimizer(self.actor.model, s["actor_lr"])
+        self.critic_opt = make_optimizer(self.critic.model, s["critic_lr"])
+        self.kl = kl_controller(s["kl_coef"], s["kl_target"], s["kl_horizon"])
+        self.step = 0
+        if resume_at is not None:
+            state = load_state(self.save / "actor", resume_at)
+            self.actor_opt.load_state_dict(state["actor_optimizer"])
+            self.critic_opt.load_state_dict(load_state(self.save / "critic", resume_at)["critic_optimizer"])
+            self.kl.load_state_dict(state["kl"])
+            set_rng_state(state["rng"])
+            self.step = state["step"]
+        from .reward import _pad_id
+
+        self.pad_id = _pad_id(self.actor)
+        self.log = MetricsLog(self.save / "log.jsonl", "ppo", quiet=s["quiet"])
+        self.resumed_from = resume_at
+
+    # -- one rollout --------------------------------------------------------------------------
+    def rollout(self) -> dict:
+        import torch
+
+        from ..generation import generate
+        from .models import forward
+        from .ops import gae, kl_penalised_rewards, kl_penalty, logprobs_of, masked_whiten
+
+        s, B = self.s, self.s["rollout_batch_size"]
+        prompts = [self.prompts[self.order[(self.step * B + i) % len(self.prompts)]] for i in range(B)]
+        generations = generate(self.actor, prompts, max_new_tokens=s["max_new_tokens"], temperature=s["temperature"],
+                               top_k=s["top_k"], top_p=s["top_p"], seed=s["seed"] * 1_000_003 + self.step)
+        responses = [g.token_ids for g in generations]
+        P, T = max(len(p) for p in prompts), max(len(r) for r in responses)
+        ids = torch.full((B, P + T), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((B, P + T), dtype=torch.long)
+        for row, (p, r) in enumerate(zip(prompts, responses)):
+            ids[row, P - len(p):P] = torch.as_tensor(p)
+            ids[row, P:P + len(r)] = torch.as_tensor(r)
+            mask[row, P - len(p):P + len(r)] = 1
+        response_mask = mask[:, P:].float()
+        V = self.actor.vocab_size
+        with torch.no_grad():
+            self.actor.model.eval()
+            self.critic.model.eval()
+            old_logprobs = logprobs_of(forward(self.actor.model, ids, mask)[:, P - 1:-1, :V], ids[:, P:])
+            ref_logprobs = logprobs_of(forward(self.reference.model, ids, mask)[:, P - 1:-1, :V], ids[:, P:])
+            values = forward(self.critic.model, ids, mask)[:, P - 1:-1, 0].float()
+            scores = self.reward(prompts, responses).float()
+            rewards = kl_penalised_rewards(scores, old_logprobs, ref_logprobs, response_mask, self.kl.value,
+                                           s["kl_estimator"])
+            advantages, returns = gae(rewards, values, response_mask, s["gamma"], s["lam"])
+            if s["whiten_advantages"]:
+                advantages = masked_whiten(advantages, response_mask)
+            kl_per_sequence = (kl_penalty(old_logprobs, ref_logprobs, "k1") * response_mask).sum(-1)
+        return dict(ids=ids, mask=mask, P=P, response_mask=response_mask, old_logprobs=old_logprobs,
+                    values=values, advantages=advantages, returns=returns, scores=scores,
+                    kl=float(kl_per_sequence.mean()), lengths=response_mask.sum(-1))
+
+    # -- PPO updates --------------------------------------------------------------------------
+    def update(self, batch: dict) -> dict:
+        import torch
+
+        from .models import clip_and_step, forward
+        from .ops import entropy_of, logprobs_of, masked_mean, policy_loss, value_loss
+
+        s, B, P, V = self.s, self.s["rollout_batch_size"], batch["P"], self.actor.vocab_size
+        value_clip = s["value_clip"] if s["value_clip"] is not None and s["value_clip"] >= 0 else None
+        generator = torch.Generator().manual_seed(s["seed"] * 7919 + self.step)
+        sums: dict[str, float] = {}
+        n = 0
+        for _epoch in range(s["ppo_epochs"]):
+            perm = torch.randperm(B, generator=generator)
+            for first in range(0, B, s["mini_batch_size"]):
+                idx = perm[first:first + s["mini_batch_size"]]
+                ids, mask, rmask = batch["ids"][idx], batch["mask"][idx], batch["response_mask"][idx]
+                self.actor.model.train()
+                logits = forward(self.actor.model, ids, mask)[:, P - 1:-1, :V]
+                logprobs = logprobs_of(logits, ids[:, P:])
+                pg_loss, clip_frac = policy_loss(logprobs, batch["old_logprobs"][idx], batch["advantages"][idx], rmask,
+                                                 s["clip_range"])
+                pg_loss.backward()
+                actor_norm = clip_and_step(self.actor.model, self.actor_opt, s["max_grad_norm"])
+                self.critic.model.train()
+                values = forward(self.critic.model, ids, mask)[:, P - 1:-1, 0].float()
+                vf_loss, vf_clip_frac = value_loss(values, batch["values"][idx], batch["returns"][idx], rmask, value_clip)
+                vf_loss.backward()
+                critic_norm = clip_and_step(self.critic.model, self.critic_opt, s["max_grad_norm"])
+                with torch.no_grad():
+                    entropy = masked_mean(entropy_of(logits.detach()), rmask)
+                    approx_kl = masked_mean(batch["old_logprobs"][idx] - logprobs.detach(), rmask)
+                for key, value in (("policy_loss", pg_loss), ("value_loss", vf_loss), ("clip_fraction", clip_frac),
+                                   ("value_clip_fraction", vf_clip_frac), ("entropy", entropy),
+                                   ("approx_kl", approx_kl), ("actor_grad_norm", actor_norm),
+                                   ("critic_grad_norm", critic_norm)):
+                    sums[key] = sums.get(key, 0.0) + float(value.detach() if hasattr(value, "detach") else value)
+                n += 1
+        return {k: v / n for k, v in sums.items()}
+
+    def checkpoint(self) -> None:
+        from .checkpoint import rng_state, save_model
+        from .heads import head_record
+
+        state = {"step": self.step, "kl": self.kl.state_dict(), "rng": rng_state(), "settings": _plain(self.s)}
+        save_model(self.save / "actor", self.actor, self.actor.model, self.step,
+                   state={**state, "actor_optimizer": self.actor_opt.state_dict()})
+        save_model(self.save / "critic", self.critic, self.critic.model, self.step, head=head_record(self.pad_id),
+                   state={**state, "critic_optimizer": self.critic_opt.state_dict()})
+
+    def train(self) -> dict:
+        s = self.s
+        start = time.perf_counter()
+        record: dict = {}
+        first_reward = None
+        while self.step < s["steps"]:
+            batch = self.rollout()
+            stats = self.update(batch)
+            kl_coef = self.kl.value
+            self.kl.update(batch["kl"], s["rollout_batch_size"])
+            self.step += 1
+            record = {"step": self.step, "reward": float(batch["scores"].mean()), "kl": batch["kl"], "kl_coef": kl_coef,
+                      **stats, "response_length": float(batch["lengths"].mean()),
+                      "seconds": round(time.perf_counter() - start, 3)}
+            first_reward = record["reward"] if first_reward is None else first_reward
+            self.log.write(record)
+            if s["save_every"] and self.step % s["save_every"] == 0 and self.step < s["steps"]:
+                self.checkpoint()
+        if self.resumed_from is None or record:
+            self.checkpoint()
+        self.log.close()
+        return {"steps": self.step, "last": record, "first_reward": first_reward, "resumed_from": self.resumed_from,
+                "actor": str(self.save / "actor"), "critic": str(self.save / "critic"),
+                "log": str(self.save / "log.jsonl")}
+
+
+def _plain(settings: dict) -> dict:
+    """The JSON-able settings (a callable reward or in-memory prompts are named, not stored)."""
+    out = {}
+    for key, value in settings.items():
+        if isinstance(value, (str, int, float, bool)) or value is None:
+            out[key] = value
+        elif isinstance(value, Path):
+            out[key] = str(value)
+        else:
+            out[key] = f"<{type(value).__name__}>"
+    return out
+
