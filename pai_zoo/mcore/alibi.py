@@ -91,7 +91,13 @@ def _attention_class():
 
         def __init__(self, config, *args, **kwargs):
             super().__init__(config, *args, **kwargs)
-            rank = self.tp_group.rank() if self.tp_group is not None else 0
+            group = getattr(self, "tp_group", None) or getattr(getattr(self, "pg_collection", None), "tp", None)
+            if group is None:
+                from megatron.core import parallel_state
+
+                rank = parallel_state.get_tensor_model_parallel_rank()
+            else:
+                rank = group.rank()
             heads = self.num_attention_heads_per_partition
             mine = alibi_slopes(config.num_attention_heads)[rank * heads:(rank + 1) * heads]
             slopes = torch.tensor(mine, dtype=torch.float32, device="cpu")

@@ -13,8 +13,8 @@ def _baichuan(vocab, hidden, inter, layers, heads, *, rope: bool, v2: bool, arch
         cfg["max_position_embeddings"] = 4096
     if v2 or not rope:
         cfg["model_max_length"] = 4096
-    if v2:
-        cfg.update(z_loss_weight=0, norm_head=True)
+    if v2:  # Baichuan2's configs carry z_loss_weight (and no norm_head key): the reference config infers NormHead
+        cfg["z_loss_weight"] = 0
     return cfg
 
 
