@@ -91,6 +91,13 @@ def test_tensor_parallel_split_of_one_layernorm_layer(tmp_path):
     assert max(deltas.values()) <= checks.PARALLEL_ATOL
 
 
+def test_tensor_parallel_split_of_alibi_slopes(tmp_path):
+    """TP=2 with Falcon-RW's layer: each rank keeps the slopes (and bfloat16 bias) of its 8 of 16 heads."""
+    case = checks.build_case(FALCON, **VARIANTS["falcon-rw: sequential, multi-head, biases, ALiBi (16 heads: slopes that bfloat16 rounds)"])
+    deltas = checks.check_parallel_equivalence(case, tmp_path, layouts=((2, 1),))
+    assert deltas[(2, 1)] <= checks.PARALLEL_ATOL
+
+
 @pytest.mark.parametrize("overrides, message", [
     ({"parallel_attn": False}, "parallel_attn=false"),
     ({**_7B, "num_ln_in_parallel_attn": 2}, "needs new_decoder_architecture"),
