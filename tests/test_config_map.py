@@ -97,3 +97,25 @@ def test_mcore_config_json_round_trip_and_padding():
     assert config.padded_vocab_size(tensor_parallel_size=4) == 1024
     config.arch["vocab_size"] = 1025
     assert config.padded_vocab_size(tensor_parallel_size=2) == 1280
+
+
+def test_fixed_if_present_keeps_presence_and_refuses_other_values():
+    from pai_zoo.config_map import FAMILY_KEY_PREFIX, FixedIfPresent
+
+    table = ConfigMap(Field("hidden_size", "hidden_size"), FixedIfPresent("scale_embeddings", False, "not scaled"))
+    absent = table.to_mcore("fam", {"hidden_size": 64})
+    assert absent.arch == {"hidden_size": 64} and table.to_hf(absent) == {"hidden_size": 64}
+    present = table.to_mcore("fam", {"hidden_size": 64, "scale_embeddings": False})
+    assert present.arch[FAMILY_KEY_PREFIX + "scale_embeddings"] is False
+    assert table.to_hf(present) == {"hidden_size": 64, "scale_embeddings": False}
+    assert table.untranslated_architecture_keys({"hidden_size": 64, "scale_embeddings": False}) == []
+    with pytest.raises(ConfigTranslationError, match="scale_embeddings=True; this family supports only scale_embeddings=False: not scaled"):
+        table.to_mcore("fam", {"hidden_size": 64, "scale_embeddings": True})
+
+
+def test_family_keys_reach_neither_transformer_config_nor_gpt_model():
+    from pai_zoo.mcore.build import transformer_config
+
+    config = McoreConfig("fam", {"num_layers": 1, "hidden_size": 8, "num_attention_heads": 2,
+                                 "family.parallel_layernorms": 1, "vocab_size": 10})
+    assert not hasattr(transformer_config(config), "family.parallel_layernorms")
