@@ -13,7 +13,9 @@ Names may hold ``{layer}``, expanded for every transformer layer::
 Row kinds: :class:`Copy`, :class:`Vocab` (pads the vocabulary to Megatron's padded size and
 trims it back), :class:`QKV` (megatron's fused QKV, grouped per query group, so MHA, GQA and
 MQA all work), :class:`GateUp` (fused SwiGLU ``[gate; up]``), :class:`Output` (output head,
-tied or not). A family needing another layout subclasses :class:`Row`.
+tied or not), :class:`FusedQKV` (one HF ``[q; k; v]`` tensor, all heads of each in turn),
+:class:`Dropped` (a checkpoint buffer no model holds, e.g. rotary ``inv_freq``). A family
+needing another layout subclasses :class:`Row`.
 
 The engine checks coverage: every source tensor is consumed exactly once and every target
 tensor is filled exactly once, otherwise :class:`~pai_zoo.errors.MappingError` lists the

@@ -109,3 +109,26 @@ def test_tokenizer_hook_answers_only_for_chatglm(tmp_path):
     assert pai_zoo_tokenizer(REGISTRY.family("llama"), tmp_path) is None
     with pytest.raises(FileNotFoundError, match="tokenizer.model"):
         pai_zoo_tokenizer(CHATGLM, tmp_path)
+
+
+def test_pickled_checkpoint_with_inv_freq_converts_to_megatron_and_back(tmp_path):
+    """ChatGLM2-6B ships pickled ``pytorch_model*.bin`` files holding the rotary ``inv_freq`` buffer: convert
+    drops it on the way in and gives back every parameter bit-identical."""
+    import torch
+    from safetensors.torch import load_file
+
+    from pai_zoo.conversion import convert
+
+    case = checks.build_case(CHATGLM)
+    src = tmp_path / "hf"
+    src.mkdir()
+    (src / "config.json").write_text(json.dumps(CHATGLM.presets["chatglm-tiny"]))
+    state = {k: v.clone() for k, v in case.hf_model.state_dict().items()}
+    torch.save({**state, "transformer.rotary_pos_emb.inv_freq": torch.ones(4)}, src / "pytorch_model.bin")
+    convert(src, tmp_path / "mcore", "mcore")
+    convert(tmp_path / "mcore", tmp_path / "back", "hf")
+    back = {}
+    for file in (tmp_path / "back").glob("*.safetensors"):
+        back.update(load_file(file))
+    assert back.keys() == state.keys()
+    assert all(back[k].equal(state[k]) for k in state)
