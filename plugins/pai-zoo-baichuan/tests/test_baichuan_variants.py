@@ -173,3 +173,29 @@ def test_a_checkpoints_rotary_inv_freq_buffer_is_accepted_and_dropped():
     state["model.layers.1.self_attn.rotary_emb.inv_freq"] = torch.ones(8)
     converted = hf_to_mcore(BAICHUAN, case.mcore_config, state)
     assert not any("inv_freq" in name for name in converted)
+
+
+def test_a_published_baichuan2_config_json_translates_completely():
+    """baichuan-inc/Baichuan2-7B-Base's config.json: no norm_head key, NormHead inferred."""
+    from pai_zoo import hf
+
+    published = {
+        "architectures": ["BaichuanForCausalLM"],
+        "auto_map": {"AutoConfig": "configuration_baichuan.BaichuanConfig",
+                     "AutoModelForCausalLM": "modeling_baichuan.BaichuanForCausalLM"},
+        "tokenizer_class": "BaichuanTokenizer", "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu",
+        "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 11008, "max_position_embeddings": 4096,
+        "model_max_length": 4096, "model_type": "baichuan", "num_attention_heads": 32, "num_hidden_layers": 32,
+        "pad_token_id": 0, "rms_norm_eps": 1e-06, "_from_model_config": True, "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16", "transformers_version": "4.29.2", "use_cache": True, "vocab_size": 125696,
+        "z_loss_weight": 0,
+    }
+    from pai_zoo_baichuan import MODEL_MAX_LENGTH, NORM_HEAD
+
+    as_loaded = hf.config_dict(hf.hf_config(BAICHUAN, published))
+    assert BAICHUAN.config_map.untranslated_architecture_keys(as_loaded) == []
+    config = BAICHUAN.to_mcore_config(as_loaded)
+    assert config[NORM_HEAD] is True and config["position_embedding_type"] == "rope"
+    assert config["max_sequence_length"] == 4096 and config[MODEL_MAX_LENGTH] == 4096
+    back = BAICHUAN.to_hf_config_dict(config)
+    assert back["max_position_embeddings"] == 4096 and back["model_max_length"] == 4096 and back["norm_head"] is True

@@ -77,3 +77,23 @@ def test_residual_after_layernorm_is_refused_with_the_reason():
 def test_n_inner_is_refused():
     with pytest.raises(ConfigTranslationError, match="n_inner must be null"):
         BLOOM.to_mcore_config({**BLOOM.presets["bloom-tiny"], "n_inner": 512})
+
+
+def test_a_published_config_json_translates_completely():
+    """bigscience/bloom-560m's config.json, with the Megatron-DeepSpeed leftovers it carries."""
+    from pai_zoo import hf
+
+    published = {
+        "apply_residual_connection_post_layernorm": False, "architectures": ["BloomForCausalLM"],
+        "attention_dropout": 0.0, "attention_softmax_in_fp32": True, "bias_dropout_fusion": True, "bos_token_id": 1,
+        "eos_token_id": 2, "hidden_dropout": 0.0, "hidden_size": 1024, "initializer_range": 0.02,
+        "layer_norm_epsilon": 1e-05, "masked_softmax_fusion": True, "model_type": "bloom", "n_head": 16,
+        "n_inner": None, "n_layer": 24, "offset_alibi": 100, "pad_token_id": 3, "pretraining_tp": 1,
+        "skip_bias_add": True, "skip_bias_add_qkv": False, "slow_but_exact": False,
+        "transformers_version": "4.27.0.dev0", "unk_token_id": 0, "use_cache": True, "vocab_size": 250880,
+    }
+    as_loaded = hf.config_dict(hf.hf_config(BLOOM, published))
+    assert BLOOM.config_map.untranslated_architecture_keys(as_loaded) == []
+    config = BLOOM.to_mcore_config(as_loaded)
+    assert (config["num_layers"], config["hidden_size"], config["num_attention_heads"]) == (24, 1024, 16)
+    assert config["position_embedding_type"] == "alibi" and config.tied_embeddings
