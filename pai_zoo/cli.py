@@ -49,6 +49,24 @@ def cmd_list(args) -> int:
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r[:3], widths)) + "  " + r[3])
+    from .family import installed_mcore_version
+
+    installed = installed_mcore_version()
+    support = [("FAMILY", "MEGATRON-CORE", "BACKENDS")]
+    for name in sorted(registry.families):
+        family = registry.families[name]
+        try:
+            family.check_mcore_version(installed)
+            versions = family.mcore_versions
+        except PaiZooError:
+            versions = f"{family.mcore_versions} (not {installed or 'installed'})"
+        support.append((name, versions, ", ".join(family.backends)))
+    if len(support) > 1:
+        widths = [max(len(r[i]) for r in support) for i in range(2)]
+        print()
+        for r in support:
+            print("  ".join(c.ljust(w) for c, w in zip(r[:2], widths)) + "  " + r[2])
+        print(f"megatron-core installed: {installed or 'no'}")
     if registry.selected is not None:
         print(f"(plugins selected by PAI_ZOO_PLUGINS: {', '.join(sorted(registry.selected))})")
         if registry.missing_selected:
@@ -79,6 +97,8 @@ def cmd_info(args) -> int:
     print(f"architectures: {', '.join(family.hf_architectures)}")
     print(f"model types:   {', '.join(family.model_types)}")
     print(f"tiny preset:   {family.tiny}")
+    print(f"megatron-core: {family.mcore_versions}")
+    print(f"backends:      {', '.join(family.backends)}")
     print("presets:")
     for name, cfg in family.presets.items():
         print(f"  {name:<18} {cfg['model_type']:<10} {_size(cfg)}")
@@ -92,7 +112,31 @@ def cmd_info(args) -> int:
     print(f"weight map (rows for {family.tiny}; {{layer}} repeats per layer):")
     for kind, hf_names, mcore_names in table.describe():
         print(f"  {kind:<7} {hf_names}\n          -> {mcore_names}")
+    _print_conformance(family.name)
     return 0
+
+
+def _print_conformance(name: str) -> None:
+    """The recorded conformance results of a family (pai_zoo.conformance_record)."""
+    from . import conformance_record
+
+    try:
+        results = conformance_record.read(name)
+    except ValueError as exc:
+        print(f"conformance: unreadable results: {exc}")
+        return
+    if results is None:
+        print(f"conformance: not run yet - run `pai-zoo conformance {name}` "
+              f"(results go to {conformance_record.results_path(name)})")
+        return
+    checks = results["checks"]
+    passed = sum(1 for c in checks.values() if c.get("outcome") == "passed")
+    print(f"conformance: {passed} of {len(checks)} checks passed (recorded {results.get('updated', '?')} in "
+          f"{conformance_record.results_path(name)})")
+    for check, result in checks.items():
+        versions = ", ".join(f"{k.replace('_version', '')} {result[k]}"
+                             for k in ("pai_zoo_version", "plugin_version", "mcore_version") if result.get(k))
+        print(f"  {result.get('outcome', '?'):<7} {check:<48} {result.get('date', '?')}  {versions}")
 
 
 def cmd_conformance(args) -> int:

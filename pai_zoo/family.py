@@ -4,14 +4,30 @@ This module does not import torch or megatron-core, so that discovery stays chea
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from .config_map import ConfigMap, McoreConfig
-from .errors import PluginError
+from .errors import PaiZooError, PluginError
 
 if TYPE_CHECKING:  # pragma: no cover
     from .mapping import WeightMap
+
+
+#: Layer-spec backends a family can declare (:attr:`Family.backends`).
+BACKENDS = ("local", "transformer_engine")
+
+
+@functools.cache
+def installed_mcore_version() -> str | None:
+    """The installed megatron-core's version from package metadata (megatron-core is not imported), or None."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("megatron-core")
+    except metadata.PackageNotFoundError:
+        return None
 
 
 @dataclass
@@ -43,6 +59,10 @@ class Family:
         hf_config_class: likewise for the config class; ``None`` uses ``AutoConfig``.
         test_tokenizer: ``(folder) -> None`` writes a tokenizer of this family's kind into
             ``folder`` (files a real checkpoint would carry), for the conformance suite.
+        mcore_versions: PEP 440 specifier of the megatron-core versions the family supports
+            (``">=0.16.1"``); building its model under another version is an error.
+        backends: the layer-spec backends its layers work with: ``"local"`` (megatron-core's
+            torch modules) and/or ``"transformer_engine"``.
         plugin: filled in by the registry: the entry-point name that registered the family.
     """
 
@@ -62,6 +82,8 @@ class Family:
     description: str = ""
     #: Max |logits delta| between the HF and megatron-core models in float32 (``--verify``, conformance).
     logits_atol: float = 1e-4
+    mcore_versions: str = ">=0.16.1"
+    backends: tuple[str, ...] = ("local",)
     plugin: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -70,6 +92,36 @@ class Family:
         for preset, cfg in self.presets.items():
             if "model_type" not in cfg:
                 raise PluginError(f"family {self.name!r}: preset {preset!r} has no 'model_type'")
+        from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+        try:
+            SpecifierSet(self.mcore_versions)
+        except InvalidSpecifier:
+            raise PluginError(f"family {self.name!r}: mcore_versions={self.mcore_versions!r} is not a PEP 440 "
+                              "version specifier (like '>=0.16.1,<0.20')") from None
+        unknown = sorted(set(self.backends) - set(BACKENDS))
+        if unknown or not self.backends:
+            raise PluginError(f"family {self.name!r}: backends {list(self.backends)} must name some of {list(BACKENDS)}")
+
+    def check_mcore_version(self, version: str | None = None) -> None:
+        """Raise :class:`PaiZooError` unless megatron-core ``version`` (default: the installed one, read
+        from package metadata without importing it) is one :attr:`mcore_versions` allows."""
+        from packaging.specifiers import SpecifierSet
+        from packaging.version import InvalidVersion, Version
+
+        version = version or installed_mcore_version()
+        if version is None:
+            raise PaiZooError(f"family {self.name!r} needs megatron-core {self.mcore_versions}, which is not installed")
+        try:
+            allowed = Version(version) in SpecifierSet(self.mcore_versions, prereleases=True)
+        except InvalidVersion:
+            allowed = False
+        if not allowed:
+            raise PaiZooError(
+                f"family {self.name!r} (plugin {self.plugin or '?'}) supports megatron-core {self.mcore_versions}; "
+                f"megatron-core {version} is installed. Install a supported megatron-core or a plugin version "
+                "built for this one."
+            )
 
     @property
     def names(self) -> tuple[str, ...]:

@@ -217,3 +217,117 @@ def test_conformance_runs_the_suite_on_an_installed_family():
 
     checks = [name for name in dir(ConformanceSuite) if name.startswith("test_")]
     assert f"{len(checks)} passed" in proc.stdout and "failed" not in proc.stdout
+
+
+# -- supported megatron-core versions and backends (issue 6) --------------------------------------
+def _toy_family(**fields) -> Family:
+    return Family(name="toyfam", presets={"toyfam-tiny": dict(pai_zoo_llama.PRESETS["llama3-tiny"])},
+                  tiny="toyfam-tiny", config_map=CONFIG, weight_map=weights, model_types=("toyfam",), **fields)
+
+
+def test_list_shows_each_familys_megatron_core_versions_and_backends(capsys):
+    from importlib import metadata
+
+    toy = _toy_family(mcore_versions=">=0.17,<0.20", backends=("local", "transformer_engine"))
+    reset_registry(Registry(plugins=[("toyplug", _plugin("toyplug", [toy]))], use_entry_points=True))
+    assert main(["list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    installed = metadata.version("megatron-core")
+    assert lines[lines.index("") + 1].split() == ["FAMILY", "MEGATRON-CORE", "BACKENDS"]
+    assert next(line for line in lines[lines.index(""):] if line.startswith("llama ")).split() == ["llama", ">=0.16.1", "local"]
+    toy_line = next(line for line in lines if line.startswith("toyfam "))
+    assert toy_line.split() == ["toyfam", ">=0.17,<0.20", "(not", f"{installed})", "local,", "transformer_engine"]
+    assert lines[-1] == f"megatron-core installed: {installed}"
+
+
+def test_family_rejects_a_bad_version_specifier_or_backend():
+    from pai_zoo import PluginError
+
+    with pytest.raises(PluginError, match=r"mcore_versions='0\.16 or newer' is not a PEP 440 version specifier"):
+        _toy_family(mcore_versions="0.16 or newer")
+    with pytest.raises(PluginError, match=r"backends \['te'\] must name some of \['local', 'transformer_engine'\]"):
+        _toy_family(backends=("te",))
+
+
+def test_building_under_an_unsupported_megatron_core_fails_clearly():
+    from pai_zoo import PaiZooError
+    from pai_zoo.mcore.build import build_gpt_model
+
+    family = _toy_family(mcore_versions=">=0.19,<0.20")
+    family.check_mcore_version("0.19.2")  # supported: no error
+    with pytest.raises(PaiZooError, match=r"supports megatron-core >=0.19,<0.20; megatron-core 0.16.1 is installed"):
+        family.check_mcore_version("0.16.1")
+    from pai_zoo import hf
+
+    config = family.to_mcore_config(hf.config_dict(hf.hf_config(family, family.presets["toyfam-tiny"])))
+    with pytest.raises(PaiZooError, match=r"family 'toyfam' \(plugin \?\) supports megatron-core >=0.19,<0.20"):
+        build_gpt_model(family, config)
+
+
+def test_list_with_versions_imports_no_torch_or_megatron():
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+        import sys
+        from pai_zoo.cli import main
+        assert main(["list"]) == 0
+        heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "megatron"))
+        assert not heavy, heavy
+        print("no heavy imports")
+    """)], env=_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "MEGATRON-CORE" in proc.stdout and proc.stdout.rstrip().endswith("no heavy imports")
+
+
+# -- recorded conformance results in `pai-zoo info` (issue 6) -------------------------------------
+def test_info_says_when_conformance_has_not_run(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("PAI_ZOO_CACHE", str(tmp_path))
+    assert main(["info", "llama"]) == 0
+    out = capsys.readouterr().out
+    assert "megatron-core: >=0.16.1" in out and "backends:      local" in out
+    assert ("conformance: not run yet - run `pai-zoo conformance llama` "
+            f"(results go to {tmp_path / 'conformance' / 'llama.json'})") in out
+
+
+def test_suite_runs_are_recorded_and_shown_by_info(capsys, monkeypatch, tmp_path):
+    """A pytest run of ConformanceSuite classes (one real family, one unknown) writes per-family JSON
+    results that `pai-zoo info` shows; a later run of other checks keeps the earlier ones."""
+    import pai_zoo
+
+    tests = tmp_path / "test_suites.py"
+    tests.write_text(textwrap.dedent("""
+        from pai_zoo_conformance import ConformanceSuite
+
+        class TestMistral(ConformanceSuite):
+            family = "mistral"   # an alias: recorded under the family's name, llama
+
+        class TestMissing(ConformanceSuite):
+            family = "no-such-family"
+    """))
+    cache = tmp_path / "cache"
+
+    def pytest_run(*args):
+        env = {**_env(), "PAI_ZOO_CACHE": str(cache)}
+        return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tests), *args],
+                              env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+
+    proc = pytest_run("-k", "registration")
+    assert proc.returncode == 1, proc.stdout[-3000:]  # TestMissing fails
+    assert "2 deselected" not in proc.stdout and "1 passed" in proc.stdout and "1 error" in proc.stdout
+    llama = json.loads((cache / "conformance" / "llama.json").read_text())
+    assert llama["family"] == "llama" and set(llama["checks"]) == {"test_registration"}
+    first = llama["checks"]["test_registration"]
+    assert first["outcome"] == "passed" and first["pai_zoo_version"] == pai_zoo.__version__
+    assert first["plugin_version"] == "0.1.0" and first["date"].endswith("Z")
+    missing = json.loads((cache / "conformance" / "no-such-family.json").read_text())
+    assert missing["checks"] == {"test_registration": {**missing["checks"]["test_registration"], "outcome": "failed"}}
+
+    proc = pytest_run("-k", "TestMistral and config_round_trip")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    llama = json.loads((cache / "conformance" / "llama.json").read_text())
+    assert {k: v["outcome"] for k, v in llama["checks"].items()} == {
+        "test_config_round_trip_every_preset": "passed", "test_registration": "passed"}
+
+    monkeypatch.setenv("PAI_ZOO_CACHE", str(cache))
+    assert main(["info", "mistral"]) == 0
+    out = capsys.readouterr().out
+    assert f"conformance: 2 of 2 checks passed (recorded {llama['updated']} in {cache / 'conformance' / 'llama.json'})" in out
+    assert "\n  passed  test_registration " in out and "\n  passed  test_config_round_trip_every_preset " in out

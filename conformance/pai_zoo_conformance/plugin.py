@@ -1,6 +1,16 @@
 """pytest plugin (entry point ``pytest11``): ``--pai-zoo-family NAME`` runs the suite on
-installed families, as ``pai-zoo conformance NAME`` does."""
+installed families, as ``pai-zoo conformance NAME`` does.
+
+Every run of a :class:`~pai_zoo_conformance.ConformanceSuite` test is recorded: at the end of the
+session each family's outcomes (check -> passed / failed / skipped) go to
+``$PAI_ZOO_CACHE/conformance/FAMILY.json`` (:mod:`pai_zoo.conformance_record`), which
+``pai-zoo info FAMILY`` shows.
+"""
 from __future__ import annotations
+
+import pytest
+
+_RESULTS = pytest.StashKey[dict]()
 
 
 def pytest_addoption(parser):
@@ -15,3 +25,62 @@ def pytest_generate_tests(metafunc):
     cls = metafunc.cls
     if names and cls is not None and getattr(cls, "family", "") is None and "family_name" in metafunc.fixturenames:
         metafunc.parametrize("family_name", names, scope="class")
+
+
+def _suite_family(item) -> str | None:
+    """The family name a ConformanceSuite test item runs on, else None."""
+    from .suite import ConformanceSuite
+
+    cls = getattr(item, "cls", None)
+    if cls is None or not issubclass(cls, ConformanceSuite):
+        return None
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and "family_name" in callspec.params:
+        return callspec.params["family_name"]
+    return cls.family
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    family = _suite_family(item)
+    if family is not None:
+        check = item.originalname or item.name
+        outcomes = item.config.stash.setdefault(_RESULTS, {}).setdefault(family, {})
+        previous = outcomes.get(check)
+        if report.failed:
+            outcomes[check] = "failed"
+        elif report.skipped and previous is None:
+            outcomes[check] = "skipped"
+        elif report.passed and report.when == "call" and previous is None:
+            outcomes[check] = "passed"
+    return report
+
+
+def pytest_sessionfinish(session):
+    results = session.config.stash.get(_RESULTS, {})
+    if not results:
+        return
+    from pai_zoo import __version__, conformance_record
+    from pai_zoo.errors import PaiZooError
+    from pai_zoo.family import installed_mcore_version
+    from pai_zoo.registry import get_registry
+
+    registry = get_registry()
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    say = reporter.write_line if reporter is not None else (lambda line: None)
+    for name, outcomes in results.items():
+        versions = {"pai_zoo_version": __version__, "mcore_version": installed_mcore_version()}
+        try:
+            family = registry.family(name)
+            name = family.name
+            plugin = registry.plugins.get(family.plugin)
+            versions["plugin_version"] = plugin.version if plugin else None
+        except PaiZooError:  # an unknown name: its failures are recorded under the name given
+            pass
+        try:
+            path = conformance_record.record(name, outcomes, versions)
+        except OSError as exc:
+            say(f"pai-zoo: could not record the conformance results of {name!r}: {exc}")
+            continue
+        say(f"pai-zoo: conformance results of {name!r} recorded in {path}")

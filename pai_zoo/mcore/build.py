@@ -80,8 +80,10 @@ def build_gpt_model(
     (:func:`pai_zoo.mcore.compat.ensure_model_parallel`). ``overrides`` go to the
     ``TransformerConfig``; the vocabulary is padded by Megatron's rule for the current
     tensor-parallel size unless ``padded_vocab_size`` says otherwise (a checkpoint's).
-    ``parallel_output=False`` gathers the tensor-parallel logits (for inference).
+    ``parallel_output=False`` gathers the tensor-parallel logits (for inference). The installed
+    megatron-core must be one the family supports (:attr:`Family.mcore_versions`).
     """
+    family.check_mcore_version()  # a clear error before megatron-core fails somewhere inside
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
 
