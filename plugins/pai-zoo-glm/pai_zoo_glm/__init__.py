@@ -1,0 +1,112 @@
+"""pai-zoo plugin for GLM-4 in transformers: ``GlmForCausalLM`` (glm-4-9b-hf) and ``Glm4ForCausalLM``
+(GLM-4-0414, with norms on the attention and MLP outputs). RMSNorm, GQA, QKV bias, fused ``gate_up_proj``,
+interleaved rotary embeddings on half of each head."""
+from __future__ import annotations
+
+from pai_zoo import QKV, ConfigMap, Copy, Family, Field, Fixed, Output, Rope, Vocab, WeightMap, hookimpl
+from pai_zoo.config_map import FAMILY_KEY_PREFIX, Rule
+
+from .presets import PRESETS
+
+#: arch key: the layers norm their attention and MLP outputs (Glm4ForCausalLM).
+POST_NORMS = FAMILY_KEY_PREFIX + "post_norms"
+
+
+class ModelType(Rule):
+    """``model_type`` ``glm4`` (``Glm4ForCausalLM``) <-> norms on every layer's attention and MLP outputs."""
+
+    def to_mcore(self, hf: dict, arch: dict) -> None:
+        arch[POST_NORMS] = hf.get("model_type") == "glm4"
+
+    def to_hf(self, arch: dict, hf: dict) -> None:
+        hf["model_type"] = "glm4" if arch.get(POST_NORMS) else "glm"
+
+    def describe(self) -> str:
+        return f"model_type glm4 -> {POST_NORMS} (post_self_attn_layernorm, post_mlp_layernorm)"
+
+
+CONFIG = ConfigMap(
+    Field("vocab_size", "vocab_size"),
+    Field("hidden_size", "hidden_size"),
+    Field("intermediate_size", "ffn_hidden_size"),
+    Field("num_hidden_layers", "num_layers"),
+    Field("num_attention_heads", "num_attention_heads"),
+    Field("num_key_value_heads", "num_query_groups"),
+    Field("head_dim", "kv_channels"),
+    Field("max_position_embeddings", "max_sequence_length"),
+    Field("rms_norm_eps", "layernorm_epsilon"),
+    Field("tie_word_embeddings", "share_embeddings_and_output_weights"),
+    Field("attention_bias", "add_qkv_bias"),
+    Field("attention_dropout", "attention_dropout", default=0.0),
+    Rope(),  # partial_rotary_factor -> rotary_percent
+    ModelType(),
+    Fixed(
+        hf={"hidden_act": "silu"},
+        # GLM rotates interleaved pairs (x0, x1), (x2, x3) ... of the rotary half of each head.
+        mcore={"gated_linear_unit": True, "activation_func": "silu", "normalization": "RMSNorm",
+               "add_bias_linear": False, "rotary_interleaved": True},
+    ),
+)
+
+L, M = "model.layers.{layer}.", "decoder.layers.{layer}."
+
+
+def weights(config) -> WeightMap:
+    """GLM's table: ``gate_up_proj`` is already megatron's ``[gate; up]``; Glm4 adds the two post norms."""
+    rows = [
+        Vocab("model.embed_tokens.weight", "embedding.word_embeddings.weight"),
+        Copy(L + "input_layernorm.weight", M + "input_layernorm.weight"),
+        QKV(L + "self_attn.{q,k,v}_proj.weight", M + "self_attention.linear_qkv.weight"),
+        Copy(L + "self_attn.o_proj.weight", M + "self_attention.linear_proj.weight"),
+        Copy(L + "post_attention_layernorm.weight", M + "pre_mlp_layernorm.weight"),
+        Copy(L + "mlp.gate_up_proj.weight", M + "mlp.linear_fc1.weight"),
+        Copy(L + "mlp.down_proj.weight", M + "mlp.linear_fc2.weight"),
+        Copy("model.norm.weight", "decoder.final_layernorm.weight"),
+        Output("lm_head.weight", "output_layer.weight"),
+    ]
+    if config.get("add_qkv_bias"):
+        rows.append(QKV(L + "self_attn.{q,k,v}_proj.bias", M + "self_attention.linear_qkv.bias"))
+    if config.get(POST_NORMS):
+        rows += [
+            Copy(L + "post_self_attn_layernorm.weight", M + "self_attention.linear_proj.post_layernorm.weight"),
+            Copy(L + "post_mlp_layernorm.weight", M + "mlp.linear_fc2.post_layernorm.weight"),
+        ]
+    return WeightMap(*rows)
+
+
+def layer_spec(config):
+    """megatron-core's local spec; with the core's post-sublayer norms for Glm4."""
+    from pai_zoo.mcore.build import default_layer_spec
+
+    spec = default_layer_spec(config)
+    if config.get(POST_NORMS):
+        from pai_zoo.mcore.post_norm import with_post_norms
+
+        spec = with_post_norms(spec)
+    return spec
+
+
+def _write_test_tokenizer(folder) -> None:
+    from .tokenizer_files import write_glm4_tokenizer
+
+    write_glm4_tokenizer(folder)
+
+
+GLM = Family(
+    name="glm",
+    aliases=("glm4", "glm-4"),
+    hf_architectures=("GlmForCausalLM", "Glm4ForCausalLM"),
+    model_types=("glm", "glm4"),
+    presets=PRESETS,
+    tiny="glm4-tiny",
+    config_map=CONFIG,
+    weight_map=weights,
+    layer_spec=layer_spec,
+    test_tokenizer=_write_test_tokenizer,
+    description="GLM-4 (GlmForCausalLM: glm-4-9b-hf; Glm4ForCausalLM: GLM-4-0414)",
+)
+
+
+@hookimpl
+def pai_zoo_families():
+    return [GLM]

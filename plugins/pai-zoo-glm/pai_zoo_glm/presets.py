@@ -1,0 +1,35 @@
+"""Hugging Face configs of the published GLM-4 checkpoints (transformers' layout), plus tiny ones for tests."""
+from __future__ import annotations
+
+GLM_EOS = [151329, 151336, 151338]  # <|endoftext|>, <|user|>, <|observation|>
+GLM_PAD = 151329
+
+
+def _glm(model_type, hidden, inter, layers, heads, kv, *, max_pos, eps, vocab=151552):
+    return dict(
+        model_type=model_type, architectures=["GlmForCausalLM" if model_type == "glm" else "Glm4ForCausalLM"],
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=kv, head_dim=128, hidden_act="silu", attention_dropout=0.0,
+        max_position_embeddings=max_pos, rms_norm_eps=eps, tie_word_embeddings=False, attention_bias=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+        pad_token_id=GLM_PAD, eos_token_id=GLM_EOS,
+    )
+
+
+def _tiny(model_type):
+    # GQA (4 query heads per group), QKV bias, head_dim 16 != 64 / 8, interleaved rotary on half of each head,
+    # vocabulary not a multiple of 128, 288 positions.
+    return {
+        **_glm(model_type, 64, 160, 2, 8, 2, max_pos=288, eps=1e-5, vocab=1000),
+        "head_dim": 16, "pad_token_id": 0, "eos_token_id": [2, 3], "bos_token_id": 1,
+    }
+
+
+PRESETS = {
+    "glm4-tiny": _tiny("glm4"),  # Glm4ForCausalLM: post-attention and post-MLP norms
+    "glm-tiny": _tiny("glm"),  # GlmForCausalLM
+    "glm-4-9b": _glm("glm", 4096, 13696, 40, 32, 2, max_pos=8192, eps=1.5625e-07),  # THUDM/glm-4-9b-hf
+    "glm-4-9b-chat": _glm("glm", 4096, 13696, 40, 32, 2, max_pos=131072, eps=1.5625e-07),  # THUDM/glm-4-9b-chat-hf
+    "glm-4-9b-0414": _glm("glm4", 4096, 13696, 40, 32, 2, max_pos=32768, eps=1e-5),  # THUDM/GLM-4-9B-0414
+    "glm-4-32b-0414": _glm("glm4", 6144, 23040, 61, 48, 2, max_pos=32768, eps=1e-5),  # THUDM/GLM-4-32B-0414
+}

@@ -1,0 +1,275 @@
+"""pai-zoo plugin for Qwen: three families.
+
+* ``qwen``  - Qwen (v1), ``QWenLMHeadModel`` (remote code upstream; a reference model ships in this plugin).
+* ``qwen2`` - Qwen1.5, Qwen2 and Qwen2.5, transformers' ``Qwen2ForCausalLM``.
+* ``qwen3`` - Qwen3 dense, transformers' ``Qwen3ForCausalLM``.
+"""
+from __future__ import annotations
+
+from pai_zoo import (
+    QKV, ConfigMap, ConfigTranslationError, Copy, Family, Field, Fixed, FusedQKV, GateUp, Output, Require, Rope,
+    Vocab, WeightMap, hookimpl,
+)
+from pai_zoo.config_map import Rule
+
+from .presets import QWEN2_PRESETS, QWEN3_PRESETS, QWEN_V1_PRESETS
+
+_SWIGLU_RMSNORM = {"gated_linear_unit": True, "activation_func": "silu", "normalization": "RMSNorm"}
+
+
+class LayerWindows(Rule):
+    """Qwen2/Qwen3 sliding windows: transformers' per-layer ``layer_types`` (``"sliding_attention"`` for layers
+    from ``max_window_layers`` on when ``use_sliding_window``) and ``sliding_window`` <-> megatron's
+    ``window_size`` ``(w - 1, 0)`` and per-layer ``window_attn_skip_freq`` (1 = sliding, 0 = full).
+
+    ``use_sliding_window`` and ``max_window_layers`` only decide ``layer_types`` (transformers derives it from
+    them), so they travel unchanged as passthrough keys.
+    """
+
+    hf_keys = ("sliding_window", "layer_types")
+    KINDS = {"full_attention": 0, "sliding_attention": 1}
+
+    def to_mcore(self, hf: dict, arch: dict) -> None:
+        layers = hf["num_hidden_layers"]
+        types = hf.get("layer_types") or ["full_attention"] * layers
+        unknown = sorted(set(types) - set(self.KINDS))
+        if unknown:
+            raise ConfigTranslationError(f"layer_types {unknown} are not supported by megatron-core (only {sorted(self.KINDS)})")
+        if len(types) != layers:
+            raise ConfigTranslationError(f"layer_types has {len(types)} entries for {layers} layers")
+        sliding = [self.KINDS[t] for t in types]
+        window = hf.get("sliding_window")
+        if window is None:
+            if any(sliding):
+                raise ConfigTranslationError("layer_types has sliding_attention layers but sliding_window is null")
+            return
+        arch["window_size"] = [int(window) - 1, 0]
+        if not all(sliding):
+            arch["window_attn_skip_freq"] = sliding
+
+    def to_hf(self, arch: dict, hf: dict) -> None:
+        layers = arch["num_layers"]
+        window = arch.get("window_size")
+        if window is None:
+            hf["sliding_window"], hf["layer_types"] = None, ["full_attention"] * layers
+            return
+        if list(window)[1] != 0:
+            raise ConfigTranslationError(f"window_size={window}: Qwen's sliding window looks back only")
+        pattern = arch.get("window_attn_skip_freq")
+        if pattern is None:
+            pattern = [1] * layers
+        elif not isinstance(pattern, list):
+            raise ConfigTranslationError(f"window_attn_skip_freq={pattern!r}: only a per-layer list maps to Qwen's layer_types")
+        names = {v: k for k, v in self.KINDS.items()}
+        hf["sliding_window"], hf["layer_types"] = int(window[0]) + 1, [names[int(p)] for p in pattern]
+
+    def describe(self) -> str:
+        return "sliding_window, layer_types -> window_size, window_attn_skip_freq (per layer)"
+
+
+def _qwen2_rules(*extra) -> tuple:
+    return (
+        Field("vocab_size", "vocab_size"),
+        Field("hidden_size", "hidden_size"),
+        Field("intermediate_size", "ffn_hidden_size"),
+        Field("num_hidden_layers", "num_layers"),
+        Field("num_attention_heads", "num_attention_heads"),
+        Field("num_key_value_heads", "num_query_groups"),
+        Field("max_position_embeddings", "max_sequence_length"),
+        Field("rms_norm_eps", "layernorm_epsilon"),
+        Field("tie_word_embeddings", "share_embeddings_and_output_weights"),
+        Field("attention_dropout", "attention_dropout", default=0.0),
+        LayerWindows(),
+        Rope(),
+        *extra,
+    )
+
+
+QWEN2_CONFIG = ConfigMap(
+    *_qwen2_rules(Fixed(hf={"hidden_act": "silu"}, mcore={**_SWIGLU_RMSNORM, "add_qkv_bias": True, "add_bias_linear": False})),
+    passthrough=("use_sliding_window", "max_window_layers", "use_mrope"),
+)
+
+QWEN3_CONFIG = ConfigMap(
+    *_qwen2_rules(
+        Field("head_dim", "kv_channels"),
+        # attention_bias would also put a bias on o_proj, which megatron-core ties to MLP biases Qwen3 lacks.
+        Fixed(hf={"hidden_act": "silu", "attention_bias": False},
+              mcore={**_SWIGLU_RMSNORM, "add_qkv_bias": False, "add_bias_linear": False, "qk_layernorm": True}),
+    ),
+    passthrough=("use_sliding_window", "max_window_layers"),
+)
+
+L, M = "model.layers.{layer}.", "decoder.layers.{layer}."
+
+
+def qwen2_weights(config) -> WeightMap:
+    """Qwen2's table (QKV bias); Qwen3's adds the per-head q/k norms and has no QKV bias."""
+    rows = [
+        Vocab("model.embed_tokens.weight", "embedding.word_embeddings.weight"),
+        Copy(L + "input_layernorm.weight", M + "input_layernorm.weight"),
+        QKV(L + "self_attn.{q,k,v}_proj.weight", M + "self_attention.linear_qkv.weight"),
+        Copy(L + "self_attn.o_proj.weight", M + "self_attention.linear_proj.weight"),
+        Copy(L + "post_attention_layernorm.weight", M + "pre_mlp_layernorm.weight"),
+        GateUp(L + "mlp.{gate,up}_proj.weight", M + "mlp.linear_fc1.weight"),
+        Copy(L + "mlp.down_proj.weight", M + "mlp.linear_fc2.weight"),
+        Copy("model.norm.weight", "decoder.final_layernorm.weight"),
+        Output("lm_head.weight", "output_layer.weight"),
+    ]
+    if config.get("add_qkv_bias"):
+        rows.append(QKV(L + "self_attn.{q,k,v}_proj.bias", M + "self_attention.linear_qkv.bias"))
+    if config.get("qk_layernorm"):
+        rows += [
+            Copy(L + "self_attn.q_norm.weight", M + "self_attention.q_layernorm.weight"),
+            Copy(L + "self_attn.k_norm.weight", M + "self_attention.k_layernorm.weight"),
+        ]
+    return WeightMap(*rows)
+
+
+# -- Qwen (v1) ----------------------------------------------------------------------------------------------
+def _halve(size: int) -> int:
+    if size % 2:
+        raise ConfigTranslationError(f"intermediate_size={size}: Qwen's MLP width is intermediate_size // 2, so it must be even")
+    return size // 2
+
+
+QWEN_V1_CONFIG = ConfigMap(
+    Field("vocab_size", "vocab_size"),
+    Field("hidden_size", "hidden_size"),
+    # QWenMLP's w1, w2 are Linear(hidden, intermediate_size // 2): the config holds twice the real width.
+    Field("intermediate_size", "ffn_hidden_size", encode=_halve, decode=lambda width: 2 * width),
+    Field("num_hidden_layers", "num_layers"),
+    Field("num_attention_heads", "num_attention_heads"),
+    Field("kv_channels", "kv_channels"),
+    Field("seq_length", "max_sequence_length"),
+    Field("layer_norm_epsilon", "layernorm_epsilon"),
+    Field("tie_word_embeddings", "share_embeddings_and_output_weights", default=False),
+    Field("rotary_emb_base", "rotary_base"),
+    Field("rotary_pct", "rotary_percent"),
+    Field("no_bias", "add_bias_linear", encode=lambda no_bias: not no_bias, decode=lambda bias: not bias),
+    Field("attn_dropout_prob", "attention_dropout", default=0.0),
+    Require(lambda hf: hf["kv_channels"] * hf["num_attention_heads"] == hf["hidden_size"],
+            "Qwen (v1) splits c_attn into hidden_size-wide q, k, v: kv_channels x num_attention_heads must equal hidden_size"),
+    Fixed(
+        hf={"scale_attn_weights": True, "emb_dropout_prob": 0.0},
+        mcore={**_SWIGLU_RMSNORM, "position_embedding_type": "rope", "add_qkv_bias": True},
+    ),
+    # Neither changes the model within seq_length tokens: max_position_embeddings is unused by Qwen's code, and
+    # use_dynamic_ntk / use_logn_attn act only at inference on sequences longer than seq_length (megatron-core
+    # has neither; see README). The rest are kernel and dtype switches.
+    passthrough=(
+        "max_position_embeddings", "use_dynamic_ntk", "use_logn_attn", "use_flash_attn", "bf16", "fp16", "fp32",
+        "onnx_safe", "softmax_in_fp32", "use_cache_quantization", "use_cache_kernel",
+    ),
+)
+
+T, H = "transformer.", "transformer.h.{layer}."
+
+
+def qwen_v1_weights(config) -> WeightMap:
+    """Qwen (v1): fused ``c_attn`` ``[q; k; v]`` with bias; ``w2`` is the SwiGLU gate, ``w1`` the up projection."""
+    rows = [
+        Vocab(T + "wte.weight", "embedding.word_embeddings.weight"),
+        Copy(H + "ln_1.weight", M + "input_layernorm.weight"),
+        FusedQKV(H + "attn.c_attn.weight", M + "self_attention.linear_qkv.weight"),
+        FusedQKV(H + "attn.c_attn.bias", M + "self_attention.linear_qkv.bias"),
+        Copy(H + "attn.c_proj.weight", M + "self_attention.linear_proj.weight"),
+        Copy(H + "ln_2.weight", M + "pre_mlp_layernorm.weight"),
+        GateUp(H + "mlp.{w2,w1}.weight", M + "mlp.linear_fc1.weight"),
+        Copy(H + "mlp.c_proj.weight", M + "mlp.linear_fc2.weight"),
+        Copy(T + "ln_f.weight", "decoder.final_layernorm.weight"),
+        Output("lm_head.weight", "output_layer.weight"),
+    ]
+    if config.get("add_bias_linear"):
+        rows += [
+            Copy(H + "attn.c_proj.bias", M + "self_attention.linear_proj.bias"),
+            GateUp(H + "mlp.{w2,w1}.bias", M + "mlp.linear_fc1.bias"),
+            Copy(H + "mlp.c_proj.bias", M + "mlp.linear_fc2.bias"),
+        ]
+    return WeightMap(*rows)
+
+
+def _qwen_v1_model(model_type):
+    from .modeling_qwen import QWenLMHeadModel
+
+    return QWenLMHeadModel
+
+
+def _qwen_v1_config(model_type):
+    from .modeling_qwen import QWenConfig
+
+    return QWenConfig
+
+
+def _write_tiktoken_tokenizer(folder) -> None:
+    from .tokenizer_files import write_qwen_tiktoken_tokenizer
+
+    write_qwen_tiktoken_tokenizer(folder)
+
+
+def _write_bpe_tokenizer(folder) -> None:
+    from .tokenizer_files import write_qwen2_tokenizer
+
+    write_qwen2_tokenizer(folder)
+
+
+QWEN = Family(
+    name="qwen",
+    aliases=("qwen-v1", "qwen1"),
+    hf_architectures=("QWenLMHeadModel",),
+    model_types=("qwen",),
+    presets=QWEN_V1_PRESETS,
+    tiny="qwen-v1-tiny",
+    config_map=QWEN_V1_CONFIG,
+    weight_map=qwen_v1_weights,
+    hf_model_class=_qwen_v1_model,
+    hf_config_class=_qwen_v1_config,
+    test_tokenizer=_write_tiktoken_tokenizer,
+    description="Qwen (v1): QWenLMHeadModel, qwen.tiktoken tokenizer",
+)
+
+QWEN2 = Family(
+    name="qwen2",
+    aliases=("qwen1.5", "qwen2.5"),
+    hf_architectures=("Qwen2ForCausalLM",),
+    model_types=("qwen2",),
+    presets=QWEN2_PRESETS,
+    tiny="qwen2-tiny",
+    config_map=QWEN2_CONFIG,
+    weight_map=qwen2_weights,
+    test_tokenizer=_write_bpe_tokenizer,
+    description="Qwen1.5, Qwen2 and Qwen2.5 (Qwen2ForCausalLM)",
+)
+
+QWEN3 = Family(
+    name="qwen3",
+    hf_architectures=("Qwen3ForCausalLM",),
+    model_types=("qwen3",),
+    presets=QWEN3_PRESETS,
+    tiny="qwen3-tiny",
+    config_map=QWEN3_CONFIG,
+    weight_map=qwen2_weights,
+    test_tokenizer=_write_bpe_tokenizer,
+    description="Qwen3 dense (Qwen3ForCausalLM)",
+)
+
+
+@hookimpl
+def pai_zoo_families():
+    return [QWEN, QWEN2, QWEN3]
+
+
+@hookimpl
+def pai_zoo_tokenizer(family, path):
+    """Qwen (v1) folders carry ``qwen.tiktoken`` (no tokenizer.json): read it with Qwen's split pattern and special
+    tokens. Other Qwen folders use the core's loader."""
+    if family.name not in ("qwen", "qwen2", "qwen3"):
+        return None
+    from .tokenizer_files import qwen_tiktoken_file
+
+    rank_file = qwen_tiktoken_file(path)
+    if rank_file is None:
+        return None
+    from .tokenizer_files import load_qwen_tiktoken
+
+    return load_qwen_tiktoken(rank_file)

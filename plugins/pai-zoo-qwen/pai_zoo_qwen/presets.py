@@ -1,0 +1,93 @@
+"""Hugging Face configs of the published Qwen sizes (config.json of the base checkpoints), plus tiny ones for tests.
+
+Qwen's embedding tables have more rows than its tokenizer has tokens (151936 or 152064 rows for ~151650 tokens):
+``vocab_size`` is the table's, and the converted models keep every row.
+"""
+from __future__ import annotations
+
+QWEN_BOS = QWEN_EOS = 151643  # <|endoftext|>
+QWEN_IM_END = 151645  # <|im_end|>
+
+
+def _qwen2(hidden, inter, layers, heads, kv, vocab, *, max_pos, window_layers, tie, theta=1000000.0, eps=1e-6):
+    return dict(
+        model_type="qwen2", architectures=["Qwen2ForCausalLM"], vocab_size=vocab, hidden_size=hidden,
+        intermediate_size=inter, num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv,
+        max_position_embeddings=max_pos, rms_norm_eps=eps, rope_parameters={"rope_type": "default", "rope_theta": theta},
+        hidden_act="silu", tie_word_embeddings=tie, use_sliding_window=False, sliding_window=max_pos,
+        max_window_layers=window_layers, attention_dropout=0.0, bos_token_id=QWEN_BOS, eos_token_id=QWEN_EOS,
+    )
+
+
+def _qwen3(hidden, inter, layers, heads, kv, *, tie, vocab=151936):
+    return dict(
+        model_type="qwen3", architectures=["Qwen3ForCausalLM"], vocab_size=vocab, hidden_size=hidden,
+        intermediate_size=inter, num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv,
+        head_dim=128, max_position_embeddings=40960, rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, hidden_act="silu", tie_word_embeddings=tie,
+        attention_bias=False, use_sliding_window=False, sliding_window=None, max_window_layers=layers,
+        attention_dropout=0.0, bos_token_id=QWEN_BOS, eos_token_id=QWEN_IM_END,
+    )
+
+
+def _qwen_v1(hidden, inter, layers, heads, *, vocab=151936, seq_length=8192, max_pos=32768):
+    return dict(
+        model_type="qwen", architectures=["QWenLMHeadModel"], vocab_size=vocab, hidden_size=hidden,
+        intermediate_size=inter, num_hidden_layers=layers, num_attention_heads=heads, kv_channels=hidden // heads,
+        layer_norm_epsilon=1e-6, max_position_embeddings=max_pos, seq_length=seq_length, rotary_emb_base=10000,
+        rotary_pct=1.0, no_bias=True, tie_word_embeddings=False, scale_attn_weights=True, emb_dropout_prob=0.0,
+        attn_dropout_prob=0.0, use_dynamic_ntk=True, use_logn_attn=True, use_flash_attn="auto",
+        bf16=False, fp16=False, fp32=False,
+    )
+
+
+QWEN2_PRESETS = {
+    # Qwen2-shaped, small enough for a CPU test: GQA (4 query heads per group), QKV bias, tied embeddings,
+    # rope theta 1e6, vocabulary not a multiple of 128, 288 positions.
+    "qwen2-tiny": {
+        **_qwen2(64, 160, 2, 8, 2, 1000, max_pos=288, window_layers=2, tie=True),
+        "bos_token_id": 1, "eos_token_id": 2,
+    },
+    "qwen1.5-0.5b": _qwen2(1024, 2816, 24, 16, 16, 151936, max_pos=32768, window_layers=21, tie=True),
+    "qwen1.5-1.8b": _qwen2(2048, 5504, 24, 16, 16, 151936, max_pos=32768, window_layers=21, tie=False),
+    "qwen1.5-4b": _qwen2(2560, 6912, 40, 20, 20, 151936, max_pos=32768, window_layers=21, tie=False, theta=5000000.0),
+    "qwen1.5-7b": _qwen2(4096, 11008, 32, 32, 32, 151936, max_pos=32768, window_layers=28, tie=False),
+    "qwen1.5-14b": _qwen2(5120, 13696, 40, 40, 40, 152064, max_pos=32768, window_layers=35, tie=False),
+    "qwen1.5-32b": _qwen2(5120, 27392, 64, 40, 8, 152064, max_pos=32768, window_layers=28, tie=False),
+    "qwen1.5-72b": _qwen2(8192, 24576, 80, 64, 64, 152064, max_pos=32768, window_layers=28, tie=False),
+    "qwen2-0.5b": _qwen2(896, 4864, 24, 14, 2, 151936, max_pos=131072, window_layers=24, tie=True),
+    "qwen2-1.5b": _qwen2(1536, 8960, 28, 12, 2, 151936, max_pos=131072, window_layers=28, tie=True),
+    "qwen2-7b": _qwen2(3584, 18944, 28, 28, 4, 152064, max_pos=131072, window_layers=28, tie=False),
+    "qwen2-72b": _qwen2(8192, 29568, 80, 64, 8, 152064, max_pos=131072, window_layers=80, tie=False, eps=1e-5),
+    "qwen2.5-0.5b": _qwen2(896, 4864, 24, 14, 2, 151936, max_pos=32768, window_layers=24, tie=True),
+    "qwen2.5-1.5b": _qwen2(1536, 8960, 28, 12, 2, 151936, max_pos=131072, window_layers=28, tie=True),
+    "qwen2.5-3b": _qwen2(2048, 11008, 36, 16, 2, 151936, max_pos=32768, window_layers=36, tie=True),
+    "qwen2.5-7b": _qwen2(3584, 18944, 28, 28, 4, 152064, max_pos=131072, window_layers=28, tie=False),
+    "qwen2.5-14b": _qwen2(5120, 13824, 48, 40, 8, 152064, max_pos=131072, window_layers=48, tie=False, eps=1e-5),
+    "qwen2.5-32b": _qwen2(5120, 27648, 64, 40, 8, 152064, max_pos=131072, window_layers=64, tie=False, eps=1e-5),
+    "qwen2.5-72b": _qwen2(8192, 29568, 80, 64, 8, 152064, max_pos=131072, window_layers=80, tie=False),
+}
+
+QWEN3_PRESETS = {
+    # Qwen3-shaped: per-head q/k RMSNorm, explicit head_dim (16 != 64 / 8), GQA, no QKV bias, untied head.
+    "qwen3-tiny": {
+        **_qwen3(64, 160, 2, 8, 2, tie=False, vocab=1000),
+        "head_dim": 16, "max_position_embeddings": 288, "bos_token_id": 1, "eos_token_id": 2,
+    },
+    "qwen3-0.6b": _qwen3(1024, 3072, 28, 16, 8, tie=True),
+    "qwen3-1.7b": _qwen3(2048, 6144, 28, 16, 8, tie=True),
+    "qwen3-4b": _qwen3(2560, 9728, 36, 32, 8, tie=True),
+    "qwen3-8b": _qwen3(4096, 12288, 36, 32, 8, tie=False),
+    "qwen3-14b": _qwen3(5120, 17408, 40, 40, 8, tie=False),
+    "qwen3-32b": _qwen3(5120, 25600, 64, 64, 8, tie=False),
+}
+
+QWEN_V1_PRESETS = {
+    # Qwen-v1-shaped: fused c_attn with bias, w1/w2 SwiGLU (intermediate_size is twice the MLP width), RMSNorm,
+    # partial rotary (rotary_pct 0.5), vocabulary not a multiple of 128, seq_length 288.
+    "qwen-v1-tiny": {
+        **_qwen_v1(64, 320, 2, 4, vocab=1000, seq_length=288, max_pos=288),
+        "rotary_pct": 0.5,
+    },
+    "qwen-7b": _qwen_v1(4096, 22016, 32, 32, seq_length=8192),
+}

@@ -1,0 +1,127 @@
+"""Qwen variants beyond the tiny presets (sliding windows, tied/untied heads, MHA/MQA, biases), name resolution,
+the untrimmed Qwen vocabulary, and refusals of what megatron-core cannot express. Equivalence is checked with the
+conformance suite's own checks."""
+import pytest
+
+import pai_zoo
+from pai_zoo import ConfigTranslationError
+from pai_zoo.registry import get_registry
+from pai_zoo_conformance import checks
+
+REGISTRY = get_registry()
+
+VARIANTS = {
+    "qwen2: sliding window 4 on layer 1 only (max_window_layers=1)":
+        ("qwen2", "qwen2-tiny", {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 1}),
+    "qwen2: sliding window 5 on every layer": (
+        "qwen2", "qwen2-tiny", {"use_sliding_window": True, "sliding_window": 5, "max_window_layers": 0}),
+    "qwen2: untied head, multi-head attention (Qwen1.5-7B)":
+        ("qwen2", "qwen2-tiny", {"tie_word_embeddings": False, "num_key_value_heads": 8}),
+    "qwen2: multi-query": ("qwen2", "qwen2-tiny", {"num_key_value_heads": 1}),
+    "qwen3: tied head (Qwen3-0.6B)": ("qwen3", "qwen3-tiny", {"tie_word_embeddings": True}),
+    "qwen3: head_dim = hidden / heads": ("qwen3", "qwen3-tiny", {"head_dim": 8}),
+    "qwen v1: biases everywhere (no_bias=false)": ("qwen", "qwen-v1-tiny", {"no_bias": False}),
+    "qwen v1: full rotary, tied embeddings": ("qwen", "qwen-v1-tiny", {"rotary_pct": 1.0, "tie_word_embeddings": True}),
+}
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_variant_conforms(variant):
+    family, preset, overrides = VARIANTS[variant]
+    case = checks.build_case(REGISTRY.family(family), preset, **overrides)
+    checks.check_mapping_coverage(case)
+    checks.check_weight_round_trip(case)
+    assert checks.check_forward_equivalence(case) <= checks.LOGITS_ATOL
+
+
+def test_sliding_window_layers_reach_megatron_per_layer():
+    case = checks.build_case(REGISTRY.family("qwen2"), use_sliding_window=True, sliding_window=4, max_window_layers=1)
+    assert case.hf_config.layer_types == ["full_attention", "sliding_attention"]
+    assert case.mcore_config["window_size"] == [3, 0]
+    assert case.mcore_config["window_attn_skip_freq"] == [0, 1]
+    windows = [layer.self_attention.core_attention.scale_mask_softmax.window_size
+               for layer in case.mcore_model.decoder.layers]
+    assert [None if w is None else list(w) for w in windows] == [None, [3, 0]]
+
+
+def test_sliding_window_is_not_ignored():
+    """The window changes the logits (so the variant test above compares something)."""
+    import torch
+
+    from pai_zoo.handle import mcore_forward
+
+    family = REGISTRY.family("qwen2")
+    windowed = checks.build_case(family, use_sliding_window=True, sliding_window=4, max_window_layers=0)
+    full = checks.build_case(family)
+    ids = torch.arange(16).unsqueeze(0) * 7 % 1000
+    with torch.no_grad():
+        delta = (mcore_forward(windowed.mcore_model, ids) - mcore_forward(full.mcore_model, ids)).abs()
+    assert delta[:, :4].max() < 1e-5 and delta[:, 8:].max() > 1e-2
+
+
+def test_names_resolve_to_the_right_family():
+    for name, family in {"qwen2": "qwen2", "Qwen1.5": "qwen2", "qwen2.5": "qwen2", "qwen3": "qwen3",
+                         "qwen": "qwen", "qwen-v1": "qwen"}.items():
+        assert REGISTRY.family(name).name == family, name
+    for preset, family in {"qwen1.5-0.5b": "qwen2", "qwen2-72b": "qwen2", "qwen2.5-7b": "qwen2",
+                           "qwen3-0.6b": "qwen3", "qwen-7b": "qwen"}.items():
+        assert REGISTRY.preset(preset)[0].name == family, preset
+
+
+def test_load_qwen2_gives_a_qwen2_model():
+    mcore = pai_zoo.load("qwen2", backend="mcore")
+    hf = pai_zoo.load("qwen2", backend="hf")
+    assert mcore.family.name == "qwen2" and type(hf.model).__name__ == "Qwen2ForCausalLM"
+    assert mcore.mcore_config["add_qkv_bias"] and not mcore.mcore_config.get("qk_layernorm")
+    assert "decoder.layers.0.self_attention.linear_qkv.bias" in mcore.model.state_dict()
+    qwen3 = pai_zoo.load("qwen3", backend="mcore")
+    assert qwen3.mcore_config["qk_layernorm"] and qwen3.mcore_config["kv_channels"] == 16
+    assert type(pai_zoo.load("qwen-v1-tiny", backend="hf").model).__name__ == "QWenLMHeadModel"
+
+
+def test_every_embedding_row_is_kept_and_padding_trimmed_exactly():
+    """Qwen's table has more rows (vocab_size) than its tokenizer has tokens: all rows survive, and only
+    Megatron's padding to a multiple of 128 is dropped on the way back."""
+    import torch
+
+    handle = pai_zoo.load("qwen2-tiny", backend="mcore")
+    mcore_rows = handle.model.state_dict()["embedding.word_embeddings.weight"]
+    assert mcore_rows.shape[0] == 1024 and handle.vocab_size == 1000
+    hf_rows = handle.hf_state_dict()["model.embed_tokens.weight"]
+    assert hf_rows.shape[0] == 1000 and torch.equal(hf_rows, mcore_rows[:1000])
+
+
+def test_published_qwen2_config_translates():
+    family = REGISTRY.family("qwen2")
+    from pai_zoo import hf
+
+    config = family.to_mcore_config(hf.config_dict(hf.hf_config(family, family.presets["qwen2.5-7b"])))
+    assert config["vocab_size"] == 152064 and config["num_query_groups"] == 4 and config["rotary_base"] == 1e6
+    assert "window_size" not in config.arch  # use_sliding_window is false in every published Qwen2 config
+    v1 = REGISTRY.family("qwen")
+    config = v1.to_mcore_config(hf.config_dict(hf.hf_config(v1, v1.presets["qwen-7b"])))
+    assert config["ffn_hidden_size"] == 11008 and config["max_sequence_length"] == 8192
+
+
+@pytest.mark.parametrize("family, preset, overrides, message", [
+    ("qwen3", "qwen3-tiny", {"attention_bias": True}, "supports only attention_bias=False"),
+    ("qwen2", "qwen2-tiny", {"hidden_act": "gelu"}, "hidden_act='gelu'"),
+    ("qwen2", "qwen2-tiny", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0,
+                                                 "original_max_position_embeddings": 32768}}, "rope_type='yarn'"),
+    ("qwen", "qwen-v1-tiny", {"kv_channels": 8}, "kv_channels x num_attention_heads must equal hidden_size"),
+    ("qwen", "qwen-v1-tiny", {"intermediate_size": 321}, "intermediate_size=321"),
+    ("qwen", "qwen-v1-tiny", {"scale_attn_weights": False}, "scale_attn_weights"),
+])
+def test_unsupported_configs_are_refused(family, preset, overrides, message):
+    with pytest.raises(ConfigTranslationError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        checks.build_case(REGISTRY.family(family), preset, **overrides)
+
+
+def test_bad_layer_types_are_refused():
+    family = REGISTRY.family("qwen2")
+    hf = {**family.presets["qwen2-tiny"], "layer_types": ["full_attention", "chunked_attention"]}
+    with pytest.raises(ConfigTranslationError, match=r"layer_types \['chunked_attention'\] are not supported"):
+        family.to_mcore_config(hf)
+    hf = {**family.presets["qwen2-tiny"], "layer_types": ["sliding_attention"] * 2, "sliding_window": None}
+    with pytest.raises(ConfigTranslationError, match="sliding_window is null"):
+        family.to_mcore_config(hf)
