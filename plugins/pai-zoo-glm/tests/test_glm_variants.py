@@ -77,3 +77,25 @@ def test_post_norms_need_a_norm_class():
     spec.submodules.input_layernorm = IdentityOp
     with pytest.raises(ValueError, match="needs a layer spec whose input_layernorm names the norm class"):
         with_post_norms(spec)
+
+
+# THUDM/glm-4-9b-hf's config.json as published (transformers 4.x layout).
+GLM4_9B_HF_CONFIG = {
+    "architectures": ["GlmForCausalLM"], "attention_bias": True, "attention_dropout": 0.0,
+    "eos_token_id": [151329, 151336, 151338], "head_dim": 128, "hidden_act": "silu", "hidden_size": 4096,
+    "initializer_range": 0.02, "intermediate_size": 13696, "max_position_embeddings": 8192, "model_type": "glm",
+    "num_attention_heads": 32, "num_hidden_layers": 40, "num_key_value_heads": 2, "pad_token_id": 151329,
+    "partial_rotary_factor": 0.5, "rms_norm_eps": 1.5625e-07, "rope_theta": 10000.0, "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16", "transformers_version": "4.46.0.dev0", "use_cache": True, "vocab_size": 151552,
+}
+
+
+def test_published_config_json_translates_completely():
+    registry = get_registry()
+    assert registry.family_for_hf_config(GLM4_9B_HF_CONFIG, where="config.json") is GLM
+    config = hf.config_dict(hf.hf_config(GLM, GLM4_9B_HF_CONFIG))
+    assert GLM.config_map.untranslated_architecture_keys(config) == []
+    mcore = GLM.to_mcore_config(config)
+    assert mcore["rotary_percent"] == 0.5 and mcore["layernorm_epsilon"] == 1.5625e-07 and not mcore[POST_NORMS]
+    back = hf.config_dict(hf.hf_config_from_mcore(GLM, mcore))
+    assert {k: back[k] for k in config} == config

@@ -125,3 +125,39 @@ def test_bad_layer_types_are_refused():
     hf = {**family.presets["qwen2-tiny"], "layer_types": ["sliding_attention"] * 2, "sliding_window": None}
     with pytest.raises(ConfigTranslationError, match="sliding_window is null"):
         family.to_mcore_config(hf)
+
+
+# config.json files as published (transformers 4.x layout: rope_theta at the top level, torch_dtype, remote-code keys).
+QWEN25_05B_CONFIG = {
+    "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643, "eos_token_id": 151643,
+    "hidden_act": "silu", "hidden_size": 896, "initializer_range": 0.02, "intermediate_size": 4864,
+    "max_position_embeddings": 32768, "max_window_layers": 24, "model_type": "qwen2", "num_attention_heads": 14,
+    "num_hidden_layers": 24, "num_key_value_heads": 2, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+    "sliding_window": 32768, "tie_word_embeddings": True, "torch_dtype": "bfloat16", "transformers_version": "4.40.1",
+    "use_cache": True, "use_mrope": False, "use_sliding_window": False, "vocab_size": 151936,
+}
+QWEN_7B_CONFIG = {
+    "architectures": ["QWenLMHeadModel"], "auto_map": {"AutoConfig": "configuration_qwen.QWenConfig",
+                                                       "AutoModelForCausalLM": "modeling_qwen.QWenLMHeadModel"},
+    "attn_dropout_prob": 0.0, "bf16": False, "emb_dropout_prob": 0.0, "fp16": False, "fp32": False,
+    "hidden_size": 4096, "intermediate_size": 22016, "initializer_range": 0.02, "kv_channels": 128,
+    "layer_norm_epsilon": 1e-06, "max_position_embeddings": 32768, "model_type": "qwen", "no_bias": True,
+    "num_attention_heads": 32, "num_hidden_layers": 32, "onnx_safe": None, "rotary_emb_base": 10000,
+    "rotary_pct": 1.0, "scale_attn_weights": True, "seq_length": 8192, "tie_word_embeddings": False,
+    "tokenizer_class": "QWenTokenizer", "transformers_version": "4.32.0", "use_cache": True, "use_dynamic_ntk": True,
+    "use_flash_attn": "auto", "use_logn_attn": True, "vocab_size": 151936,
+}
+
+
+@pytest.mark.parametrize("family, raw", [("qwen2", QWEN25_05B_CONFIG), ("qwen", QWEN_7B_CONFIG)])
+def test_published_config_json_translates_completely(family, raw):
+    from pai_zoo import hf
+
+    fam = REGISTRY.family(family)
+    assert REGISTRY.family_for_hf_config(raw, where="config.json") is fam
+    config = hf.config_dict(hf.hf_config(fam, raw))
+    assert fam.config_map.untranslated_architecture_keys(config) == []
+    mcore = fam.to_mcore_config(config)
+    assert mcore["hidden_size"] == raw["hidden_size"] and mcore["vocab_size"] == raw["vocab_size"]
+    back = hf.config_dict(hf.hf_config_from_mcore(fam, mcore))
+    assert {k: back[k] for k in config} == config
