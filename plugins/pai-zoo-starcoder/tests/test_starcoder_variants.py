@@ -79,3 +79,19 @@ def test_fim_tokens_are_single_special_ids(tmp_path):
     assert ids[0] == SPECIAL_TOKENS["starcoder"].index("<fim_prefix>") == 1
     assert SPECIAL_TOKENS["starcoder"].index("<fim_suffix>") in ids and ids.count(2) == 1
     assert tok.eos_id == 0
+
+
+@pytest.mark.parametrize("name", ["starcoder", "starcoder2"])
+def test_code_with_digits_and_fim_tokens_encodes_like_transformers(name, tmp_path):
+    """The conformance text has no digits: StarCoder's digit-by-digit pre-tokenizer is checked here."""
+    from transformers import AutoTokenizer
+
+    family = REGISTRY.family(name)
+    family.test_tokenizer(tmp_path)
+    ours, reference = REGISTRY.tokenizer(family, tmp_path), AutoTokenizer.from_pretrained(tmp_path)
+    text = "<fim_prefix>x = 12345 + 0.5  # 你好\n<fim_suffix>    return x<fim_middle>"
+    ids = ours.encode(text)
+    assert ids == reference(text)["input_ids"]
+    digits = [ours.token_to_id(d) for d in "12345"]
+    assert all(d is not None for d in digits) and any(ids[i:i + 5] == digits for i in range(len(ids)))
+    assert ours.decode(ids) == text
