@@ -65,7 +65,7 @@ QWEN2_PRESETS = {
     "qwen2.5-7b": _qwen2(3584, 18944, 28, 28, 4, 152064, max_pos=131072, window_layers=28, tie=False),
     "qwen2.5-14b": _qwen2(5120, 13824, 48, 40, 8, 152064, max_pos=131072, window_layers=48, tie=False, eps=1e-5),
     "qwen2.5-32b": _qwen2(5120, 27648, 64, 40, 8, 152064, max_pos=131072, window_layers=64, tie=False, eps=1e-5),
-    "qwen2.5-72b": _qwen2(8192, 29568, 80, 64, 8, 152064, max_pos=131072, window_layers=80, tie=False),
+    "qwen2.5-72b": _qwen2(8192, 29568, 80, 64, 8, 152064, max_pos=131072, window_layers=80, tie=False, eps=1e-5),
 }
 
 QWEN3_PRESETS = {
