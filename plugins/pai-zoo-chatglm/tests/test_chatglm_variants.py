@@ -31,9 +31,11 @@ def test_variant_conforms(variant):
 
 
 def test_rope_ratio_scales_the_rotary_base_and_matters():
+    import torch
+
     assert CHATGLM.to_mcore_config({**CHATGLM.presets["chatglm3-6b-32k"]})["rotary_base"] == 500000.0
-    case = checks.build_case(CHATGLM)  # tiny: rope_ratio 3
-    case.mcore_model.rotary_pos_emb.inv_freq *= 3.0 ** (2 * __import__("torch").arange(4) / 8)  # base 10000 x 1
+    case = checks.build_case(CHATGLM)  # tiny: rope_ratio 3, rotary on 8 of 16 channels
+    case.mcore_model.rotary_pos_emb.inv_freq *= 3.0 ** (torch.arange(0, 8, 2) / 8)  # now base 10000, not 30000
     with pytest.raises(checks.ConformanceFailure, match=r"\[forward\]"):
         checks.check_forward_equivalence(case)
 
