@@ -134,3 +134,25 @@ def test_pickled_checkpoint_with_inv_freq_converts_to_megatron_and_back(tmp_path
         back.update(load_file(file))
     assert back.keys() == state.keys()
     assert all(back[k].equal(state[k]) for k in state)
+
+
+def test_rotary_turns_interleaved_pairs_of_the_first_half_of_each_head():
+    """The published convention, worked by hand: head_dim 8 -> rotary on channels 0..3 as pairs (0,1), (2,3) with
+    theta = (10000 * rope_ratio) ** (-2i / 4); channels 4..7 pass through. (The forward check shows megatron's
+    rotary_percent=0.5 + rotary_interleaved=True equals this reference.)"""
+    import math
+
+    import torch
+
+    from pai_zoo_chatglm.modeling import ChatGLMConfig, RotaryEmbedding, apply_rotary
+
+    config = ChatGLMConfig(hidden_size=8, num_attention_heads=1, kv_channels=8, rope_ratio=4)
+    cos, sin = RotaryEmbedding(config)(torch.tensor([[3]]))
+    x = torch.arange(1.0, 9.0).view(1, 1, 1, 8)
+    out = apply_rotary(x, cos, sin).flatten().tolist()
+    expected = []
+    for (a, b), theta in zip(((1.0, 2.0), (3.0, 4.0)), (1.0, 40000.0 ** -0.5)):
+        angle = 3 * theta
+        expected += [a * math.cos(angle) - b * math.sin(angle), b * math.cos(angle) + a * math.sin(angle)]
+    expected += [5.0, 6.0, 7.0, 8.0]
+    assert out == pytest.approx(expected, abs=1e-5)
