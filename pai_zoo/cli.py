@@ -52,21 +52,21 @@ def cmd_list(args) -> int:
     from .family import installed_mcore_version
 
     installed = installed_mcore_version()
-    support = [("FAMILY", "MEGATRON-CORE", "BACKENDS")]
+    groups: dict[tuple[str, str, bool], list[str]] = {}  # (versions, backends, supported) -> families
     for name in sorted(registry.families):
         family = registry.families[name]
         try:
             family.check_mcore_version(installed)
-            versions = family.mcore_versions
+            supported = True
         except PaiZooError:
-            versions = f"{family.mcore_versions} (not {installed or 'installed'})"
-        support.append((name, versions, ", ".join(family.backends)))
-    if len(support) > 1:
-        widths = [max(len(r[i]) for r in support) for i in range(2)]
-        print()
-        for r in support:
-            print("  ".join(c.ljust(w) for c, w in zip(r[:2], widths)) + "  " + r[2])
-        print(f"megatron-core installed: {installed or 'no'}")
+            supported = False
+        groups.setdefault((family.mcore_versions, ", ".join(family.backends), supported), []).append(name)
+    if groups:
+        print(f"\nmegatron-core {installed or '(not installed)'}; families by the megatron-core versions and "
+              "layer-spec backends they support:")
+        for (versions, backends, supported), names in groups.items():
+            note = "" if supported else f"   NOT SUPPORTED by megatron-core {installed or '(not installed)'}"
+            print(f"  {versions}  [{backends}]: {', '.join(names)}{note}")
     if registry.selected is not None:
         print(f"(plugins selected by PAI_ZOO_PLUGINS: {', '.join(sorted(registry.selected))})")
         if registry.missing_selected:

@@ -231,13 +231,16 @@ def test_list_shows_each_familys_megatron_core_versions_and_backends(capsys):
     toy = _toy_family(mcore_versions=">=0.17,<0.20", backends=("local", "transformer_engine"))
     reset_registry(Registry(plugins=[("toyplug", _plugin("toyplug", [toy]))], use_entry_points=True))
     assert main(["list"]) == 0
-    lines = capsys.readouterr().out.splitlines()
+    out = capsys.readouterr().out
     installed = metadata.version("megatron-core")
-    assert lines[lines.index("") + 1].split() == ["FAMILY", "MEGATRON-CORE", "BACKENDS"]
-    assert next(line for line in lines[lines.index(""):] if line.startswith("llama ")).split() == ["llama", ">=0.16.1", "local"]
-    toy_line = next(line for line in lines if line.startswith("toyfam "))
-    assert toy_line.split() == ["toyfam", ">=0.17,<0.20", "(not", f"{installed})", "local,", "transformer_engine"]
-    assert lines[-1] == f"megatron-core installed: {installed}"
+    assert (f"\nmegatron-core {installed}; families by the megatron-core versions and layer-spec backends they "
+            "support:\n") in out
+    groups = [line for line in out.splitlines() if line.startswith("  >=")]
+    default = next(line for line in groups if line.startswith("  >=0.16.1  [local]: "))
+    assert "llama" in default.split(": ", 1)[1].split(", ")
+    assert "  >=0.17,<0.20  [local, transformer_engine]: toyfam   NOT SUPPORTED by megatron-core " + installed in groups
+    # The plugin table keeps one row per plugin: no other line starts with a plugin's name.
+    assert [line.split()[0] for line in out.splitlines() if line.split()[:1] == ["toyplug"]] == ["toyplug"]
 
 
 def test_family_rejects_a_bad_version_specifier_or_backend():
@@ -274,7 +277,7 @@ def test_list_with_versions_imports_no_torch_or_megatron():
         print("no heavy imports")
     """)], env=_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "MEGATRON-CORE" in proc.stdout and proc.stdout.rstrip().endswith("no heavy imports")
+    assert "layer-spec backends they support" in proc.stdout and proc.stdout.rstrip().endswith("no heavy imports")
 
 
 # -- recorded conformance results in `pai-zoo info` (issue 6) -------------------------------------
