@@ -68,8 +68,7 @@ def read_prompts(path, tokenizer=None, vocab_size: int = 1 << 62) -> list[list[i
     from ..generation import read_prompts as read_prompt_records
 
     prompts = []
-    for number, (_record, prompt) in enumerate(read_prompt_records(path)):
-        where = f"{path}: prompt {number + 1}"
+    for where, _record, prompt in read_prompt_records(path):
         ids = encode_prompt(prompt, tokenizer, where)
         bad = [i for i in ids if not 0 <= i < vocab_size]
         if bad:
