@@ -137,3 +137,27 @@ def test_malformed_json_names_its_line(tmp_path):
     data.write_text('{"prompt": [1], "chosen": [2], "rejected": [3]}\n{"prompt": [1\n')
     with pytest.raises(PaiZooError, match=rf"{data}:2: malformed JSON"):
         RewardTrainer(model="llama3-tiny", data=str(data), save=str(tmp_path / "rm")).run()
+
+
+@pytest.mark.parametrize("preset,hf_class", [
+    ("starcoder-tiny", "GPTBigCodeForSequenceClassification"),  # multi-query attention, learned positions
+    ("galactica-tiny", "OPTForSequenceClassification"),          # OPT's position offset, LayerNorm with biases
+])
+def test_score_head_on_other_families_converts_with_the_same_rewards(preset, hf_class, tmp_path):
+    from transformers import AutoModelForSequenceClassification
+
+    from pai_zoo.rl.checkpoint import save_model
+    from pai_zoo.rl.heads import head_record
+    from pai_zoo.rl.models import value_model
+
+    handle = value_model(preset, init_std=0.5)  # the family's tiny model with a new score head
+    save_model(tmp_path / "rm", handle, handle.model, 0, head=head_record(0))
+    pai_zoo.convert(tmp_path / "rm", tmp_path / "hf", to="hf")
+    hf = AutoModelForSequenceClassification.from_pretrained(tmp_path / "hf").eval()
+    assert type(hf).__name__ == hf_class
+    ids, mask = pad_right([[5, 6, 7, 8, 9], [10, 11, 12]], pad_id=0)
+    with torch.no_grad():
+        ours = sequence_scores(forward(handle.model, ids, mask), mask)
+        theirs = hf(input_ids=ids, attention_mask=mask).logits.squeeze(-1)
+    assert (ours - theirs).abs().max() < 1e-5, (ours, theirs)
+    assert (ours[0] - ours[1]).abs() > 1e-3
