@@ -380,7 +380,8 @@ def mcore_generate(model, prompts: Sequence[Sequence[int]], params: SamplingPara
 def hf_generate(model, prompts: Sequence[Sequence[int]], params: SamplingParams, finishers: Sequence[Finisher],
                 pad_id: int = 0) -> None:
     """Run transformers' ``generate`` (left padding, attention mask) and feed each
-    :class:`Finisher` its row's tokens; stop strings also stop ``generate`` early."""
+    :class:`Finisher` its row's tokens; stop strings also stop ``generate`` early. Sampling
+    draws from torch's global generator, seeded with ``params.seed`` when it is set."""
     import torch
     from transformers import StoppingCriteria, StoppingCriteriaList
 
@@ -450,10 +451,11 @@ def generate(handle, prompts, max_new_tokens: int = 64, temperature: float = 0.0
     ``labels`` name the prompts in errors (default ``"prompt <index>"``).
     Returns one :class:`Generation` per prompt, in order.
     """
-    if isinstance(prompts, str) or (chat and prompts and isinstance(prompts[0], dict)):
-        prompts = [prompts]
     if attention_mask is not None or hasattr(prompts, "dim"):
         prompts = unpad(prompts, attention_mask)
+    elif isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts
+                                      and isinstance(prompts[0], (dict, int))):
+        prompts = [prompts]  # one prompt: a text, a chat or a list of ids
     prompts = list(prompts)
     if not prompts:
         raise GenerationError("no prompts")

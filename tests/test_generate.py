@@ -265,7 +265,8 @@ def test_text_prompt_without_tokenizer_is_refused():
     handle = pai_zoo.load("llama3-tiny")
     with pytest.raises(GenerationError, match="needs a tokenizer"):
         handle.generate("hello")
-    assert len(handle.generate([[1, 2, 3]], max_new_tokens=3, eos_token_id=[])[0].token_ids) == 3
+    [one] = handle.generate([1, 2, 3], max_new_tokens=3, eos_token_id=[])  # one prompt of ids
+    assert one.prompt_ids == [1, 2, 3] and len(one.token_ids) == 3 and one.text is None
 
 
 # -- tensor parallel --------------------------------------------------------------------------

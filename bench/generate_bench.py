@@ -1,0 +1,74 @@
+"""Greedy generation speed: pai-zoo's megatron-core loop against transformers' ``generate``.
+
+One Llama-architecture model with random weights (about 300M parameters by default), built
+locally in float32; the same weights in both backends; the same process and thread count
+(``torch.set_num_threads``). For batch 1 and batch 8 (prompts of different lengths, left
+padded) it times ``--new-tokens`` greedy tokens (EOS off), checks that both backends produce the
+same tokens, and prints tokens/s and the ratio (megatron-core / transformers; > 1 = faster), by
+wall time and by process CPU time (the runs alternate, best of ``--repeats``)::
+
+    OMP_NUM_THREADS=2 .venv/bin/python bench/generate_bench.py [--threads 2] [--new-tokens 32] [--repeats 2]
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--prompt-tokens", type=int, default=32, help="longest prompt; the others are shorter")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--repeats", type=int, default=2, help="timed runs per setting (best is reported)")
+    parser.add_argument("--hidden", type=int, default=1024)
+    parser.add_argument("--layers", type=int, default=16)
+    parser.add_argument("--vocab", type=int, default=32000)
+    args = parser.parse_args(argv)
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    import pai_zoo
+    from pai_zoo.weights import hf_model_to_mcore
+
+    shape = dict(hidden_size=args.hidden, intermediate_size=args.hidden * 11 // 4, num_hidden_layers=args.layers,
+                 num_attention_heads=args.hidden // 64, num_key_value_heads=args.hidden // 256, head_dim=64,
+                 vocab_size=args.vocab, max_position_embeddings=4096,
+                 rope_parameters={"rope_type": "default", "rope_theta": 500000.0})
+    hf = pai_zoo.load("llama3-tiny", backend="hf", **shape)
+    mcore = pai_zoo.load("llama3-tiny", backend="mcore", **shape)
+    hf_model_to_mcore(mcore.family, mcore.mcore_config, hf.model, mcore.model)
+    params = sum(p.numel() for p in hf.model.parameters())
+    print(f"Llama-architecture model: {params / 1e6:.0f}M parameters, {args.layers} layers, hidden {args.hidden}, "
+          f"float32, {torch.get_num_threads()} threads, {args.new_tokens} new tokens, greedy")
+
+    gen = torch.Generator().manual_seed(0)
+    results = {}
+    for batch in args.batch_sizes:
+        lengths = [args.prompt_tokens - (7 * i) % (args.prompt_tokens // 2) for i in range(batch)]
+        prompts = [torch.randint(3, args.vocab, (n,), generator=gen).tolist() for n in lengths]
+        timings, cpu, outputs = {}, {}, {}
+        backends = (("mcore", mcore), ("hf", hf))
+        for _name, handle in backends:
+            handle.generate(prompts, max_new_tokens=2, eos_token_id=[])  # warm-up
+        for _ in range(args.repeats):  # interleaved, best of each: fair on a shared machine
+            for name, handle in backends:
+                start, start_cpu = time.perf_counter(), time.process_time()
+                out = handle.generate(prompts, max_new_tokens=args.new_tokens, eos_token_id=[])
+                wall, used = time.perf_counter() - start, time.process_time() - start_cpu
+                timings[name], cpu[name] = min(timings.get(name, wall), wall), min(cpu.get(name, used), used)
+                outputs[name] = [r.token_ids for r in out]
+        rate = {name: batch * args.new_tokens / t for name, t in timings.items()}
+        same = outputs["mcore"] == outputs["hf"]
+        results[batch] = rate["mcore"] / rate["hf"]
+        print(f"batch {batch} (prompts of {min(lengths)}-{max(lengths)} tokens): megatron-core {rate['mcore']:.1f} tok/s, "
+              f"transformers {rate['hf']:.1f} tok/s, ratio {results[batch]:.2f} (CPU-time ratio "
+              f"{cpu['hf'] / cpu['mcore']:.2f}); same tokens: {same}")
+    print("ratio (megatron-core / transformers): " + ", ".join(f"batch {b}: {r:.2f}" for b, r in results.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
