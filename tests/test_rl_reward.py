@@ -148,10 +148,10 @@ def test_score_head_on_other_families_converts_with_the_same_rewards(preset, hf_
 
     from pai_zoo.rl.checkpoint import save_model
     from pai_zoo.rl.heads import head_record
-    from pai_zoo.rl.models import value_model
+    from pai_zoo.rl.models import Optimizer, value_model
 
     handle = value_model(preset, init_std=0.5)  # the family's tiny model with a new score head
-    save_model(tmp_path / "rm", handle, handle.model, 0, head=head_record(0))
+    save_model(tmp_path / "rm", handle, handle.model, Optimizer(handle.model, lr=0.0), 0, head=head_record(0))
     pai_zoo.convert(tmp_path / "rm", tmp_path / "hf", to="hf")
     hf = AutoModelForSequenceClassification.from_pretrained(tmp_path / "hf").eval()
     assert type(hf).__name__ == hf_class

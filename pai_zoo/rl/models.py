@@ -67,37 +67,46 @@ def forward(model, input_ids, attention_mask):
     return forward_logits(model, input_ids, attention_mask)
 
 
-def make_optimizer(model, lr: float, weight_decay: float = 0.0):
-    """The optimizer of a trained model: AdamW over its parameters."""
-    return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay,
-                             betas=(0.9, 0.95))
+class Optimizer:
+    """How a model of an RL run is trained, with the pieces ``pai-zoo train`` uses: megatron-core's
+    ``DistributedDataParallel`` (gradient buffers, data-parallel reduction), its Adam optimizer
+    (tensor-parallel-aware gradient-norm clipping) and an ``OptimizerParamScheduler`` at a constant
+    learning rate; checkpointed with :mod:`pai_zoo.training.checkpointing`."""
 
+    def __init__(self, model, lr: float, weight_decay: float = 0.0, max_grad_norm: float = 1.0):
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+        from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
-def grad_norm(model) -> torch.Tensor:
-    """The global L2 norm of the gradients: tensor-parallel shards summed over the TP group,
-    replicated parameters (norms, the score head) counted once."""
-    from megatron.core import parallel_state as ps
-    from megatron.core.tensor_parallel.layers import param_is_not_tensor_parallel_duplicate
+        self.model = model
+        dtype = next(model.parameters()).dtype
+        ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
+                                                   use_distributed_optimizer=False)
+        self.ddp = DistributedDataParallel(config=model.config, ddp_config=ddp_config, module=model)
+        config = OptimizerConfig(optimizer="adam", lr=lr, min_lr=lr, weight_decay=weight_decay, adam_beta1=0.9,
+                                 adam_beta2=0.95, adam_eps=1e-8, clip_grad=max_grad_norm, params_dtype=dtype,
+                                 bf16=dtype == torch.bfloat16, use_distributed_optimizer=False)
+        self.optimizer = get_megatron_optimizer(config, [self.ddp])
+        self.scheduler = OptimizerParamScheduler(
+            self.optimizer, init_lr=lr, max_lr=lr, min_lr=lr, lr_warmup_steps=0, lr_decay_steps=1,
+            lr_decay_style="constant", start_wd=weight_decay, end_wd=weight_decay, wd_incr_steps=1,
+            wd_incr_style="constant",
+        )
+        self.zero_grad()
 
-    total = torch.zeros((), dtype=torch.float32)
-    for p in model.parameters():
-        if p.grad is not None and param_is_not_tensor_parallel_duplicate(p):
-            total = total + p.grad.detach().float().pow(2).sum().cpu()
-    if ps.model_parallel_is_initialized() and ps.get_tensor_model_parallel_world_size() > 1:
-        total = total.to(next(model.parameters()).device)
-        torch.distributed.all_reduce(total, group=ps.get_tensor_model_parallel_group())
-    return total.sqrt()
+    def zero_grad(self) -> None:
+        self.ddp.zero_grad_buffer()
+        self.optimizer.zero_grad()
 
+    def step(self) -> float:
+        """Reduce the gradients of the losses backpropagated since :meth:`zero_grad`, clip them,
+        update the weights, zero the gradients; returns the gradient norm before clipping."""
+        from megatron.core.distributed import finalize_model_grads
 
-def clip_and_step(model, optimizer, max_grad_norm: float) -> float:
-    """Clip the global gradient norm to ``max_grad_norm`` (0: no clipping), step, zero the
-    gradients; returns the norm before clipping."""
-    norm = grad_norm(model)
-    if max_grad_norm > 0 and float(norm) > max_grad_norm:
-        scale = max_grad_norm / (float(norm) + 1e-6)
-        for p in model.parameters():
-            if p.grad is not None:
-                p.grad.mul_(scale)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return float(norm)
+        finalize_model_grads([self.ddp])
+        ok, norm, _ = self.optimizer.step()
+        if not ok:
+            raise PaiZooError("the optimizer step failed (non-finite gradients)")
+        self.scheduler.step(increment=1)
+        self.zero_grad()
+        return float(norm or 0.0)

@@ -79,11 +79,11 @@ class _PPORun:
     def __init__(self, s: dict):
         import torch
 
-        from .checkpoint import latest_iteration, load_state, set_rng_state
+        from .checkpoint import latest_iteration, load_model_state
         from .data import read_prompts
         from .heads import has_score_head
         from .log import MetricsLog
-        from .models import check_same_tokenizer, describe, load_model, make_optimizer, value_model
+        from .models import Optimizer, check_same_tokenizer, describe, load_model, value_model
         from .ops import kl_controller
         from .rewards import make_reward
 
@@ -106,15 +106,11 @@ class _PPORun:
         self.reward, reward_handle = make_reward(s["reward"], tp, seed)
         if reward_handle is not None:
             check_same_tokenizer(self.reference, reward_handle, "actor", "reward model")
-        critic_spec = s["critic"] if s["critic"] is not None else (reward_handle if reward_handle is not None else None)
-        if resume_at is not None:
-            self.actor = load_model(self.save / "actor", tp, seed)
-            self.critic = value_model(self.save / "critic", tp, seed)
-        else:
-            self.actor = load_model(s["actor"], tp, seed)
-            if critic_spec is reward_handle and reward_handle is not None:
-                critic_spec = reward_handle.checkpoint  # a second copy: the reward model stays frozen
-            self.critic = value_model(critic_spec if critic_spec is not None else s["actor"], tp, seed, init_std=0.0)
+        critic_spec = s["critic"]
+        if critic_spec is None and reward_handle is not None:
+            critic_spec = reward_handle.checkpoint  # a second copy: the reward model stays frozen
+        self.actor = load_model(s["actor"], tp, seed)
+        self.critic = value_model(critic_spec if critic_spec is not None else s["actor"], tp, seed, init_std=0.0)
         check_same_tokenizer(self.actor, self.critic, "actor", "critic")
         self.reference.model.eval()
         for p in self.reference.model.parameters():
@@ -126,16 +122,14 @@ class _PPORun:
             raise PaiZooError("ppo: no prompts")
         self.order = list(range(len(self.prompts)))
         random.Random(seed).shuffle(self.order)
-        self.actor_opt = make_optimizer(self.actor.model, s["actor_lr"])
-        self.critic_opt = make_optimizer(self.critic.model, s["critic_lr"])
+        self.actor_opt = Optimizer(self.actor.model, s["actor_lr"], max_grad_norm=s["max_grad_norm"])
+        self.critic_opt = Optimizer(self.critic.model, s["critic_lr"], max_grad_norm=s["max_grad_norm"])
         self.kl = kl_controller(s["kl_coef"], s["kl_target"], s["kl_horizon"])
         self.step = 0
-        if resume_at is not None:
-            state = load_state(self.save / "actor", resume_at)
-            self.actor_opt.load_state_dict(state["actor_optimizer"])
-            self.critic_opt.load_state_dict(load_state(self.save / "critic", resume_at)["critic_optimizer"])
+        if resume_at is not None:  # weights, optimizer, scheduler and RNG states of the last checkpoint
+            load_model_state(self.save / "critic", self.critic.model, self.critic_opt)
+            state = load_model_state(self.save / "actor", self.actor.model, self.actor_opt)
             self.kl.load_state_dict(state["kl"])
-            set_rng_state(state["rng"])
             self.step = state["step"]
         from .reward import _pad_id
 
@@ -186,7 +180,7 @@ class _PPORun:
     def update(self, batch: dict) -> dict:
         import torch
 
-        from .models import clip_and_step, forward
+        from .models import forward
         from .ops import entropy_of, logprobs_of, masked_mean, policy_loss, value_loss
 
         s, B, P, V = self.s, self.s["rollout_batch_size"], batch["P"], self.actor.vocab_size
@@ -205,12 +199,12 @@ class _PPORun:
                 pg_loss, clip_frac = policy_loss(logprobs, batch["old_logprobs"][idx], batch["advantages"][idx], rmask,
                                                  s["clip_range"])
                 pg_loss.backward()
-                actor_norm = clip_and_step(self.actor.model, self.actor_opt, s["max_grad_norm"])
+                actor_norm = self.actor_opt.step()
                 self.critic.model.train()
                 values = forward(self.critic.model, ids, mask)[:, P - 1:-1, 0].float()
                 vf_loss, vf_clip_frac = value_loss(values, batch["values"][idx], batch["returns"][idx], rmask, value_clip)
                 vf_loss.backward()
-                critic_norm = clip_and_step(self.critic.model, self.critic_opt, s["max_grad_norm"])
+                critic_norm = self.critic_opt.step()
                 with torch.no_grad():
                     entropy = masked_mean(entropy_of(logits.detach()), rmask)
                     approx_kl = masked_mean(batch["old_logprobs"][idx] - logprobs.detach(), rmask)
@@ -223,14 +217,13 @@ class _PPORun:
         return {k: v / n for k, v in sums.items()}
 
     def checkpoint(self) -> None:
-        from .checkpoint import rng_state, save_model
+        from .checkpoint import save_model
         from .heads import head_record
 
-        state = {"step": self.step, "kl": self.kl.state_dict(), "rng": rng_state(), "settings": _plain(self.s)}
-        save_model(self.save / "actor", self.actor, self.actor.model, self.step,
-                   state={**state, "actor_optimizer": self.actor_opt.state_dict()})
-        save_model(self.save / "critic", self.critic, self.critic.model, self.step, head=head_record(self.pad_id),
-                   state={**state, "critic_optimizer": self.critic_opt.state_dict()})
+        state = {"step": self.step, "kl": self.kl.state_dict(), "settings": _plain(self.s)}
+        save_model(self.save / "critic", self.critic, self.critic.model, self.critic_opt, self.step,
+                   head=head_record(self.pad_id), state=state)
+        save_model(self.save / "actor", self.actor, self.actor.model, self.actor_opt, self.step, state=state)
 
     def train(self) -> dict:
         s = self.s

@@ -49,7 +49,7 @@ class RewardTrainer(RLTrainer):
         from .data import read_pairs
         from .heads import head_record
         from .log import MetricsLog
-        from .models import clip_and_step, load_model, make_optimizer, value_model
+        from .models import Optimizer, load_model, value_model
         from .ops import pairwise_loss
 
         s = {**DEFAULTS, **self.settings}
@@ -71,7 +71,7 @@ class RewardTrainer(RLTrainer):
         random.Random(s["seed"]).shuffle(order)
         held = max(1, round(len(pairs) * s["eval_fraction"])) if len(pairs) > 1 and s["eval_fraction"] > 0 else 0
         evaluation, train = [pairs[i] for i in order[:held]], [pairs[i] for i in order[held:]]
-        optimizer = make_optimizer(model, s["lr"], s["weight_decay"])
+        optimizer = Optimizer(model, s["lr"], s["weight_decay"], s["max_grad_norm"])
         log = MetricsLog(Path(s["save"]) / "log.jsonl", "reward")
         accuracy_before = evaluate(model, evaluation, pad_id)
         log.write({"step": 0, "eval_accuracy": accuracy_before, "eval_pairs": len(evaluation), "train_pairs": len(train)})
@@ -85,7 +85,7 @@ class RewardTrainer(RLTrainer):
                 chosen, rejected = score_pairs(model, batch, pad_id)
                 loss_t = pairwise_loss(chosen, rejected)
                 loss_t.backward()
-                clip_and_step(model, optimizer, s["max_grad_norm"])
+                optimizer.step()
                 step, loss = step + 1, float(loss_t.detach())
                 if step % s["log_every"] == 0:
                     acc = float((chosen > rejected).float().mean())
@@ -93,7 +93,7 @@ class RewardTrainer(RLTrainer):
                                "seconds": time.perf_counter() - start})
         accuracy = evaluate(model, evaluation, pad_id)
         log.write({"step": step, "eval_accuracy": accuracy, "eval_pairs": len(evaluation)})
-        path = save_model(s["save"], handle, model, step, head=head_record(pad_id))
+        path = save_model(s["save"], handle, model, optimizer, step, head=head_record(pad_id))
         log.close()
         return {"steps": step, "loss": loss, "eval_accuracy_before": accuracy_before, "eval_accuracy": accuracy,
                 "eval_pairs": len(evaluation), "checkpoint": str(path)}
