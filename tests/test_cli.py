@@ -19,7 +19,7 @@ import pytest
 import pai_zoo_llama
 from pai_zoo import Family, hookimpl
 from pai_zoo.cli import main
-from pai_zoo.registry import PLUGINS_ENV, Registry, reset_registry
+from pai_zoo.registry import PLUGINS_ENV, Registry, get_registry, reset_registry
 from pai_zoo_llama import CONFIG, weights
 
 BIN = Path(sys.executable).parent
@@ -142,7 +142,11 @@ def test_info_unknown_name(capsys):
     out, err = capsys.readouterr()
     assert out == ""
     assert err.startswith("pai-zoo: error: unknown model 'nosuch'")
-    assert "llama3-tiny" in err and "a family (llama)" in err
+    installed = get_registry().families  # every installed plugin's families, not only llama's
+    assert "llama" in installed and len(installed) >= 1
+    assert f"a family ({', '.join(sorted(installed))})" in err
+    assert all(preset in err for family in installed.values() for preset in family.presets)
+    assert "llama3-tiny" in err
 
 
 def test_conformance_unknown_name(capsys):

@@ -3,7 +3,7 @@
 Entry-point discovery is tested for real: fake installed distributions (a ``*.dist-info``
 folder with ``METADATA`` and ``entry_points.txt``) plus their plugin modules are written to a
 temporary folder, which is prepended to ``PYTHONPATH`` of a subprocess so that
-``importlib.metadata`` finds them next to the real, editable-installed Llama plugin.
+``importlib.metadata`` finds them next to the real, editable-installed plugins (Llama and any others).
 """
 from __future__ import annotations
 
@@ -120,6 +120,20 @@ def good_env(tmp_path_factory) -> Path:
     return root
 
 
+#: The plugins ``good_env`` adds to the really installed ones.
+FAKE_PLUGINS = {"toyfam", "brokenimport", "brokenfam"}
+
+
+@pytest.fixture(scope="module")
+def installed() -> dict:
+    """:func:`summary` of the really installed plugins (llama and whichever others are installed), found at run time."""
+    s = summary(None)
+    assert "llama" in s["plugins"] and "llama" in s["families"], s
+    assert not FAKE_PLUGINS & set(s["plugins"]), s
+    assert all(p["error"] is None for p in s["plugins"].values()), s
+    return s
+
+
 @pytest.fixture(scope="module")
 def dup_env(tmp_path_factory) -> Path:
     """dupa's family 'dupfam' and dupb's alias 'DUPFAM' collide (case-insensitively)."""
@@ -217,10 +231,12 @@ def test_registry_in_an_environment_with_broken_plugins(good_env):
     assert proc.stdout.strip() == "ok"
 
 
-def test_summary_of_discovered_plugins(good_env):
+def test_summary_of_discovered_plugins(good_env, installed):
     s = summary(good_env)
-    assert set(s["plugins"]) == {"llama", "toyfam", "brokenimport", "brokenfam"}
-    assert s["families"] == ["llama", "toyfam"]
+    assert set(s["plugins"]) == set(installed["plugins"]) | FAKE_PLUGINS
+    assert s["families"] == sorted([*installed["families"], "toyfam"])
+    for name, plugin in installed["plugins"].items():  # the fakes change nothing about the real plugins
+        assert s["plugins"][name] == plugin, name
     assert s["plugins"]["toyfam"] == {"dist": "pai-zoo-toyfam", "version": "0.1", "families": ["toyfam"],
                                       "error": None, "has_traceback": False}
     assert s["plugins"]["brokenimport"]["error"] == "ImportError: toy dependency missing: frobnicate"
@@ -375,15 +391,16 @@ def test_same_entry_point_name_in_two_distributions(tmp_path):
 
 
 # -- 4. PAI_ZOO_PLUGINS and uninstalling ----------------------------------------------------
-def test_pai_zoo_plugins_selects_entry_points(good_env):
+def test_pai_zoo_plugins_selects_entry_points(good_env, installed):
     s = summary(good_env, plugins="toyfam")
     assert set(s["plugins"]) == {"toyfam"} and s["families"] == ["toyfam"]
     s = summary(good_env, plugins=" toyfam , llama ")
-    assert set(s["plugins"]) == {"toyfam", "llama"} and s["families"] == ["llama", "toyfam"]
+    assert set(s["plugins"]) == {"toyfam", "llama"}
+    assert s["families"] == sorted([*installed["plugins"]["llama"]["families"], "toyfam"])
     for everything in (None, "", "all", "*"):
         s = summary(good_env, plugins=everything)
-        assert set(s["plugins"]) == {"llama", "toyfam", "brokenimport", "brokenfam"}, everything
-        assert s["families"] == ["llama", "toyfam"]
+        assert set(s["plugins"]) == set(installed["plugins"]) | FAKE_PLUGINS, everything
+        assert s["families"] == sorted([*installed["families"], "toyfam"])
 
 
 def test_pai_zoo_plugins_in_list_output(good_env):
@@ -406,18 +423,19 @@ def test_pai_zoo_plugins_in_process(monkeypatch):
     assert "llama" in Registry().families
 
 
-def test_uninstalling_a_plugin_removes_exactly_its_families(good_env, tmp_path):
+def test_uninstalling_a_plugin_removes_exactly_its_families(good_env, installed, tmp_path):
     env = tmp_path / "site"
     shutil.copytree(good_env, env)
     before = summary(env)
     shutil.rmtree(env / "pai_zoo_toyfam-0.1.dist-info")
     after = summary(env)
     assert set(before["families"]) - set(after["families"]) == {"toyfam"}
-    assert set(after["families"]) == {"llama"}
+    assert set(after["families"]) == set(installed["families"])
     assert set(before["plugins"]) - set(after["plugins"]) == {"toyfam"}
     shutil.rmtree(env / "pai_zoo_brokenfam-2.3.dist-info")
     again = summary(env)
-    assert again["families"] == after["families"] and set(again["plugins"]) == {"llama", "brokenimport"}
+    assert again["families"] == after["families"]
+    assert set(again["plugins"]) == set(installed["plugins"]) | {"brokenimport"}
 
 
 # -- 5. RL trainers -----------------------------------------------------------------------------
