@@ -51,19 +51,21 @@ def _on_cpu(value):
 
 class _CpuTorch:
     """Stands in for the ``torch`` module inside one megatron-core module: tensor factories
-    called with a CUDA device create CPU tensors; everything else is plain torch."""
+    called with a CUDA device create CPU tensors; everything else is plain torch. Each name is
+    looked up once and kept on the instance (these modules run in every layer's forward)."""
 
     def __getattr__(self, name):
-        attr = getattr(torch, name)
+        original = getattr(torch, name)
+        attr = original
         if name in _FACTORIES:
 
-            @functools.wraps(attr)
-            def factory(*args, **kwargs):
+            @functools.wraps(original)
+            def attr(*args, **kwargs):
                 if "device" in kwargs:
                     kwargs["device"] = _on_cpu(kwargs["device"])
-                return attr(*args, **kwargs)
+                return original(*args, **kwargs)
 
-            return factory
+        setattr(self, name, attr)
         return attr
 
 
