@@ -12,6 +12,7 @@ from pai_zoo.config_map import FAMILY_KEY_PREFIX, Rule
 from pai_zoo.mcore.alibi import ALIBI
 
 from .presets import PRESETS
+from .tokenizer_files import write_test_tokenizer
 
 #: arch key: Baichuan2's NormHead (read by the family's model_class).
 NORM_HEAD = FAMILY_KEY_PREFIX + "norm_head"
@@ -118,12 +119,6 @@ def _hf_config_class(model_type):
     return BaichuanConfig
 
 
-def _write_test_tokenizer(folder) -> None:
-    from .tokenizer_files import write_test_tokenizer
-
-    write_test_tokenizer(folder)
-
-
 BAICHUAN = Family(
     name="baichuan",
     aliases=("baichuan2",),
@@ -136,7 +131,7 @@ BAICHUAN = Family(
     model_class=_model_class,
     hf_model_class=_hf_model_class,
     hf_config_class=_hf_config_class,
-    test_tokenizer=_write_test_tokenizer,
+    test_tokenizer=write_test_tokenizer,
     description="Baichuan and Baichuan2, 7B (RoPE) and 13B (ALiBi), NormHead",
 )
 

@@ -6,6 +6,7 @@ from pai_zoo import ConfigMap, Copy, Family, Field, Fixed, Output, Require, Voca
 from pai_zoo.mcore.alibi import ALIBI
 
 from .presets import PRESETS
+from .tokenizer_files import write_test_tokenizer
 
 CONFIG = ConfigMap(
     Field("vocab_size", "vocab_size"),
@@ -59,12 +60,6 @@ def _model_class(config):
     return embedding_norm_gpt_model()
 
 
-def _write_test_tokenizer(folder) -> None:
-    from .tokenizer_files import write_test_tokenizer
-
-    write_test_tokenizer(folder)
-
-
 BLOOM = Family(
     name="bloom",
     aliases=("bloomz",),
@@ -75,7 +70,7 @@ BLOOM = Family(
     config_map=CONFIG,
     weight_map=WEIGHTS,
     model_class=_model_class,
-    test_tokenizer=_write_test_tokenizer,
+    test_tokenizer=write_test_tokenizer,
     description="BLOOM and BLOOMZ (ALiBi, embedding LayerNorm)",
 )
 

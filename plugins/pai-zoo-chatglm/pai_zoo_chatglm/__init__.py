@@ -10,6 +10,7 @@ from pai_zoo import (
 from pai_zoo.config_map import Rule
 
 from .presets import PRESETS
+from .tokenizer import write_test_tokenizer
 
 #: ChatGLM's rotary base before ``rope_ratio`` scales it (ChatGLM3: ``base = 10000 * rope_ratio``).
 ROPE_BASE = 10000.0
@@ -108,12 +109,6 @@ def _config_class(model_type):
     return ChatGLMConfig
 
 
-def _write_test_tokenizer(folder) -> None:
-    from .tokenizer import write_test_tokenizer
-
-    write_test_tokenizer(folder)
-
-
 CHATGLM = Family(
     name="chatglm",
     aliases=("chatglm2", "chatglm3"),
@@ -125,7 +120,7 @@ CHATGLM = Family(
     weight_map=weights,
     hf_model_class=_model_class,
     hf_config_class=_config_class,
-    test_tokenizer=_write_test_tokenizer,
+    test_tokenizer=write_test_tokenizer,
     description="ChatGLM2-6B, ChatGLM3-6B (reference HF model in the plugin)",
 )
 

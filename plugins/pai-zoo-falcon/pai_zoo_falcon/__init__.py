@@ -12,6 +12,7 @@ from pai_zoo import ConfigMap, ConfigTranslationError, Copy, Family, Field, Fixe
 from pai_zoo.config_map import FixedIfPresent, Rule
 
 from .presets import PRESETS
+from .tokenizer_files import write_test_tokenizer
 
 #: ``McoreConfig.arch`` key: 0 = sequential layer, 1 = parallel attention + MLP from one LayerNorm,
 #: 2 = parallel with ``ln_attn``/``ln_mlp``.
@@ -158,12 +159,6 @@ def layer_spec(config):
     return spec
 
 
-def _write_test_tokenizer(folder) -> None:
-    from .tokenizer_files import write_test_tokenizer
-
-    write_test_tokenizer(folder)
-
-
 FALCON = Family(
     name="falcon",
     aliases=("falcon-rw",),
@@ -174,7 +169,7 @@ FALCON = Family(
     config_map=CONFIG,
     weight_map=weights,
     layer_spec=layer_spec,
-    test_tokenizer=_write_test_tokenizer,
+    test_tokenizer=write_test_tokenizer,
     description="Falcon 7B/11B/40B/180B and Falcon-RW",
 )
 

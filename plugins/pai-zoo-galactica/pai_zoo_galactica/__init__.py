@@ -6,6 +6,7 @@ from pai_zoo import QKV, ConfigMap, Copy, Family, Field, Fixed, Output, Require,
 from pai_zoo.config_map import FixedIfPresent, Rule
 
 from .presets import PRESETS
+from .tokenizer_files import write_test_tokenizer
 
 ACTIVATIONS = ("gelu", "relu")
 
@@ -89,12 +90,6 @@ def _model_class(config):
     return offset_position_gpt_model()
 
 
-def _write_test_tokenizer(folder) -> None:
-    from .tokenizer_files import write_test_tokenizer
-
-    write_test_tokenizer(folder)
-
-
 GALACTICA = Family(
     name="galactica",
     aliases=("opt",),
@@ -105,7 +100,7 @@ GALACTICA = Family(
     config_map=CONFIG,
     weight_map=WEIGHTS,
     model_class=_model_class,
-    test_tokenizer=_write_test_tokenizer,
+    test_tokenizer=write_test_tokenizer,
     description="Galactica (125m-120b) and pre-LayerNorm OPT",
 )
 

@@ -7,6 +7,7 @@ from pai_zoo import QKV, ConfigMap, Copy, Family, Field, Fixed, Output, Rope, Vo
 from pai_zoo.config_map import FAMILY_KEY_PREFIX, Rule
 
 from .presets import PRESETS
+from .tokenizer_files import write_glm4_tokenizer
 
 #: arch key: the layers norm their attention and MLP outputs (Glm4ForCausalLM).
 POST_NORMS = FAMILY_KEY_PREFIX + "post_norms"
@@ -86,12 +87,6 @@ def layer_spec(config):
     return spec
 
 
-def _write_test_tokenizer(folder) -> None:
-    from .tokenizer_files import write_glm4_tokenizer
-
-    write_glm4_tokenizer(folder)
-
-
 GLM = Family(
     name="glm",
     aliases=("glm4", "glm-4"),
@@ -102,7 +97,7 @@ GLM = Family(
     config_map=CONFIG,
     weight_map=weights,
     layer_spec=layer_spec,
-    test_tokenizer=_write_test_tokenizer,
+    test_tokenizer=write_glm4_tokenizer,
     description="GLM-4 (GlmForCausalLM: glm-4-9b-hf; Glm4ForCausalLM: GLM-4-0414)",
 )
 

@@ -13,6 +13,7 @@ from pai_zoo import (
 from pai_zoo.config_map import Rule
 
 from .presets import QWEN2_PRESETS, QWEN3_PRESETS, QWEN_V1_PRESETS
+from .tokenizer_files import write_qwen2_tokenizer, write_qwen_tiktoken_tokenizer
 
 _SWIGLU_RMSNORM = {"gated_linear_unit": True, "activation_func": "silu", "normalization": "RMSNorm"}
 
@@ -201,18 +202,6 @@ def _qwen_v1_config(model_type):
     return QWenConfig
 
 
-def _write_tiktoken_tokenizer(folder) -> None:
-    from .tokenizer_files import write_qwen_tiktoken_tokenizer
-
-    write_qwen_tiktoken_tokenizer(folder)
-
-
-def _write_bpe_tokenizer(folder) -> None:
-    from .tokenizer_files import write_qwen2_tokenizer
-
-    write_qwen2_tokenizer(folder)
-
-
 QWEN = Family(
     name="qwen",
     aliases=("qwen-v1", "qwen1"),
@@ -224,7 +213,7 @@ QWEN = Family(
     weight_map=qwen_v1_weights,
     hf_model_class=_qwen_v1_model,
     hf_config_class=_qwen_v1_config,
-    test_tokenizer=_write_tiktoken_tokenizer,
+    test_tokenizer=write_qwen_tiktoken_tokenizer,
     description="Qwen (v1): QWenLMHeadModel, qwen.tiktoken tokenizer",
 )
 
@@ -237,7 +226,7 @@ QWEN2 = Family(
     tiny="qwen2-tiny",
     config_map=QWEN2_CONFIG,
     weight_map=qwen2_weights,
-    test_tokenizer=_write_bpe_tokenizer,
+    test_tokenizer=write_qwen2_tokenizer,
     description="Qwen1.5, Qwen2 and Qwen2.5 (Qwen2ForCausalLM)",
 )
 
@@ -249,7 +238,7 @@ QWEN3 = Family(
     tiny="qwen3-tiny",
     config_map=QWEN3_CONFIG,
     weight_map=qwen2_weights,
-    test_tokenizer=_write_bpe_tokenizer,
+    test_tokenizer=write_qwen2_tokenizer,
     description="Qwen3 dense (Qwen3ForCausalLM)",
 )
 

@@ -8,6 +8,7 @@ from pai_zoo import (
 from pai_zoo.config_map import Rule, sliding_window
 
 from .presets import STARCODER2_PRESETS, STARCODER_PRESETS
+from .tokenizer_files import TEST_TOKENIZERS
 
 #: HF activation name <-> pai-zoo's megatron-core activation name.
 _ACTIVATIONS = {"gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
@@ -144,18 +145,6 @@ def starcoder2_weights(config) -> WeightMap:
     return WeightMap(*rows)
 
 
-def _write_starcoder_tokenizer(folder) -> None:
-    from .tokenizer_files import write_test_tokenizer
-
-    write_test_tokenizer(folder, "starcoder")
-
-
-def _write_starcoder2_tokenizer(folder) -> None:
-    from .tokenizer_files import write_test_tokenizer
-
-    write_test_tokenizer(folder, "starcoder2")
-
-
 STARCODER = Family(
     name="starcoder",
     aliases=("gpt_bigcode", "gpt-bigcode", "starcoderbase", "santacoder"),
@@ -165,7 +154,7 @@ STARCODER = Family(
     tiny="starcoder-tiny",
     config_map=STARCODER_CONFIG,
     weight_map=starcoder_weights,
-    test_tokenizer=_write_starcoder_tokenizer,
+    test_tokenizer=TEST_TOKENIZERS["starcoder"],
     description="StarCoder / StarCoderBase (GPTBigCode: multi-query attention, learned positions)",
 )
 
@@ -178,7 +167,7 @@ STARCODER2 = Family(
     tiny="starcoder2-tiny",
     config_map=STARCODER2_CONFIG,
     weight_map=starcoder2_weights,
-    test_tokenizer=_write_starcoder2_tokenizer,
+    test_tokenizer=TEST_TOKENIZERS["starcoder2"],
     description="StarCoder2 (GQA, RoPE, sliding window)",
 )
 

@@ -1,0 +1,1 @@
+"""Helpers for tests, demos and family plugins' test files (small artefacts built locally, no download)."""
