@@ -262,12 +262,6 @@ def cmd_generate(args) -> int:
     return run_command(args)
 
 
-def cmd_generate(args) -> int:
-    from .generation import run_command
-
-    return run_command(args)
-
-
 def cmd_dataset_merge(args) -> int:
     from .data.indexed import merge, statistics
 
@@ -330,25 +324,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sft", action="store_const", const=True, help="SFT data from preprocess --sft (loss mask, boundaries)")
     p.add_argument("--no-progress", action="store_true", help="plain log lines instead of a progress bar")
     p.set_defaults(func=cmd_train)
-
-    p = sub.add_parser("generate", help="complete prompts (JSON Lines in and out, or one streamed --prompt)")
-    p.add_argument("--model", required=True, help="Megatron-Core checkpoint, Hugging Face folder or preset")
-    p.add_argument("--prompts", help='JSON Lines: {"prompt": ...} (or {"messages": [...]} with --chat) per line')
-    p.add_argument("--output", help="JSON Lines: each input record plus completion, token_ids, stop_reason")
-    p.add_argument("--prompt", help="one prompt; the completion is streamed to stdout")
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens (0 = all)")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling probability mass (1.0 = all)")
-    p.add_argument("--seed", type=int, help="seed for reproducible sampling")
-    p.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template (ChatML if it has none)")
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--stop", nargs="+", metavar="S", help="strings that end a completion")
-    p.add_argument("--truncate", choices=("left",), help="drop the oldest prompt tokens that do not fit the context")
-    p.add_argument("--backend", choices=("mcore", "hf"), default="mcore")
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size (run under torchrun)")
-    p.add_argument("--threads", type=int, help="torch CPU threads")
-    p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("generate", help="complete prompts (JSON Lines in and out, or one streamed --prompt)")
     p.add_argument("--model", required=True, help="Megatron-Core checkpoint, Hugging Face folder or preset")

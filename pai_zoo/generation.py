@@ -29,24 +29,24 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from .errors import PaiZooError
 
 __all__ = [
+    "Finisher",
+    "Generation",
     "GenerationError",
     "SamplingParams",
-    "Generation",
-    "filter_logits",
     "choose_tokens",
-    "Finisher",
     "encode_prompt",
+    "filter_logits",
     "fit_context",
+    "generate",
+    "hf_generate",
     "left_pad",
     "mcore_generate",
-    "hf_generate",
-    "generate",
 ]
 
 STOP_REASONS = ("eos", "stop", "length")
@@ -497,8 +497,9 @@ def _pad_id(tokenizer, eos) -> int:
 
 # -- JSON Lines -------------------------------------------------------------------------------
 def read_prompts(path, chat: bool = False) -> list[tuple[str, dict, Any]]:
-    """``(where, record, prompt)`` per non-blank line (``where`` is ``"FILE:LINE"``) of a JSON Lines file: ``{"prompt": str | [ids]}``, or with
-    ``chat`` ``{"messages": [...]}``. Errors name the file and line."""
+    """``(where, record, prompt)`` per non-blank line of a JSON Lines file (``where`` is
+    ``"FILE:LINE"``): ``{"prompt": str | [ids]}``, or with ``chat`` ``{"messages": [...]}``.
+    Errors name the file and line."""
     out = []
     try:
         handle = open(path, encoding="utf-8")

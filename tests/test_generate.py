@@ -12,13 +12,13 @@ import sys
 
 import pytest
 import torch
+from pai_zoo_conformance import checks
 
 import pai_zoo
 from pai_zoo import generation
 from pai_zoo.cli import main
 from pai_zoo.generation import Finisher, GenerationError, SamplingParams, filter_logits
 from pai_zoo.registry import get_registry
-from pai_zoo_conformance import checks
 
 LLAMA = get_registry().family("llama")
 CONTEXT = 64  # max_position_embeddings of the test checkpoint
@@ -102,7 +102,7 @@ def test_sampling_is_reproducible_with_a_seed_and_differs_across_seeds(mcore, hf
 
 def test_top_k_and_top_p_by_hand():
     logits = torch.tensor([[math.log(p) for p in (0.1, 0.2, 0.3, 0.4)]])
-    kept = lambda out: torch.isfinite(out[0]).nonzero().flatten().tolist()  # noqa: E731
+    kept = lambda out: torch.isfinite(out[0]).nonzero().flatten().tolist()
     assert kept(filter_logits(logits, top_k=2)) == [2, 3]
     assert kept(filter_logits(logits, top_p=0.35)) == [3]           # 0.4 alone reaches 0.35
     assert kept(filter_logits(logits, top_p=0.65)) == [2, 3]        # 0.4 < 0.65 <= 0.4 + 0.3
@@ -113,7 +113,11 @@ def test_top_k_and_top_p_by_hand():
 
 
 def test_top_k_and_top_p_match_transformers_warpers():
-    from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+    from transformers.generation.logits_process import (
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
 
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn(6, 500, generator=gen) * 3
@@ -169,7 +173,7 @@ def test_streamed_text_arrives_in_pieces_and_adds_up_to_the_completion(mcore):
 
 def test_finisher_holds_back_a_possible_stop_string():
     words = {1: "ab", 2: "cX", 3: "Y", 4: "z"}
-    decode = lambda ids: "".join(words[i] for i in ids)  # noqa: E731
+    decode = lambda ids: "".join(words[i] for i in ids)
     seen = []
     finisher = Finisher(SamplingParams(max_new_tokens=10, stop=("XY",)), (), decode, seen.append)
     assert [finisher.add(t) for t in (1, 2, 3)] == [False, False, True]
