@@ -30,6 +30,26 @@ def installed_mcore_version() -> str | None:
         return None
 
 
+@dataclass(frozen=True)
+class LazyClass:
+    """A class named ``"module:Name"``, imported only when called: ``Family.hf_model_class`` /
+    ``hf_config_class`` (the model type passed in is ignored) for a plugin's reference model, so that
+    discovery imports no torch or transformers."""
+
+    target: str
+
+    def __post_init__(self) -> None:
+        module, sep, name = self.target.partition(":")
+        if not (module and sep and name.isidentifier()):
+            raise PluginError(f"LazyClass({self.target!r}): expected 'package.module:ClassName'")
+
+    def __call__(self, model_type: str | None = None) -> Any:
+        import importlib
+
+        module, _, name = self.target.partition(":")
+        return getattr(importlib.import_module(module), name)
+
+
 @dataclass
 class Family:
     """A model family: how its Hugging Face checkpoints become megatron-core models and back.

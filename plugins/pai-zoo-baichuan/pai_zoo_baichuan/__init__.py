@@ -9,6 +9,7 @@ from pai_zoo import (
     hookimpl,
 )
 from pai_zoo.config_map import FAMILY_KEY_PREFIX, Rule
+from pai_zoo.family import LazyClass
 from pai_zoo.mcore.alibi import ALIBI
 
 from .presets import PRESETS
@@ -107,18 +108,6 @@ def _model_class(config):
     return norm_head_gpt_model()
 
 
-def _hf_model_class(model_type):
-    from .modeling_baichuan import BaichuanForCausalLM
-
-    return BaichuanForCausalLM
-
-
-def _hf_config_class(model_type):
-    from .modeling_baichuan import BaichuanConfig
-
-    return BaichuanConfig
-
-
 BAICHUAN = Family(
     name="baichuan",
     aliases=("baichuan2",),
@@ -129,8 +118,8 @@ BAICHUAN = Family(
     config_map=CONFIG,
     weight_map=weights,
     model_class=_model_class,
-    hf_model_class=_hf_model_class,
-    hf_config_class=_hf_config_class,
+    hf_model_class=LazyClass("pai_zoo_baichuan.modeling_baichuan:BaichuanForCausalLM"),
+    hf_config_class=LazyClass("pai_zoo_baichuan.modeling_baichuan:BaichuanConfig"),
     test_tokenizer=write_test_tokenizer,
     description="Baichuan and Baichuan2, 7B (RoPE) and 13B (ALiBi), NormHead",
 )

@@ -32,10 +32,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 from transformers import GenerationMixin, PreTrainedConfig, PreTrainedModel
-from transformers.cache_utils import DynamicCache
-from transformers.masking_utils import create_causal_mask
-from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+from transformers.modeling_outputs import BaseModelOutputWithPast
 
+from pai_zoo.hf_reference import RMSNorm, causal_lm_output, decoder_inputs, rotate_half
 from pai_zoo.mcore.alibi import alibi_slopes
 
 __all__ = ["BaichuanConfig", "BaichuanModel", "BaichuanForCausalLM"]
@@ -90,22 +89,6 @@ class BaichuanConfig(PreTrainedConfig):
         return self.max_position_embeddings is None
 
 
-class BaichuanRMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float = 1e-6):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x):
-        y = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * y.type_as(x)
-
-
-def _rotate_half(x):
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
 class BaichuanAttention(nn.Module):
     def __init__(self, config: BaichuanConfig, layer_idx: int):
         super().__init__()
@@ -122,8 +105,8 @@ class BaichuanAttention(nn.Module):
         q, k, v = (t.view(b, s, self.num_heads, self.head_dim).transpose(1, 2) for t in (q, k, v))
         if rotary is not None:
             cos, sin = rotary
-            q = (q.float() * cos + _rotate_half(q.float()) * sin).type_as(v)
-            k = (k.float() * cos + _rotate_half(k.float()) * sin).type_as(v)
+            q = (q.float() * cos + rotate_half(q.float()) * sin).type_as(v)
+            k = (k.float() * cos + rotate_half(k.float()) * sin).type_as(v)
         if cache is not None:
             k, v = cache.update(k, v, self.layer_idx)
         scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.head_dim) + bias
@@ -146,9 +129,9 @@ class BaichuanMLP(nn.Module):
 class BaichuanLayer(nn.Module):
     def __init__(self, config: BaichuanConfig, layer_idx: int):
         super().__init__()
-        self.input_layernorm = BaichuanRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.self_attn = BaichuanAttention(config, layer_idx)
-        self.post_attention_layernorm = BaichuanRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.mlp = BaichuanMLP(config)
 
     def forward(self, hidden_states, rotary, bias, cache):
@@ -182,7 +165,7 @@ class BaichuanPreTrainedModel(PreTrainedModel):
             nn.init.normal_(module.weight, mean=0.0, std=std)
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=std)
-        elif isinstance(module, BaichuanRMSNorm):
+        elif isinstance(module, RMSNorm):
             nn.init.ones_(module.weight)
 
 
@@ -191,7 +174,7 @@ class BaichuanModel(BaichuanPreTrainedModel):
         super().__init__(config)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
         self.layers = nn.ModuleList([BaichuanLayer(config, i) for i in range(config.num_hidden_layers)])
-        self.norm = BaichuanRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_init()
 
     def _rotary(self, positions):
@@ -203,25 +186,10 @@ class BaichuanModel(BaichuanPreTrainedModel):
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, inputs_embeds=None,
                 use_cache=None, past_key_values=None, **kwargs):
-        cache = cache if cache is not None else past_key_values
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("pass exactly one of input_ids and inputs_embeds")
-        if inputs_embeds is None:
-            inputs_embeds = self.embed_tokens(input_ids)
-        use_cache = self.config.use_cache if use_cache is None else use_cache
-        if use_cache and cache is None:
-            cache = DynamicCache(config=self.config)
-        past = cache.get_seq_length() if cache is not None else 0
-        b, s = inputs_embeds.shape[:2]
-        if position_ids is None:
-            position_ids = (torch.arange(s, device=inputs_embeds.device) + past).unsqueeze(0)
-        position_ids = position_ids.expand(b, s)
-        mask = create_causal_mask(config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
-                                  cache=cache, position_ids=position_ids, allow_is_causal_skip=False)
-        if mask is None or mask.dtype == torch.bool:  # an implementation that hands back a boolean mask
-            keep = mask if mask is not None else torch.ones(s, past + s, dtype=torch.bool, device=inputs_embeds.device).tril(past)
-            mask = torch.zeros(keep.shape, dtype=inputs_embeds.dtype, device=inputs_embeds.device).masked_fill(
-                ~keep, torch.finfo(inputs_embeds.dtype).min)
+        inputs_embeds, cache, past, position_ids, mask = decoder_inputs(
+            self, self.embed_tokens, input_ids, inputs_embeds, attention_mask, position_ids,
+            cache if cache is not None else past_key_values, use_cache)
+        s = inputs_embeds.shape[1]
         rotary, bias = None, mask
         if self.config.uses_alibi:
             slopes = torch.tensor(alibi_slopes(self.config.num_attention_heads), dtype=torch.float32, device=mask.device)
@@ -231,8 +199,8 @@ class BaichuanModel(BaichuanPreTrainedModel):
             rotary = self._rotary(position_ids)
         hidden_states = inputs_embeds
         for layer in self.layers:
-            hidden_states = layer(hidden_states, rotary, bias, cache if use_cache else None)
-        return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states), cache=cache if use_cache else None)
+            hidden_states = layer(hidden_states, rotary, bias, cache)
+        return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states), cache=cache)
 
 
 class BaichuanForCausalLM(BaichuanPreTrainedModel, GenerationMixin):
@@ -250,11 +218,4 @@ class BaichuanForCausalLM(BaichuanPreTrainedModel, GenerationMixin):
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                          cache=cache if cache is not None else past_key_values, inputs_embeds=inputs_embeds,
                          use_cache=use_cache)
-        hidden = out.last_hidden_state
-        if isinstance(logits_to_keep, int) and logits_to_keep > 0:
-            hidden = hidden[:, -logits_to_keep:]
-        logits = self.lm_head(hidden)
-        loss = None
-        if labels is not None:
-            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, cache=out.cache)
+        return causal_lm_output(self, out.last_hidden_state, self.lm_head, out.cache, labels, logits_to_keep, **kwargs)

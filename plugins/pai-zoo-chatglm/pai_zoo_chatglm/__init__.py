@@ -8,6 +8,7 @@ from pai_zoo import (
     ConfigMap, ConfigTranslationError, Copy, Dropped, Family, Field, Fixed, FusedQKV, Output, Vocab, WeightMap, hookimpl,
 )
 from pai_zoo.config_map import Rule
+from pai_zoo.family import LazyClass
 
 from .presets import PRESETS
 from .tokenizer import write_test_tokenizer
@@ -97,18 +98,6 @@ def weights(config) -> WeightMap:
     return WeightMap(*rows)
 
 
-def _model_class(model_type):
-    from .modeling import ChatGLMForConditionalGeneration
-
-    return ChatGLMForConditionalGeneration
-
-
-def _config_class(model_type):
-    from .modeling import ChatGLMConfig
-
-    return ChatGLMConfig
-
-
 CHATGLM = Family(
     name="chatglm",
     aliases=("chatglm2", "chatglm3"),
@@ -118,8 +107,8 @@ CHATGLM = Family(
     tiny="chatglm-tiny",
     config_map=CONFIG,
     weight_map=weights,
-    hf_model_class=_model_class,
-    hf_config_class=_config_class,
+    hf_model_class=LazyClass("pai_zoo_chatglm.modeling:ChatGLMForConditionalGeneration"),
+    hf_config_class=LazyClass("pai_zoo_chatglm.modeling:ChatGLMConfig"),
     test_tokenizer=write_test_tokenizer,
     description="ChatGLM2-6B, ChatGLM3-6B (reference HF model in the plugin)",
 )

@@ -11,6 +11,7 @@ from pai_zoo import (
     Vocab, WeightMap, hookimpl,
 )
 from pai_zoo.config_map import Rule
+from pai_zoo.family import LazyClass
 
 from .presets import QWEN2_PRESETS, QWEN3_PRESETS, QWEN_V1_PRESETS
 from .tokenizer_files import write_qwen2_tokenizer, write_qwen_tiktoken_tokenizer
@@ -190,18 +191,6 @@ def qwen_v1_weights(config) -> WeightMap:
     return WeightMap(*rows)
 
 
-def _qwen_v1_model(model_type):
-    from .modeling_qwen import QWenLMHeadModel
-
-    return QWenLMHeadModel
-
-
-def _qwen_v1_config(model_type):
-    from .modeling_qwen import QWenConfig
-
-    return QWenConfig
-
-
 QWEN = Family(
     name="qwen",
     aliases=("qwen-v1", "qwen1"),
@@ -211,8 +200,8 @@ QWEN = Family(
     tiny="qwen-v1-tiny",
     config_map=QWEN_V1_CONFIG,
     weight_map=qwen_v1_weights,
-    hf_model_class=_qwen_v1_model,
-    hf_config_class=_qwen_v1_config,
+    hf_model_class=LazyClass("pai_zoo_qwen.modeling_qwen:QWenLMHeadModel"),
+    hf_config_class=LazyClass("pai_zoo_qwen.modeling_qwen:QWenConfig"),
     test_tokenizer=write_qwen_tiktoken_tokenizer,
     description="Qwen (v1): QWenLMHeadModel, qwen.tiktoken tokenizer",
 )

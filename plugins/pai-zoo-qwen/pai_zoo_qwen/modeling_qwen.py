@@ -25,9 +25,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 from transformers import GenerationMixin, PreTrainedConfig, PreTrainedModel
-from transformers.cache_utils import DynamicCache
-from transformers.masking_utils import create_causal_mask
-from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+from transformers.modeling_outputs import BaseModelOutputWithPast
+
+from pai_zoo.hf_reference import RMSNorm, causal_lm_output, decoder_inputs, rotate_half
 
 __all__ = ["QWenConfig", "QWenModel", "QWenLMHeadModel"]
 
@@ -90,27 +90,11 @@ class QWenConfig(PreTrainedConfig):
         super().__init__(tie_word_embeddings=tie_word_embeddings, **kwargs)
 
 
-class QWenRMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float = 1e-6):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x):
-        y = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
-        return y.type_as(x) * self.weight
-
-
-def _rotate_half(x):
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
 def _apply_rotary(t, cos, sin):
     """``t`` [b, heads, s, d]; rotates its first ``cos.shape[-1]`` channels."""
     rot = cos.shape[-1]
     t_rot, t_pass = t[..., :rot].float(), t[..., rot:].float()
-    t_rot = t_rot * cos + _rotate_half(t_rot) * sin
+    t_rot = t_rot * cos + rotate_half(t_rot) * sin
     return torch.cat((t_rot, t_pass), dim=-1).type_as(t)
 
 
@@ -157,9 +141,9 @@ class QWenMLP(nn.Module):
 class QWenBlock(nn.Module):
     def __init__(self, config: QWenConfig, layer_idx: int):
         super().__init__()
-        self.ln_1 = QWenRMSNorm(config.hidden_size, eps=config.layer_norm_epsilon)
+        self.ln_1 = RMSNorm(config.hidden_size, eps=config.layer_norm_epsilon)
         self.attn = QWenAttention(config, layer_idx)
-        self.ln_2 = QWenRMSNorm(config.hidden_size, eps=config.layer_norm_epsilon)
+        self.ln_2 = RMSNorm(config.hidden_size, eps=config.layer_norm_epsilon)
         self.mlp = QWenMLP(config)
 
     def forward(self, hidden_states, cos, sin, attention_mask, logn, cache):
@@ -182,7 +166,7 @@ class QWenModel(QWenPreTrainedModel):
         self.wte = nn.Embedding(config.vocab_size, config.hidden_size)
         self.drop = nn.Dropout(config.emb_dropout_prob)
         self.h = nn.ModuleList([QWenBlock(config, i) for i in range(config.num_hidden_layers)])
-        self.ln_f = QWenRMSNorm(config.hidden_size, eps=config.layer_norm_epsilon)
+        self.ln_f = RMSNorm(config.hidden_size, eps=config.layer_norm_epsilon)
         self.rotary_dim = (
             config.kv_channels if config.rotary_pct == 1.0 else int(config.kv_channels * config.rotary_pct)
         )
@@ -215,27 +199,16 @@ class QWenModel(QWenPreTrainedModel):
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, inputs_embeds=None,
                 use_cache=None, past_key_values=None, **kwargs):
-        cache = cache if cache is not None else past_key_values
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("pass exactly one of input_ids and inputs_embeds")
-        if inputs_embeds is None:
-            inputs_embeds = self.wte(input_ids)
-        use_cache = self.config.use_cache if use_cache is None else use_cache
-        if use_cache and cache is None:
-            cache = DynamicCache(config=self.config)
-        past = cache.get_seq_length() if cache is not None else 0
-        b, s = inputs_embeds.shape[:2]
-        if position_ids is None:
-            position_ids = (torch.arange(s, device=inputs_embeds.device) + past).unsqueeze(0)
-        position_ids = position_ids.expand(b, s)
-        mask = create_causal_mask(config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
-                                  cache=cache, position_ids=position_ids)
+        inputs_embeds, cache, past, position_ids, mask = decoder_inputs(
+            self, self.wte, input_ids, inputs_embeds, attention_mask, position_ids,
+            cache if cache is not None else past_key_values, use_cache)
+        s = inputs_embeds.shape[1]
         alpha, logn = self._long_context(past + s, s, inputs_embeds.device)
         cos, sin = self._rotary(position_ids, alpha)
         hidden_states = self.drop(inputs_embeds)
         for block in self.h:
-            hidden_states = block(hidden_states, cos, sin, mask, logn, cache if use_cache else None)
-        return BaseModelOutputWithPast(last_hidden_state=self.ln_f(hidden_states), cache=cache if use_cache else None)
+            hidden_states = block(hidden_states, cos, sin, mask, logn, cache)
+        return BaseModelOutputWithPast(last_hidden_state=self.ln_f(hidden_states), cache=cache)
 
 
 class QWenLMHeadModel(QWenPreTrainedModel, GenerationMixin):
@@ -252,11 +225,4 @@ class QWenLMHeadModel(QWenPreTrainedModel, GenerationMixin):
         out = self.transformer(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                                cache=cache if cache is not None else past_key_values, inputs_embeds=inputs_embeds,
                                use_cache=use_cache)
-        hidden = out.last_hidden_state
-        if isinstance(logits_to_keep, int) and logits_to_keep > 0:
-            hidden = hidden[:, -logits_to_keep:]
-        logits = self.lm_head(hidden)
-        loss = None
-        if labels is not None:
-            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, cache=out.cache)
+        return causal_lm_output(self, out.last_hidden_state, self.lm_head, out.cache, labels, logits_to_keep, **kwargs)
