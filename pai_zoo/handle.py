@@ -249,6 +249,8 @@ def load_mcore_weights(model, source: Source, config: McoreConfig, dtype, scratc
     afterwards) and loaded from there. A preset has no weights to load.
     """
     import shutil
+    import subprocess
+    import sys
 
     import torch
     from megatron.core import parallel_state
@@ -267,22 +269,39 @@ def load_mcore_weights(model, source: Source, config: McoreConfig, dtype, scratc
         state = dict(table.iter_convert(TO_MCORE, ctx, checkpoint.get, checkpoint.names(), target.keys()))
         load_into(model, {k: v.to(dtype) for k, v in state.items()}, f"{source.path} -> megatron-core")
     elif source.kind == "hf":
-        from .conversion import convert
-
         if scratch is None:
             raise PaiZooError(f"{source.path}: a Hugging Face folder loads into one process; for tp/pp > 1 "
                               f"convert it first (pai-zoo convert {source.path} DST --to mcore)")
         rank0 = torch.distributed.get_rank() == 0
+        failed = torch.zeros(1)
         if rank0:
             shutil.rmtree(scratch, ignore_errors=True)
-            convert(source.path, scratch, to="mcore", family=source.family.name,
-                    tp=parallel_state.get_tensor_model_parallel_world_size(),
-                    pp=parallel_state.get_pipeline_model_parallel_world_size(), progress=False)
-        torch.distributed.barrier()
+            # In a process of its own: the converter lays tensors out with a single-process megatron state.
+            command = [sys.executable, "-m", "pai_zoo.cli", "convert", str(source.path), str(scratch), "--to", "mcore",
+                       "--family", source.family.name, "--tp", str(parallel_state.get_tensor_model_parallel_world_size()),
+                       "--pp", str(parallel_state.get_pipeline_model_parallel_world_size())]
+            proc = subprocess.run(command, capture_output=True, text=True, env=single_process_env())
+            failed[0] = proc.returncode != 0
+        torch.distributed.all_reduce(failed)
+        if failed.item():
+            raise PaiZooError(f"{source.path}: conversion for tp/pp > 1 failed"
+                              + (f": {proc.stderr.strip().splitlines()[-1]}" if rank0 and proc.stderr.strip() else ""))
         load_model_weights(model, scratch)
         torch.distributed.barrier()
         if rank0:
             shutil.rmtree(scratch, ignore_errors=True)
+
+
+#: Environment variables torchrun sets (and ``TORCHELASTIC_*``); a child started without them is a single process.
+_TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
+                 "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def single_process_env() -> dict:
+    """This process's environment without torchrun's variables (for a child that must not join the group)."""
+    import os
+
+    return {k: v for k, v in os.environ.items() if k not in _TORCHRUN_ENV and not k.startswith("TORCHELASTIC_")}
 
 
 def model_vocab_rows(model) -> int | None:

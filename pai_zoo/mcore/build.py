@@ -109,3 +109,27 @@ def build_gpt_model(
             **gpt_args,
         )
     return model.to(dtype)
+
+
+def mask_padded_vocab(model, vocab_size: int) -> None:
+    """Give the padding rows of Megatron's padded vocabulary (``vocab_size`` and above) the lowest
+    logit, so that training sees the softmax over the real vocabulary only, as the Hugging Face
+    model does (zero padding rows would otherwise add ``padded - vocab_size`` terms of ``exp(0)``).
+    Works on each tensor-parallel rank's slice of the vocabulary."""
+    from megatron.core import parallel_state
+
+    layer = getattr(model, "output_layer", None)
+    if layer is None:  # not the last pipeline stage
+        return
+    rank = parallel_state.get_tensor_model_parallel_rank()
+
+    def hook(module, inputs, output):
+        logits, bias = output
+        local = logits.shape[-1]
+        real = max(0, min(local, vocab_size - rank * local))
+        if real == local:
+            return output
+        keep = torch.arange(local, device=logits.device) < real
+        return logits.masked_fill(~keep, torch.finfo(logits.dtype).min), bias
+
+    layer.register_forward_hook(hook)

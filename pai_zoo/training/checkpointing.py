@@ -97,10 +97,41 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+_manager = None
+
+
+def _exit_with_parent() -> None:
+    """Runs in megatron's writer-results manager process: die when the trainer dies (Linux)."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:  # pragma: no cover - not Linux
+        pass
+
+
+def _results_queue_dies_with_us() -> None:
+    """megatron's torch_dist writer starts a multiprocessing manager on the first save and
+    never stops it; a trainer killed with SIGKILL would leave it running, holding the terminal.
+    Start that manager here, so that it exits with this process."""
+    global _manager
+    from multiprocessing.managers import SyncManager
+
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+    from torch import multiprocessing as mp
+
+    if _manager is None and getattr(filesystem_async, "_results_queue", "absent") is None:
+        _manager = SyncManager(ctx=mp.get_context("spawn"))
+        _manager.start(initializer=_exit_with_parent)
+        filesystem_async._results_queue = _manager.Queue()
+
+
 def save_checkpoint(folder: Path, iteration: int, model, optimizer, scheduler, common: dict) -> Path:
     """Save one iteration collectively (every rank calls this); returns its folder."""
     from megatron.core import dist_checkpointing
 
+    _results_queue_dies_with_us()
     folder = Path(folder)
     final = folder / iteration_name(iteration)
     tmp = folder / (iteration_name(iteration) + ".tmp")

@@ -56,6 +56,16 @@ def _split_bounds(n: int, weights: list[float]) -> list[tuple[int, int]]:
     return [(cuts[i], cuts[i + 1]) for i in range(3)]
 
 
+def check_data(cfg: TrainConfig) -> None:
+    """The dataset files exist (before any work starts)."""
+    prefixes, _ = cfg.data_blend()
+    if cfg.sft:
+        _check_prefixes(prefixes, "_text_document")
+        _check_prefixes(prefixes, "_loss_mask_document")
+    else:
+        _check_prefixes(prefixes)
+
+
 def build_pretraining_datasets(cfg: TrainConfig, vocab_size: int, eod: int, samples: tuple[int, int], cache: Path):
     """``(train, valid)`` megatron ``GPTDataset``/``BlendedDataset`` objects holding at least
     ``samples`` samples each (``valid`` is ``None`` when it needs none or the split has none)."""

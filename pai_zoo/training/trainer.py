@@ -81,6 +81,9 @@ class Trainer:
         self.mcore_config = source.mcore_config or self.family.to_mcore_config(
             config_dict(hf_config(self.family, source.hf_config)))
         cfg.validate(world, self.mcore_config.get("max_sequence_length"))
+        from .data import check_data
+
+        check_data(cfg)
         if self.mcore_config.num_layers % cfg.pipeline_parallel_size:
             raise TrainConfigError(f"pipeline_parallel_size {cfg.pipeline_parallel_size} does not divide the "
                                    f"model's {self.mcore_config.num_layers} layers")
@@ -123,7 +126,7 @@ class Trainer:
         from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
         from ..handle import load_mcore_weights
-        from ..mcore.build import build_gpt_model
+        from ..mcore.build import build_gpt_model, mask_padded_vocab
 
         cfg = self.cfg
         torch.manual_seed(cfg.seed)
@@ -134,6 +137,7 @@ class Trainer:
             padded_vocab_size=padded, parallel_output=True, calculate_per_token_loss=True,
         )
         self.padded_vocab_size = padded or self.mcore_config.padded_vocab_size(cfg.tensor_parallel_size)
+        mask_padded_vocab(model, self.mcore_config["vocab_size"])
         resuming = self._latest() is not None
         if not resuming and source.kind != "preset":
             load_mcore_weights(model, source, self.mcore_config, self.dtype, scratch=self.save_dir / ".init-mcore")

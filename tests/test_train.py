@@ -1,0 +1,309 @@
+"""``pai-zoo train``: settings, data order, SFT samples, end-to-end runs, exact resume after SIGKILL,
+interrupted saves, and TP=2 / PP=2 / DP=2 loss curves against one process."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from pai_zoo.training.config import TrainConfig, TrainConfigError
+
+REPO = Path(__file__).resolve().parents[1]
+#: Loss-curve tolerance of a TP/PP/DP run against one process (float32, 8 Adam steps).
+PARALLEL_LOSS_ATOL = 1e-4
+
+
+# ---------------------------------------------------------------------------------------------
+# settings
+# ---------------------------------------------------------------------------------------------
+def test_defaults_are_the_recipe_table():
+    c = TrainConfig()
+    assert (c.batch_size, c.global_batch_size, c.learning_rate, c.min_learning_rate, c.sequence_length,
+            c.pad_length, c.save_interval, c.train_tokens, c.warmup_tokens) == \
+        (1, 32, 5e-5, 5e-6, 1024, 128, 1000, 1638400, 163840)
+    # steps = tokens / (global batch x sequence length): 1638400 / (32 * 1024) = 50, 163840 / 32768 = 5
+    assert (c.train_steps, c.warmup_steps) == (50, 5)
+
+
+def test_yaml_file_with_flag_overrides(tmp_path):
+    file = tmp_path / "run.yaml"
+    file.write_text("model: llama3-tiny\ndata: [0.3, a, 0.7, b]\nsave: out\nglobal-batch-size: 8\nlearning_rate: 1e-4\n")
+    c = TrainConfig.load(file, {"global_batch_size": 16, "seed": None})
+    assert c.global_batch_size == 16 and c.learning_rate == 1e-4 and c.seed == 1234
+    assert c.data_blend() == (["a", "b"], [0.3, 0.7])
+    assert c.microbatches(world_size=2) == 8  # 16 / (batch 1 x 2 data-parallel ranks)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("model: x\nbogus: 1\n", "unknown setting(s) bogus"),
+    ("model: [unclosed\n", ":2: not valid YAML"),
+    ("batch_size: two\n", "batch_size = 'two' is not a valid int"),
+])
+def test_bad_yaml_names_the_file(tmp_path, text, message):
+    file = tmp_path / "bad.yaml"
+    file.write_text(text)
+    with pytest.raises(TrainConfigError) as e:
+        TrainConfig.load(file)
+    assert str(file) in str(e.value) and message in str(e.value)
+
+
+@pytest.mark.parametrize("settings, world, message", [
+    (dict(global_batch_size=6, batch_size=4), 1, "not divisible by batch_size 4"),
+    (dict(tensor_parallel_size=2), 3, "3 processes cannot hold"),
+    (dict(global_batch_size=6, batch_size=2, tensor_parallel_size=1), 2, "not divisible by batch_size 2 x data-parallel size 2"),
+    (dict(train_tokens=100), 1, "zero training steps"),
+    (dict(sequence_length=4096), 1, "longer than the model's 2048 positions"),
+    (dict(warmup_tokens=10**9), 1, "exceed train_tokens"),
+    (dict(min_learning_rate=1.0), 1, "min_learning_rate 1.0 must be between"),
+    (dict(split="1,2"), 1, "split '1,2'"),
+    (dict(data=["0.5", "a", "b"]), 1, "WEIGHT PREFIX"),
+])
+def test_inconsistent_settings_fail_before_work(settings, world, message):
+    c = TrainConfig(**{"model": "m", "data": ["d"], "save": "s", **settings})
+    with pytest.raises(TrainConfigError) as e:
+        c.validate(world, max_positions=2048)
+    assert message in str(e.value)
+
+
+def test_cli_refuses_bad_settings_before_loading_anything(tmp_path, capsys):
+    from pai_zoo.cli import main
+
+    code = main(["train", "--model", "llama3-tiny", "--data", str(tmp_path / "d"), "--save", str(tmp_path / "o"),
+                 "--global-batch-size", "3", "--batch-size", "2"])
+    assert code == 1 and "not divisible by batch_size 2" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+    code = main(["train", "--model", "llama3-tiny", "--data", str(tmp_path / "missing"), "--save", str(tmp_path / "o"),
+                 "--seq-length", "1000000", "--train-tokens", str(32 * 10**6)])
+    assert code == 1 and "longer than the model's" in capsys.readouterr().err
+    code = main(["train", "--model", "llama3-tiny", "--data", str(tmp_path / "missing"), "--save", str(tmp_path / "o")])
+    assert code == 1 and "missing.bin not found" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# data
+# ---------------------------------------------------------------------------------------------
+def test_batch_order_is_the_same_for_every_data_parallel_layout():
+    from pai_zoo.training.data import BatchSchedule
+
+    class Samples:
+        def __getitem__(self, i):
+            t = torch.full((4,), i)
+            return t, t, torch.ones(4), torch.arange(4), torch.zeros(4, dtype=torch.long)
+
+    cfg = TrainConfig(global_batch_size=8, batch_size=2, sequence_length=4)
+    seen = {}
+    for dp in (1, 2, 4):
+        ids = []
+        for rank in range(dp):
+            sched = BatchSchedule(Samples(), cfg, rank, dp, fixed_length=True)
+            for batch in sched.microbatches(step=3, count=cfg.microbatches(dp)):
+                ids += batch.tokens[:, 0].tolist()
+        seen[dp] = sorted(ids)
+    assert seen[1] == seen[2] == seen[4] == list(range(24, 32))  # step 3 = samples 24..31
+
+
+def test_sft_samples_shift_the_mask_and_confine_attention(tmp_path):
+    from pai_zoo.data.indexed import IndexedDatasetWriter
+    from pai_zoo.training.data import SFTSamples, collate
+
+    prefix = str(tmp_path / "sft")
+    # One packed document of two records: [10 11 12 | 20 21], assistant tokens 12 and 21.
+    with IndexedDatasetWriter(prefix + "_text_document", np.uint16) as w:
+        w.add_document([10, 11, 12, 20, 21], lengths=[3, 2])
+        w.finalize()
+    with IndexedDatasetWriter(prefix + "_loss_mask_document", np.uint8) as w:
+        w.add_document([0, 0, 1, 0, 1], lengths=[3, 2])
+        w.finalize()
+    samples = SFTSamples(prefix, (0, 1), seed=0, sequence_length=8)
+    tokens, labels, mask, positions, segments = samples[0]
+    assert tokens.tolist() == [10, 11, 12, 20] and labels.tolist() == [11, 12, 20, 21]
+    assert mask.tolist() == [0, 1, 0, 1]  # 12 and 21 are targets; 12 -> 20 crosses records: not one
+    assert positions.tolist() == [0, 1, 2, 0] and segments.tolist() == [0, 0, 0, 1]
+    batch = collate([samples[0]], 6)
+    allowed = ~batch.attention_mask[0, 0]
+    assert allowed[3].tolist() == [False, False, False, True, False, False]  # record 2 sees only itself
+    assert allowed[2].tolist() == [True, True, True, False, False, False]
+    assert batch.loss_mask[0].tolist() == [0, 1, 0, 1, 0, 0]  # padding is never a target
+
+
+# ---------------------------------------------------------------------------------------------
+# end to end
+# ---------------------------------------------------------------------------------------------
+STEPS, GBS, SEQ = 8, 4, 32
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """A tiny Llama HF folder (with the toy tokenizer) and a preprocessed toy corpus."""
+    import pai_zoo
+    from pai_zoo.data import toy
+    from pai_zoo.data.preprocess import preprocess
+
+    root = tmp_path_factory.mktemp("train")
+    toy.write_tokenizer(root / "hf", vocab_size=300)
+    handle = pai_zoo.load("llama3-tiny", backend="hf", seed=3, vocab_size=300)
+    handle.model.save_pretrained(root / "hf")
+    corpus = toy.write_corpus(root / "corpus.jsonl", documents=150)
+    preprocess([corpus], root / "toy", str(root / "hf"), append_eod=True, progress=False)
+    return root
+
+
+def train_args(setup, save, *extra):
+    return ["--model", str(setup / "hf"), "--data", str(setup / "toy_text_document"), "--save", str(save),
+            "--global-batch-size", str(GBS), "--batch-size", "1", "--seq-length", str(SEQ),
+            "--train-tokens", str(STEPS * GBS * SEQ), "--warmup-tokens", str(GBS * SEQ), "--lr", "3e-3",
+            "--min-lr", "3e-4", "--save-interval", "2", "--no-progress", *extra]
+
+
+def run(args, *, launcher=(), nproc=1, wrapper=None, check=True, timeout=600):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if nproc > 1:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        head = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+                "--master-addr", "127.0.0.1", "--master-port", str(port), "-m", "pai_zoo.cli", "train"]
+    elif wrapper is not None:
+        head = [sys.executable, str(REPO / "tests" / "train_interrupt.py"), *wrapper, "--"]
+    else:
+        head = [sys.executable, "-m", "pai_zoo.cli", "train"]
+    proc = subprocess.run([*head, *args], capture_output=True, text=True, timeout=timeout, env=env)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"train failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+    return proc
+
+
+def losses(save) -> list[float]:
+    return [json.loads(line)["loss"] for line in (Path(save) / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def baseline(setup):
+    save = setup / "baseline"
+    run(train_args(setup, save))
+    return save
+
+
+def test_training_loss_is_the_hf_models_cross_entropy(setup):
+    """Megatron's padded vocabulary (300 -> 384 rows) must not enter the softmax."""
+    import pai_zoo
+    from pai_zoo.handle import causal_mask
+    from pai_zoo.mcore.build import mask_padded_vocab
+
+    ids = torch.randint(0, 300, (2, 17), generator=torch.Generator().manual_seed(1))
+    inputs, labels = ids[:, :-1], ids[:, 1:]
+    hf = pai_zoo.load(setup / "hf", backend="hf")
+    want = torch.nn.functional.cross_entropy(hf.model(input_ids=inputs).logits.transpose(1, 2), labels, reduction="none")
+    model = pai_zoo.load(setup / "hf", backend="mcore").model
+    mask, positions = causal_mask(inputs)
+    unmasked = model(inputs, positions, mask, labels=labels)
+    assert (unmasked - want).abs().max().item() > 0.1  # the padding rows' exp(0) terms
+    mask_padded_vocab(model, 300)
+    got = model(inputs, positions, mask, labels=labels)
+    assert (got - want).abs().max().item() <= 1e-4
+
+
+def test_training_lowers_loss_logs_and_checkpoints(baseline):
+    records = [json.loads(line) for line in (baseline / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(1, STEPS + 1))
+    for key in ("loss", "lr", "grad_norm", "tokens_per_s", "target_tokens"):
+        assert all(key in r for r in records), key
+    assert records[-1]["loss"] < 0.9 * records[0]["loss"]
+    # Warm-up for one step to the peak, cosine decay to the floor at the last step.
+    assert records[0]["lr"] == pytest.approx(3e-3) and records[-1]["lr"] == pytest.approx(3e-4)
+    assert all(a["lr"] >= b["lr"] for a, b in zip(records, records[1:]))
+    assert (baseline / "latest_checkpointed_iteration.txt").read_text() == str(STEPS)
+    assert sorted(p.name for p in baseline.glob("iter_*")) == [f"iter_{i:07d}" for i in (2, 4, 6, 8)]
+
+
+def test_final_checkpoint_converts_to_hf_with_the_trained_logits(baseline, tmp_path):
+    import pai_zoo
+    from pai_zoo.conversion import convert
+
+    convert(baseline, tmp_path / "hf", to="hf")
+    ids = torch.randint(0, 300, (2, 20), generator=torch.Generator().manual_seed(0))
+    trained = pai_zoo.load(baseline, backend="mcore").logits(ids)
+    converted = pai_zoo.load(tmp_path / "hf", backend="hf")
+    assert (converted.logits(ids) - trained).abs().max().item() <= 1e-4
+    assert converted.tokenizer is not None and converted.tokenizer.vocab_size <= 300  # the tokenizer came along
+    start = pai_zoo.load(baseline.parent / "hf", backend="hf").logits(ids)
+    assert (start - trained).abs().max().item() > 1e-2  # and training changed the model
+
+
+def test_resume_after_sigkill_repeats_the_losses_exactly(setup, baseline):
+    save = setup / "killed"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "pai_zoo.cli", "train", *train_args(setup, save)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    metrics = save / "metrics.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        if metrics.is_file() and len(metrics.read_text().splitlines()) >= 5:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run ended before it could be killed"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert int((save / "latest_checkpointed_iteration.txt").read_text()) < STEPS
+    resumed = run(train_args(setup, save))
+    assert "resuming" in resumed.stdout
+    assert losses(save) == losses(baseline)  # step for step, bit for bit
+
+
+@pytest.mark.parametrize("moment", ["publish", "tracker"])
+def test_interrupted_save_keeps_the_previous_checkpoint(setup, baseline, moment):
+    save = setup / f"interrupted-{moment}"
+    proc = run(train_args(setup, save), wrapper=(moment, "4"), check=False)
+    assert proc.returncode == -signal.SIGKILL
+    assert (save / "latest_checkpointed_iteration.txt").read_text() == "2"
+    if moment == "publish":
+        assert (save / "iter_0000004.tmp").is_dir() and not (save / "iter_0000004").exists()
+    run(train_args(setup, save))
+    assert losses(save) == losses(baseline)
+    assert not list(save.glob("*.tmp"))
+
+
+def test_resume_refuses_changed_settings(setup, baseline):
+    proc = run(train_args(setup, baseline)[:-1] + ["--no-progress", "--global-batch-size", "8"], check=False)
+    # argparse keeps the last --global-batch-size: 8, which differs from the run's 4
+    assert proc.returncode == 1 and "global_batch_size: 4 -> 8" in proc.stderr
+
+
+@pytest.mark.parametrize("layout", [("--tp", "2"), ("--pp", "2"), ()], ids=["tp2", "pp2", "dp2"])
+def test_parallel_loss_curve_equals_one_process(setup, baseline, layout):
+    save = setup / f"parallel-{'-'.join(layout) or 'dp2'}"
+    run(train_args(setup, save, *layout), nproc=2)
+    got, want = losses(save), losses(baseline)
+    assert len(got) == len(want) == STEPS
+    assert max(abs(a - b) for a, b in zip(got, want)) <= PARALLEL_LOSS_ATOL, (got, want)
+
+
+def test_sft_training_uses_the_loss_mask(setup, tmp_path):
+    from pai_zoo.data.preprocess import preprocess_sft
+
+    records = tmp_path / "chat.jsonl"
+    from pai_zoo.data import toy
+
+    with open(records, "w") as f:
+        for i, sentence in enumerate(toy.sentences(60, seed=5)):
+            f.write(json.dumps({"messages": [{"role": "user", "content": f"say {i % 7}"},
+                                             {"role": "assistant", "content": sentence}]}) + "\n")
+    preprocess_sft([records], tmp_path / "chat", str(setup / "hf"), seq_length=SEQ * 2, progress=False)
+    save = tmp_path / "sft"
+    run(["--model", str(setup / "hf"), "--data", str(tmp_path / "chat"), "--save", str(save), "--sft",
+         "--global-batch-size", "2", "--seq-length", str(SEQ * 2), "--train-tokens", str(6 * 2 * SEQ * 2),
+         "--warmup-tokens", "0", "--lr", "3e-3", "--save-interval", "100", "--no-progress"])
+    records = [json.loads(line) for line in (save / "metrics.jsonl").read_text().splitlines()]
+    assert len(records) == 6 and records[-1]["loss"] < records[0]["loss"]
+    # Only assistant tokens are targets: far fewer than the tokens in the batch.
+    assert all(0 < r["target_tokens"] < 2 * SEQ * 2 * 0.8 for r in records)
