@@ -24,7 +24,7 @@ def pai_zoo(*args, plugins: str | None = None) -> subprocess.CompletedProcess:
     env.pop("PAI_ZOO_PLUGINS", None)
     if plugins is not None:
         env["PAI_ZOO_PLUGINS"] = plugins
-    return subprocess.run([PAI_ZOO, *map(str, args)], capture_output=True, text=True, timeout=600, env=env)
+    return subprocess.run([PAI_ZOO, *map(str, args)], capture_output=True, text=True, timeout=600, env=env, check=False)
 
 
 def write_prompts(path: Path) -> Path:

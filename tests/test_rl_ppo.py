@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 import pai_zoo
 from pai_zoo.cli import main as cli
@@ -36,7 +35,7 @@ def read_log(folder: Path) -> list[dict]:
     return [json.loads(line) for line in (folder / "log.jsonl").read_text().splitlines()]
 
 
-SMALL = dict(rollout_batch_size=8, mini_batch_size=4, ppo_epochs=1, max_new_tokens=4, actor_lr=1e-3, critic_lr=1e-3)
+SMALL = {"rollout_batch_size": 8, "mini_batch_size": 4, "ppo_epochs": 1, "max_new_tokens": 4, "actor_lr": 1e-3, "critic_lr": 1e-3}
 
 
 def test_ppo_raises_the_reward_with_bounded_kl(tmp_path, capsys):
@@ -128,7 +127,8 @@ def test_tensor_parallel_under_torchrun(tmp_path):
            f"rule:fraction={TARGET}", "--prompts", str(data), "--save", str(tmp_path / "run"), "--steps", "2",
            "--rollout-batch-size", "4", "--mini-batch-size", "2", "--ppo-epochs", "1", "--max-new-tokens", "4",
            "--actor-lr", "1e-3", "--tp", "2"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert [r["step"] for r in read_log(tmp_path / "run")] == [1, 2]  # rank 0 logs once per step
     record = json.loads((tmp_path / "run" / "actor" / dist_ckpt.PAI_ZOO_CONFIG).read_text())
@@ -210,3 +210,12 @@ def test_bad_prompts_file_names_its_line(tmp_path):
     _fails(tmp_path, f"{data}:2: no 'prompt' key", prompts=str(data))
     data.write_text('{"prompt": [1, 2]}\n{"prompt": [3, 1000]}\n')
     _fails(tmp_path, f"{data}:2: token ids outside the vocabulary [0, 1000): [1000]", prompts=str(data))
+
+
+def test_bad_settings_and_prompts(tmp_path):
+    _fails(tmp_path, "--temperature must be positive", temperature=0.0)
+    _fails(tmp_path, "--kl-target and --kl-horizon must be positive", kl_target=0.0)
+    _fails(tmp_path, "prompt 2 must be a non-empty list of token ids in [0, 1000)", prompts=[[1, 2], [3, 1000]])
+    context = pai_zoo.load("llama3-tiny").mcore_config["max_sequence_length"]  # 131072 (llama3 RoPE scaling)
+    _fails(tmp_path, f"prompt 1 has {context - 2} tokens; with --max-new-tokens 4 it exceeds the model's context of "
+           f"{context}", prompts=[[5] * (context - 2)])

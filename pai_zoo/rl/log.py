@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 
 
@@ -21,7 +20,7 @@ class MetricsLog:
         self._file = None
         if _rank() == 0:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = open(self.path, "a", encoding="utf-8")
+            self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - open for the whole run
 
     def write(self, record: dict) -> None:
         if self._file is None:

@@ -2,7 +2,7 @@
 together, running them on padded batches, and their optimizers."""
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -48,6 +48,16 @@ def check_same_tokenizer(a, b, a_role: str, b_role: str) -> None:
                               f"{', '.join(differ)} differ; they must share a tokenizer")
 
 
+def pad_id_of(handle) -> int:
+    """The padding id of a model's batches, recorded with a reward model (transformers reads the
+    score at the rightmost token that is not it): the tokenizer's pad id, else the config's, else 0."""
+    tokenizer = handle.tokenizer
+    if tokenizer is not None and tokenizer.pad_id is not None:
+        return int(tokenizer.pad_id)
+    configured = getattr(handle.hf_config, "pad_token_id", None)
+    return int(configured) if configured is not None else 0
+
+
 def pad_right(seqs: Sequence[Sequence[int]], pad_id: int = 0):
     """``(ids [b, L], mask [b, L])`` with each sequence left-aligned."""
     length = max(len(s) for s in seqs)
@@ -74,7 +84,10 @@ class Optimizer:
     learning rate; checkpointed with :mod:`pai_zoo.training.checkpointing`."""
 
     def __init__(self, model, lr: float, weight_decay: float = 0.0, max_grad_norm: float = 1.0):
-        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+        from megatron.core.distributed import (
+            DistributedDataParallel,
+            DistributedDataParallelConfig,
+        )
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
         from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 

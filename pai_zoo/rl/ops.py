@@ -165,7 +165,19 @@ def pairwise_loss(chosen: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:
 
 
 __all__ = [
-    "AdaptiveKLController", "FixedKLController", "KL_ESTIMATORS", "entropy_of", "gae", "kl_controller", "kl_penalty",
-    "kl_penalised_rewards", "logprobs_of", "masked_mean", "masked_var", "masked_whiten", "pairwise_loss",
-    "policy_loss", "value_loss",
+    "KL_ESTIMATORS",
+    "AdaptiveKLController",
+    "FixedKLController",
+    "entropy_of",
+    "gae",
+    "kl_controller",
+    "kl_penalised_rewards",
+    "kl_penalty",
+    "logprobs_of",
+    "masked_mean",
+    "masked_var",
+    "masked_whiten",
+    "pairwise_loss",
+    "policy_loss",
+    "value_loss",
 ]

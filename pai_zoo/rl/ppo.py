@@ -20,12 +20,13 @@ from pathlib import Path
 from ..errors import PaiZooError
 from . import RLTrainer
 
-DEFAULTS = dict(
-    critic=None, steps=20, rollout_batch_size=16, ppo_epochs=2, mini_batch_size=8, clip_range=0.2, value_clip=0.2,
-    kl_coef=0.05, kl_target=None, kl_horizon=10000, kl_estimator="k1", gamma=1.0, lam=0.95, max_new_tokens=16,
-    temperature=1.0, top_k=0, top_p=1.0, actor_lr=1e-6, critic_lr=1e-5, max_grad_norm=1.0, whiten_advantages=True,
-    seed=0, save_every=0, resume=True, tensor_parallel_size=1, quiet=False,
-)
+DEFAULTS = {
+    "critic": None, "steps": 20, "rollout_batch_size": 16, "ppo_epochs": 2, "mini_batch_size": 8,
+    "clip_range": 0.2, "value_clip": 0.2, "kl_coef": 0.05, "kl_target": None, "kl_horizon": 10000,
+    "kl_estimator": "k1", "gamma": 1.0, "lam": 0.95, "max_new_tokens": 16, "temperature": 1.0, "top_k": 0,
+    "top_p": 1.0, "actor_lr": 1e-6, "critic_lr": 1e-5, "max_grad_norm": 1.0, "whiten_advantages": True,
+    "seed": 0, "save_every": 0, "resume": True, "tensor_parallel_size": 1, "quiet": False,
+}
 
 
 class PPOTrainer(RLTrainer):
@@ -80,10 +81,16 @@ class _PPORun:
         import torch
 
         from .checkpoint import latest_iteration, load_model_state
-        from .data import read_prompts
         from .heads import has_score_head
         from .log import MetricsLog
-        from .models import Optimizer, check_same_tokenizer, describe, load_model, value_model
+        from .models import (
+            Optimizer,
+            check_same_tokenizer,
+            describe,
+            load_model,
+            pad_id_of,
+            value_model,
+        )
         from .ops import kl_controller
         from .rewards import make_reward
 
@@ -94,6 +101,10 @@ class _PPORun:
             raise PaiZooError("ppo: rollout and mini-batch sizes must be positive")
         if s["kl_estimator"] not in ("k1", "k2", "k3"):
             raise PaiZooError(f"ppo: unknown KL estimator {s['kl_estimator']!r}")
+        if s["kl_target"] is not None and (s["kl_target"] <= 0 or s["kl_horizon"] <= 0):
+            raise PaiZooError("ppo: --kl-target and --kl-horizon must be positive")
+        if not s["temperature"] > 0:
+            raise PaiZooError("ppo: --temperature must be positive (PPO samples from the policy)")
         self.s = s
         self.save = Path(s["save"])
         tp, seed = s["tensor_parallel_size"], s["seed"]
@@ -115,11 +126,7 @@ class _PPORun:
         self.reference.model.eval()
         for p in self.reference.model.parameters():
             p.requires_grad_(False)
-        prompts = s["prompts"]
-        self.prompts = (read_prompts(prompts, self.actor.tokenizer, self.actor.vocab_size)
-                        if isinstance(prompts, (str, Path)) else [list(p) for p in prompts])
-        if not self.prompts:
-            raise PaiZooError("ppo: no prompts")
+        self.prompts = self._prompts(s["prompts"])
         self.order = list(range(len(self.prompts)))
         random.Random(seed).shuffle(self.order)
         self.actor_opt = Optimizer(self.actor.model, s["actor_lr"], max_grad_norm=s["max_grad_norm"])
@@ -131,11 +138,34 @@ class _PPORun:
             state = load_model_state(self.save / "actor", self.actor.model, self.actor_opt)
             self.kl.load_state_dict(state["kl"])
             self.step = state["step"]
-        from .reward import _pad_id
-
-        self.pad_id = _pad_id(self.actor)
+        self.pad_id = pad_id_of(self.actor)
         self.log = MetricsLog(self.save / "log.jsonl", "ppo", quiet=s["quiet"])
         self.resumed_from = resume_at
+
+    def _prompts(self, prompts) -> list[list[int]]:
+        """The prompts as token ids, each inside the vocabulary and leaving room for a response."""
+        from ..generation import context_length
+        from .data import read_prompts
+
+        if isinstance(prompts, (str, Path)):
+            prompts = read_prompts(prompts, self.actor.tokenizer, self.actor.vocab_size)
+        prompts = [list(p) for p in prompts]
+        if not prompts:
+            raise PaiZooError("ppo: no prompts")
+        context, room = context_length(self.actor), self.s["max_new_tokens"]
+        for number, ids in enumerate(prompts, start=1):
+            if not ids or not all(isinstance(t, int) and 0 <= t < self.actor.vocab_size for t in ids):
+                raise PaiZooError(f"ppo: prompt {number} must be a non-empty list of token ids in [0, {self.actor.vocab_size})")
+            if context and len(ids) + room > context:
+                raise PaiZooError(f"ppo: prompt {number} has {len(ids)} tokens; with --max-new-tokens {room} it "
+                                  f"exceeds the model's context of {context}")
+        return prompts
+
+    def _logits(self, model, ids, mask, P: int):
+        """The policy's next-token logits over the response positions, at the sampling temperature."""
+        from .models import forward
+
+        return forward(model, ids, mask)[:, P - 1:-1, : self.actor.vocab_size].float() / self.s["temperature"]
 
     # -- one rollout --------------------------------------------------------------------------
     def rollout(self) -> dict:
@@ -143,7 +173,13 @@ class _PPORun:
 
         from ..generation import generate
         from .models import forward
-        from .ops import gae, kl_penalised_rewards, kl_penalty, logprobs_of, masked_whiten
+        from .ops import (
+            gae,
+            kl_penalised_rewards,
+            kl_penalty,
+            logprobs_of,
+            masked_whiten,
+        )
 
         s, B = self.s, self.s["rollout_batch_size"]
         prompts = [self.prompts[self.order[(self.step * B + i) % len(self.prompts)]] for i in range(B)]
@@ -158,12 +194,11 @@ class _PPORun:
             ids[row, P:P + len(r)] = torch.as_tensor(r)
             mask[row, P - len(p):P + len(r)] = 1
         response_mask = mask[:, P:].float()
-        V = self.actor.vocab_size
         with torch.no_grad():
             self.actor.model.eval()
             self.critic.model.eval()
-            old_logprobs = logprobs_of(forward(self.actor.model, ids, mask)[:, P - 1:-1, :V], ids[:, P:])
-            ref_logprobs = logprobs_of(forward(self.reference.model, ids, mask)[:, P - 1:-1, :V], ids[:, P:])
+            old_logprobs = logprobs_of(self._logits(self.actor.model, ids, mask, P), ids[:, P:])
+            ref_logprobs = logprobs_of(self._logits(self.reference.model, ids, mask, P), ids[:, P:])
             values = forward(self.critic.model, ids, mask)[:, P - 1:-1, 0].float()
             scores = self.reward(prompts, responses).float()
             rewards = kl_penalised_rewards(scores, old_logprobs, ref_logprobs, response_mask, self.kl.value,
@@ -172,9 +207,9 @@ class _PPORun:
             if s["whiten_advantages"]:
                 advantages = masked_whiten(advantages, response_mask)
             kl_per_sequence = (kl_penalty(old_logprobs, ref_logprobs, "k1") * response_mask).sum(-1)
-        return dict(ids=ids, mask=mask, P=P, response_mask=response_mask, old_logprobs=old_logprobs,
-                    values=values, advantages=advantages, returns=returns, scores=scores,
-                    kl=float(kl_per_sequence.mean()), lengths=response_mask.sum(-1))
+        return {"ids": ids, "mask": mask, "P": P, "response_mask": response_mask, "old_logprobs": old_logprobs,
+                    "values": values, "advantages": advantages, "returns": returns, "scores": scores,
+                    "kl": float(kl_per_sequence.mean()), "lengths": response_mask.sum(-1)}
 
     # -- PPO updates --------------------------------------------------------------------------
     def update(self, batch: dict) -> dict:
@@ -183,7 +218,7 @@ class _PPORun:
         from .models import forward
         from .ops import entropy_of, logprobs_of, masked_mean, policy_loss, value_loss
 
-        s, B, P, V = self.s, self.s["rollout_batch_size"], batch["P"], self.actor.vocab_size
+        s, B, P = self.s, self.s["rollout_batch_size"], batch["P"]
         value_clip = s["value_clip"] if s["value_clip"] is not None and s["value_clip"] >= 0 else None
         generator = torch.Generator().manual_seed(s["seed"] * 7919 + self.step)
         sums: dict[str, float] = {}
@@ -194,7 +229,7 @@ class _PPORun:
                 idx = perm[first:first + s["mini_batch_size"]]
                 ids, mask, rmask = batch["ids"][idx], batch["mask"][idx], batch["response_mask"][idx]
                 self.actor.model.train()
-                logits = forward(self.actor.model, ids, mask)[:, P - 1:-1, :V]
+                logits = self._logits(self.actor.model, ids, mask, P)
                 logprobs = logprobs_of(logits, ids[:, P:])
                 pg_loss, clip_frac = policy_loss(logprobs, batch["old_logprobs"][idx], batch["advantages"][idx], rmask,
                                                  s["clip_range"])

@@ -14,8 +14,8 @@ from pathlib import Path
 from ..errors import PaiZooError
 from . import RLTrainer
 
-DEFAULTS = dict(epochs=1, batch_size=8, lr=1e-5, weight_decay=0.0, eval_fraction=0.1, seed=0, max_grad_norm=1.0,
-                tensor_parallel_size=1, log_every=1)
+DEFAULTS = {"epochs": 1, "batch_size": 8, "lr": 1e-5, "weight_decay": 0.0, "eval_fraction": 0.1, "seed": 0,
+            "max_grad_norm": 1.0, "tensor_parallel_size": 1, "log_every": 1}
 
 
 class RewardTrainer(RLTrainer):
@@ -49,7 +49,7 @@ class RewardTrainer(RLTrainer):
         from .data import read_pairs
         from .heads import head_record
         from .log import MetricsLog
-        from .models import Optimizer, load_model, value_model
+        from .models import Optimizer, load_model, pad_id_of, value_model
         from .ops import pairwise_loss
 
         s = {**DEFAULTS, **self.settings}
@@ -66,7 +66,7 @@ class RewardTrainer(RLTrainer):
                 raise PaiZooError(f"{pair.where}: {longest} tokens exceed the model's context of {context}")
         handle = value_model(handle, seed=s["seed"])
         model = handle.model
-        pad_id = _pad_id(handle)
+        pad_id = pad_id_of(handle)
         order = list(range(len(pairs)))
         random.Random(s["seed"]).shuffle(order)
         held = max(1, round(len(pairs) * s["eval_fraction"])) if len(pairs) > 1 and s["eval_fraction"] > 0 else 0
@@ -97,16 +97,6 @@ class RewardTrainer(RLTrainer):
         log.close()
         return {"steps": step, "loss": loss, "eval_accuracy_before": accuracy_before, "eval_accuracy": accuracy,
                 "eval_pairs": len(evaluation), "checkpoint": str(path)}
-
-
-def _pad_id(handle) -> int:
-    """The id recorded as the reward model's padding (transformers reads the score at the
-    rightmost token that is not it): the tokenizer's pad id, else the config's, else 0."""
-    tokenizer = handle.tokenizer
-    if tokenizer is not None and tokenizer.pad_id is not None:
-        return int(tokenizer.pad_id)
-    configured = getattr(handle.hf_config, "pad_token_id", None)
-    return int(configured) if configured is not None else 0
 
 
 def score_pairs(model, pairs, pad_id: int):

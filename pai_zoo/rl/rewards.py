@@ -10,7 +10,7 @@ token ids. ``--reward`` takes a reward-model folder or a rule:
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
