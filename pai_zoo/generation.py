@@ -27,6 +27,7 @@ the same sampling parameters; the same stop rules are applied to its output.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -346,34 +347,62 @@ def mcore_generate(model, prompts: Sequence[Sequence[int]], params: SamplingPara
     tp_group = ps.get_tensor_model_parallel_group() if ps.model_parallel_is_initialized() else None
     tp_src = ps.get_tensor_model_parallel_src_rank() if tp_group is not None else 0
     tp = ps.get_tensor_model_parallel_world_size() if tp_group is not None else 1
+    # the whole run's padding and positions, built once: step t uses the first length + t columns
+    keep = torch.cat([keep, torch.ones(batch, params.max_new_tokens, dtype=torch.bool)], dim=1)
     positions = (keep.long().cumsum(-1) - 1).clamp(min=0)
+    hidden = _decode_mask(keep)  # step t's mask: its first length + t + 1 columns
     model_was_training = model.training
     model.eval()
     try:
-        with torch.no_grad():  # not inference_mode: megatron's shared buffers are reused by training
-            logits = model(ids, positions, _prefill_mask(keep), inference_context=context,
+        with _inference_mode():
+            logits = model(ids, positions[:, :length], _prefill_mask(keep[:, :length]), inference_context=context,
                            runtime_gather_output=True)[:, -1, :vocab_size]
-            for _step in range(params.max_new_tokens):
+            for step in range(params.max_new_tokens):
                 token = choose_tokens(logits.float(), params, generator)
                 if tp > 1:
                     torch.distributed.broadcast(token, src=tp_src, group=tp_group)
                 done = [f.add(t) for f, t in zip(finishers, token.tolist())]
                 if all(done):
                     break
-                next_position = positions[:, -1:] + 1
-                keep = torch.cat([keep, torch.ones(batch, 1, dtype=torch.bool)], dim=1)
-                positions = torch.cat([positions, next_position], dim=1)
+                seen = length + step + 1  # tokens in the sequence after this one
                 if use_cache:
-                    context.sequence_len_offset = keep.shape[1] - 1
+                    context.sequence_len_offset = seen - 1
                     context.enable_decode_mode()
-                    out = model(token[:, None], next_position, _decode_mask(keep), inference_context=context,
-                                runtime_gather_output=True)
+                    out = model(token[:, None], positions[:, seen - 1:seen], hidden[..., :seen],
+                                inference_context=context, runtime_gather_output=True)
                 else:
                     ids = torch.cat([ids, token[:, None]], dim=1)
-                    out = model(ids, positions, _prefill_mask(keep), runtime_gather_output=True)
+                    out = model(ids, positions[:, :seen], _prefill_mask(keep[:, :seen]), runtime_gather_output=True)
                 logits = out[:, -1, :vocab_size]
     finally:
         model.train(model_was_training)
+
+
+@contextlib.contextmanager
+def _inference_mode():
+    """``torch.inference_mode()`` for a generation run (less autograd bookkeeping per op), then
+    drop the inference tensors megatron-core keeps between calls -- its global memory buffer and
+    the RoPE frequencies ``RotaryEmbedding.forward`` caches -- so a later training step (RL
+    trains the model that generated) never receives one (autograd refuses inference tensors)."""
+    import torch
+    from megatron.core import parallel_state as ps
+    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+
+    buffers = ps.get_global_memory_buffer().buffer if ps._GLOBAL_MEMORY_BUFFER is not None else {}
+    before = dict(buffers)
+    try:
+        with torch.inference_mode():
+            yield
+    finally:
+        for key, tensor in list(buffers.items()):
+            if isinstance(tensor, torch.Tensor) and tensor.is_inference():
+                if key in before:
+                    buffers[key] = before[key]
+                else:
+                    del buffers[key]
+        cache_clear = getattr(RotaryEmbedding.forward, "cache_clear", None)
+        if cache_clear is not None:
+            cache_clear()
 
 
 # -- transformers -----------------------------------------------------------------------------
