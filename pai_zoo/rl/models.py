@@ -84,27 +84,11 @@ class Optimizer:
     learning rate; checkpointed with :mod:`pai_zoo.training.checkpointing`."""
 
     def __init__(self, model, lr: float, weight_decay: float = 0.0, max_grad_norm: float = 1.0):
-        from megatron.core.distributed import (
-            DistributedDataParallel,
-            DistributedDataParallelConfig,
-        )
-        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-        from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+        from ..training.optim import megatron_optimizer
 
         self.model = model
-        dtype = next(model.parameters()).dtype
-        ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
-                                                   use_distributed_optimizer=False)
-        self.ddp = DistributedDataParallel(config=model.config, ddp_config=ddp_config, module=model)
-        config = OptimizerConfig(optimizer="adam", lr=lr, min_lr=lr, weight_decay=weight_decay, adam_beta1=0.9,
-                                 adam_beta2=0.95, adam_eps=1e-8, clip_grad=max_grad_norm, params_dtype=dtype,
-                                 bf16=dtype == torch.bfloat16, use_distributed_optimizer=False)
-        self.optimizer = get_megatron_optimizer(config, [self.ddp])
-        self.scheduler = OptimizerParamScheduler(
-            self.optimizer, init_lr=lr, max_lr=lr, min_lr=lr, lr_warmup_steps=0, lr_decay_steps=1,
-            lr_decay_style="constant", start_wd=weight_decay, end_wd=weight_decay, wd_incr_steps=1,
-            wd_incr_style="constant",
-        )
+        self.ddp, self.optimizer, self.scheduler = megatron_optimizer(
+            model, lr=lr, weight_decay=weight_decay, clip_grad=max_grad_norm)
         self.zero_grad()
 
     def zero_grad(self) -> None:

@@ -50,7 +50,7 @@ def _split_bounds(n: int, weights: list[float]) -> list[tuple[int, int]]:
     total = sum(weights)
     cuts = [0]
     for w in weights:
-        cuts.append(cuts[-1] + int(round(w / total * n)))
+        cuts.append(cuts[-1] + round(w / total * n))
     cuts = [min(c, n) for c in cuts]
     cuts[-1] = n
     return [(cuts[i], cuts[i + 1]) for i in range(3)]
@@ -69,7 +69,9 @@ def check_data(cfg: TrainConfig) -> None:
 def build_pretraining_datasets(cfg: TrainConfig, vocab_size: int, eod: int, samples: tuple[int, int], cache: Path):
     """``(train, valid)`` megatron ``GPTDataset``/``BlendedDataset`` objects holding at least
     ``samples`` samples each (``valid`` is ``None`` when it needs none or the split has none)."""
-    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+    from megatron.core.datasets.blended_megatron_dataset_builder import (
+        BlendedMegatronDatasetBuilder,
+    )
     from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 
     prefixes, weights = cfg.data_blend()

@@ -48,7 +48,7 @@ class StepMetrics:
 def _world() -> tuple[int, int]:
     if torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
 class Trainer:
@@ -122,7 +122,6 @@ class Trainer:
                                    f"{'; '.join(changed)} would not continue it (use another --save folder)")
 
     def _build_model(self, source) -> None:
-        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
         from ..handle import load_mcore_weights
@@ -146,9 +145,6 @@ class Trainer:
         if torch.cuda.is_available():
             model.cuda()
         self.model = model
-        ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
-                                                   use_distributed_optimizer=False)
-        self.ddp = DistributedDataParallel(config=model.config, ddp_config=ddp_config, module=model)
 
     def _write_model_description(self, source) -> None:
         """``pai_zoo.json`` and ``hf/`` beside the checkpoints (read by convert and load)."""
@@ -173,27 +169,14 @@ class Trainer:
         tmp.replace(self.save_dir / CONFIG_FILE)
 
     def _build_optimizer(self) -> None:
-        from megatron.core.distributed import finalize_model_grads
-        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-        from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+        from .optim import megatron_optimizer
 
         cfg = self.cfg
-        opt_config = OptimizerConfig(
-            optimizer="adam", lr=cfg.learning_rate, min_lr=cfg.min_learning_rate, weight_decay=cfg.weight_decay,
+        self.ddp, self.optimizer, self.scheduler = megatron_optimizer(
+            self.model, lr=cfg.learning_rate, min_lr=cfg.min_learning_rate, weight_decay=cfg.weight_decay,
             adam_beta1=cfg.adam_beta1, adam_beta2=cfg.adam_beta2, adam_eps=cfg.adam_eps, clip_grad=cfg.clip_grad,
-            bf16=cfg.bf16, params_dtype=self.dtype, use_distributed_optimizer=False,
+            warmup_steps=cfg.warmup_steps, decay_steps=cfg.train_steps, decay_style="cosine",
         )
-        self.optimizer = get_megatron_optimizer(opt_config, [self.ddp])
-        self.scheduler = OptimizerParamScheduler(
-            self.optimizer, init_lr=0.0, max_lr=cfg.learning_rate, min_lr=cfg.min_learning_rate,
-            lr_warmup_steps=cfg.warmup_steps, lr_decay_steps=cfg.train_steps, lr_decay_style="cosine",
-            start_wd=cfg.weight_decay, end_wd=cfg.weight_decay, wd_incr_steps=cfg.train_steps,
-            wd_incr_style="constant",
-        )
-        config = self.model.config
-        config.finalize_model_grads_func = finalize_model_grads
-        config.no_sync_func = self.ddp.no_sync
-        config.grad_scale_func = self.optimizer.scale_loss
 
     def _build_data(self) -> None:
         from . import data

@@ -1,0 +1,44 @@
+"""megatron-core's training wrappers for one model: ``DistributedDataParallel``, Adam with
+tensor-parallel-aware gradient clipping, and an ``OptimizerParamScheduler``. Shared by
+``pai-zoo train`` and the RL trainers."""
+from __future__ import annotations
+
+import torch
+
+
+def megatron_optimizer(model, *, lr: float, min_lr: float | None = None, weight_decay: float = 0.0,
+                       adam_beta1: float = 0.9, adam_beta2: float = 0.95, adam_eps: float = 1e-8,
+                       clip_grad: float = 1.0, warmup_steps: int = 0, decay_steps: int = 1,
+                       decay_style: str = "constant"):
+    """``(ddp, optimizer, scheduler)`` for ``model`` (a GPTModel on this rank).
+
+    The learning rate warms up linearly from 0 over ``warmup_steps`` (from ``lr`` at once when 0)
+    and decays by ``decay_style`` (``constant``, ``cosine``, ``linear``) to ``min_lr`` at
+    ``decay_steps``. The model's config gets the hooks megatron's schedules call
+    (``finalize_model_grads``, ``no_sync``, the loss scale)."""
+    from megatron.core.distributed import (
+        DistributedDataParallel,
+        DistributedDataParallelConfig,
+        finalize_model_grads,
+    )
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    min_lr = lr if min_lr is None else min_lr
+    dtype = next(model.parameters()).dtype
+    ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
+                                               use_distributed_optimizer=False)
+    ddp = DistributedDataParallel(config=model.config, ddp_config=ddp_config, module=model)
+    config = OptimizerConfig(optimizer="adam", lr=lr, min_lr=min_lr, weight_decay=weight_decay,
+                             adam_beta1=adam_beta1, adam_beta2=adam_beta2, adam_eps=adam_eps, clip_grad=clip_grad,
+                             bf16=dtype == torch.bfloat16, params_dtype=dtype, use_distributed_optimizer=False)
+    optimizer = get_megatron_optimizer(config, [ddp])
+    scheduler = OptimizerParamScheduler(
+        optimizer, init_lr=0.0 if warmup_steps else lr, max_lr=lr, min_lr=min_lr, lr_warmup_steps=warmup_steps,
+        lr_decay_steps=max(decay_steps, 1), lr_decay_style=decay_style, start_wd=weight_decay, end_wd=weight_decay,
+        wd_incr_steps=max(decay_steps, 1), wd_incr_style="constant",
+    )
+    model.config.finalize_model_grads_func = finalize_model_grads
+    model.config.no_sync_func = ddp.no_sync
+    model.config.grad_scale_func = optimizer.scale_loss
+    return ddp, optimizer, scheduler
