@@ -78,6 +78,33 @@ def test_kv_cache_gives_the_same_tokens_as_full_recompute(mcore):
         assert [r.token_ids for r in cached] == [r.token_ids for r in full]
 
 
+def test_model_trains_after_generation(mcore):
+    # generation runs under torch.inference_mode; megatron-core caches RoPE frequencies per sequence
+    # length and keeps a global buffer that training writes into in place (sequence-parallel
+    # all-gather): neither may keep an inference tensor (autograd and in-place writes refuse them).
+    from megatron.core import parallel_state
+
+    buffers = parallel_state.get_global_memory_buffer().buffer
+    buffers.clear()  # the generation below allocates them afresh
+    out = mcore.generate([[1, 450, 4996], [1, 15043]], max_new_tokens=5, eos_token_id=[])
+    for tensor in buffers.values():
+        tensor.zero_()  # raises for an inference tensor
+    total = 3 + 5
+    model = mcore.model
+    model.train()
+    try:
+        ids = torch.tensor([[1, 450, 4996, 29871, 13, 1576, 3681, 338]] * 2)
+        mask = torch.triu(torch.ones(total, total, dtype=torch.bool), diagonal=1)[None, None]
+        loss = model(ids, torch.arange(total)[None].expand(2, -1), mask).float().logsumexp(-1).mean()
+        loss.backward()
+        grads = [p.grad for p in model.parameters() if p.requires_grad]
+        assert all(g is not None and torch.isfinite(g).all() for g in grads) and any(g.abs().sum() > 0 for g in grads)
+    finally:
+        model.zero_grad(set_to_none=True)
+        model.eval()
+    assert [len(r.token_ids) for r in out] == [5, 5]
+
+
 def test_right_padded_input_with_attention_mask_equals_unpadded_prompts(mcore):
     prompts = [[1, 450, 4996], [1, 15043]]
     ids = torch.tensor([[1, 450, 4996], [1, 15043, 0]])
