@@ -137,7 +137,7 @@ class TrainConfig:
 
     # ---- reading ----------------------------------------------------------------------
     @classmethod
-    def from_mapping(cls, values: dict[str, Any], where: str = "settings") -> "TrainConfig":
+    def from_mapping(cls, values: dict[str, Any], where: str = "settings") -> TrainConfig:
         known = {f.name: f for f in fields(cls)}
         unknown = sorted(set(values) - set(known))
         if unknown:
@@ -148,7 +148,7 @@ class TrainConfig:
         return config
 
     @classmethod
-    def load(cls, path=None, overrides: dict[str, Any] | None = None) -> "TrainConfig":
+    def load(cls, path=None, overrides: dict[str, Any] | None = None) -> TrainConfig:
         """Settings from a YAML file (optional) with ``overrides`` (flags) on top."""
         values: dict[str, Any] = {}
         if path is not None:
