@@ -5,11 +5,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pai_zoo import (
-    ConfigMap, ConfigTranslationError, Copy, Dropped, Family, Field, Fixed, FusedQKV, GateUp, Output, Vocab, WeightMap,
+    ConfigMap,
+    ConfigTranslationError,
+    Dropped,
+    Family,
+    Field,
+    Fixed,
+    FusedQKV,
+    WeightMap,
     hookimpl,
 )
 from pai_zoo.config_map import FAMILY_KEY_PREFIX, Rule
 from pai_zoo.family import LazyClass
+from pai_zoo.layouts import HF_LAYER, MCORE_LAYER, llama_layout
 from pai_zoo.mcore.alibi import ALIBI
 
 from .presets import PRESETS
@@ -76,23 +84,13 @@ CONFIG = ConfigMap(
     passthrough=("z_loss_weight", "gradient_checkpointing", "_from_model_config"),
 )
 
-L, M = "model.layers.{layer}.", "decoder.layers.{layer}."
+L, M = HF_LAYER, MCORE_LAYER
 
 
 def weights(config) -> WeightMap:
     """Baichuan's table. ``lm_head.weight`` is the stored (un-normalised) weight in both directions: the
     NormHead normalises it in the forward pass on each side, so the round trip is bit-identical."""
-    rows = [
-        Vocab("model.embed_tokens.weight", "embedding.word_embeddings.weight"),
-        Copy(L + "input_layernorm.weight", M + "input_layernorm.weight"),
-        FusedQKV(L + "self_attn.W_pack.weight", M + "self_attention.linear_qkv.weight"),
-        Copy(L + "self_attn.o_proj.weight", M + "self_attention.linear_proj.weight"),
-        Copy(L + "post_attention_layernorm.weight", M + "pre_mlp_layernorm.weight"),
-        GateUp(L + "mlp.{gate,up}_proj.weight", M + "mlp.linear_fc1.weight"),
-        Copy(L + "mlp.down_proj.weight", M + "mlp.linear_fc2.weight"),
-        Copy("model.norm.weight", "decoder.final_layernorm.weight"),
-        Output("lm_head.weight", "output_layer.weight"),
-    ]
+    rows = llama_layout(qkv=FusedQKV(L + "self_attn.W_pack.weight", M + "self_attention.linear_qkv.weight"))
     if config.get("position_embedding_type") == "rope":
         rows.append(Dropped(L + "self_attn.rotary_emb.inv_freq"))  # a buffer older checkpoints saved
     return WeightMap(*rows)

@@ -3,8 +3,18 @@
 interleaved rotary embeddings on half of each head."""
 from __future__ import annotations
 
-from pai_zoo import QKV, ConfigMap, Copy, Family, Field, Fixed, Output, Rope, Vocab, WeightMap, hookimpl
+from pai_zoo import (
+    ConfigMap,
+    Copy,
+    Family,
+    Field,
+    Fixed,
+    Rope,
+    WeightMap,
+    hookimpl,
+)
 from pai_zoo.config_map import FAMILY_KEY_PREFIX, Rule
+from pai_zoo.layouts import HF_LAYER, MCORE_LAYER, llama_layout, qkv_bias
 
 from .presets import PRESETS
 from .tokenizer_files import write_glm4_tokenizer
@@ -49,24 +59,14 @@ CONFIG = ConfigMap(
     ),
 )
 
-L, M = "model.layers.{layer}.", "decoder.layers.{layer}."
+L, M = HF_LAYER, MCORE_LAYER
 
 
 def weights(config) -> WeightMap:
     """GLM's table: ``gate_up_proj`` is already megatron's ``[gate; up]``; Glm4 adds the two post norms."""
-    rows = [
-        Vocab("model.embed_tokens.weight", "embedding.word_embeddings.weight"),
-        Copy(L + "input_layernorm.weight", M + "input_layernorm.weight"),
-        QKV(L + "self_attn.{q,k,v}_proj.weight", M + "self_attention.linear_qkv.weight"),
-        Copy(L + "self_attn.o_proj.weight", M + "self_attention.linear_proj.weight"),
-        Copy(L + "post_attention_layernorm.weight", M + "pre_mlp_layernorm.weight"),
-        Copy(L + "mlp.gate_up_proj.weight", M + "mlp.linear_fc1.weight"),
-        Copy(L + "mlp.down_proj.weight", M + "mlp.linear_fc2.weight"),
-        Copy("model.norm.weight", "decoder.final_layernorm.weight"),
-        Output("lm_head.weight", "output_layer.weight"),
-    ]
+    rows = llama_layout(fc1=Copy(L + "mlp.gate_up_proj.weight", M + "mlp.linear_fc1.weight"))
     if config.get("add_qkv_bias"):
-        rows.append(QKV(L + "self_attn.{q,k,v}_proj.bias", M + "self_attention.linear_qkv.bias"))
+        rows.append(qkv_bias())
     if config.get(POST_NORMS):
         rows += [
             Copy(L + "post_self_attn_layernorm.weight", M + "self_attention.linear_proj.post_layernorm.weight"),

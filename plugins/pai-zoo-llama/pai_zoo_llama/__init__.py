@@ -1,8 +1,20 @@
 """pai-zoo plugin for Llama 1/2/3.x and Mistral: RMSNorm, RoPE (with llama3 scaling), SwiGLU, GQA."""
 from __future__ import annotations
 
-from pai_zoo import QKV, ConfigMap, Copy, Family, Field, Fixed, GateUp, Output, Require, Rope, Vocab, WeightMap, hookimpl
+from pai_zoo import (
+    ConfigMap,
+    Copy,
+    Family,
+    Field,
+    Fixed,
+    GateUp,
+    Require,
+    Rope,
+    WeightMap,
+    hookimpl,
+)
 from pai_zoo.config_map import sliding_window
+from pai_zoo.layouts import HF_LAYER, MCORE_LAYER, llama_layout, qkv_bias
 
 from .presets import PRESETS
 
@@ -31,24 +43,14 @@ CONFIG = ConfigMap(
     passthrough=("pretraining_tp",),  # a slicing trick of the original training code; same maths
 )
 
-L, M = "model.layers.{layer}.", "decoder.layers.{layer}."
+L, M = HF_LAYER, MCORE_LAYER
 
 
 def weights(config) -> WeightMap:
     """Llama's table; biases only where the config has them."""
-    rows = [
-        Vocab("model.embed_tokens.weight", "embedding.word_embeddings.weight"),
-        Copy(L + "input_layernorm.weight", M + "input_layernorm.weight"),
-        QKV(L + "self_attn.{q,k,v}_proj.weight", M + "self_attention.linear_qkv.weight"),
-        Copy(L + "self_attn.o_proj.weight", M + "self_attention.linear_proj.weight"),
-        Copy(L + "post_attention_layernorm.weight", M + "pre_mlp_layernorm.weight"),
-        GateUp(L + "mlp.{gate,up}_proj.weight", M + "mlp.linear_fc1.weight"),
-        Copy(L + "mlp.down_proj.weight", M + "mlp.linear_fc2.weight"),
-        Copy("model.norm.weight", "decoder.final_layernorm.weight"),
-        Output("lm_head.weight", "output_layer.weight"),
-    ]
+    rows = llama_layout()
     if config.get("add_qkv_bias"):
-        rows.append(QKV(L + "self_attn.{q,k,v}_proj.bias", M + "self_attention.linear_qkv.bias"))
+        rows.append(qkv_bias())
     if config.get("add_bias_linear"):
         rows += [
             Copy(L + "self_attn.o_proj.bias", M + "self_attention.linear_proj.bias"),

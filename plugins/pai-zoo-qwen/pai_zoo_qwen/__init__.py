@@ -7,11 +7,24 @@
 from __future__ import annotations
 
 from pai_zoo import (
-    QKV, ConfigMap, ConfigTranslationError, Copy, Family, Field, Fixed, FusedQKV, GateUp, Output, Require, Rope,
-    Vocab, WeightMap, hookimpl,
+    ConfigMap,
+    ConfigTranslationError,
+    Copy,
+    Family,
+    Field,
+    Fixed,
+    FusedQKV,
+    GateUp,
+    Output,
+    Require,
+    Rope,
+    Vocab,
+    WeightMap,
+    hookimpl,
 )
 from pai_zoo.config_map import Rule
 from pai_zoo.family import LazyClass
+from pai_zoo.layouts import HF_LAYER, MCORE_LAYER, llama_layout, qkv_bias
 
 from .presets import QWEN2_PRESETS, QWEN3_PRESETS, QWEN_V1_PRESETS
 from .tokenizer_files import write_qwen2_tokenizer, write_qwen_tiktoken_tokenizer
@@ -102,24 +115,14 @@ QWEN3_CONFIG = ConfigMap(
     passthrough=("use_sliding_window", "max_window_layers"),
 )
 
-L, M = "model.layers.{layer}.", "decoder.layers.{layer}."
+L, M = HF_LAYER, MCORE_LAYER
 
 
 def qwen2_weights(config) -> WeightMap:
     """Qwen2's table (QKV bias); Qwen3's adds the per-head q/k norms and has no QKV bias."""
-    rows = [
-        Vocab("model.embed_tokens.weight", "embedding.word_embeddings.weight"),
-        Copy(L + "input_layernorm.weight", M + "input_layernorm.weight"),
-        QKV(L + "self_attn.{q,k,v}_proj.weight", M + "self_attention.linear_qkv.weight"),
-        Copy(L + "self_attn.o_proj.weight", M + "self_attention.linear_proj.weight"),
-        Copy(L + "post_attention_layernorm.weight", M + "pre_mlp_layernorm.weight"),
-        GateUp(L + "mlp.{gate,up}_proj.weight", M + "mlp.linear_fc1.weight"),
-        Copy(L + "mlp.down_proj.weight", M + "mlp.linear_fc2.weight"),
-        Copy("model.norm.weight", "decoder.final_layernorm.weight"),
-        Output("lm_head.weight", "output_layer.weight"),
-    ]
+    rows = llama_layout()
     if config.get("add_qkv_bias"):
-        rows.append(QKV(L + "self_attn.{q,k,v}_proj.bias", M + "self_attention.linear_qkv.bias"))
+        rows.append(qkv_bias())
     if config.get("qk_layernorm"):
         rows += [
             Copy(L + "self_attn.q_norm.weight", M + "self_attention.q_layernorm.weight"),
