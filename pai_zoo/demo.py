@@ -58,9 +58,14 @@ def main(argv: list[str] | None = None) -> int:
     cfg = TrainConfig(model=str(hf_dir), data=[str(out / "data" / "corpus_text_document")], save=str(out / "mcore"),
                       global_batch_size=gbs, batch_size=4, sequence_length=seq, train_tokens=args.steps * gbs * seq,
                       warmup_tokens=2 * gbs * seq, learning_rate=3e-3, min_learning_rate=3e-4,
-                      save_interval=args.steps, log_interval=10, progress=False)
+                      save_interval=args.steps, log_interval=1, progress=False)
     print(f"[3/5] pai-zoo train: {cfg.train_steps} steps of {gbs} x {seq} tokens")
-    last = train(cfg, echo=lambda line: print("      " + line))
+    def echo(line: str) -> None:  # every step goes to metrics.jsonl; show the first and every tenth
+        step = int(line.split()[1].split("/")[0]) if line.startswith("step ") else 0
+        if step in (0, 1) or step % 10 == 0:
+            print("      " + line)
+
+    last = train(cfg, echo=echo)
     records = [json.loads(line) for line in (out / "mcore" / "metrics.jsonl").read_text().splitlines()]
     first_loss, last_loss = records[0]["loss"], last["loss"]
     print(f"      checkpoint: {out / 'mcore'} (loss {first_loss:.3f} -> {last_loss:.3f}; log {out / 'mcore' / 'metrics.jsonl'})")
