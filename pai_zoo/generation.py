@@ -327,7 +327,8 @@ def mcore_generate(model, prompts: Sequence[Sequence[int]], params: SamplingPara
     whole sequence for every token (slow; a reference for the cache). See the module docstring."""
     import torch
     from megatron.core import parallel_state as ps
-    from megatron.core.inference.contexts import StaticInferenceContext
+
+    from .mcore.inference import KVCache
 
     if ps.model_parallel_is_initialized() and ps.get_pipeline_model_parallel_world_size() > 1:
         raise GenerationError("generation with pipeline parallelism is not supported; load the model with pp=1")
@@ -342,7 +343,7 @@ def mcore_generate(model, prompts: Sequence[Sequence[int]], params: SamplingPara
     batch, length = ids.shape
     vocab_size = vocab_size or model.vocab_size
     total = length + params.max_new_tokens
-    context = StaticInferenceContext(batch, total) if use_cache else None
+    context = KVCache(batch, total) if use_cache else None
     generator = params.generator()
     tp_group = ps.get_tensor_model_parallel_group() if ps.model_parallel_is_initialized() else None
     tp_src = ps.get_tensor_model_parallel_src_rank() if tp_group is not None else 0
@@ -354,7 +355,7 @@ def mcore_generate(model, prompts: Sequence[Sequence[int]], params: SamplingPara
     model_was_training = model.training
     model.eval()
     try:
-        with _inference_mode():
+        with _inference_mode(), _last_position_logits(model):
             logits = model(ids, positions[:, :length], _prefill_mask(keep[:, :length]), inference_context=context,
                            runtime_gather_output=True)[:, -1, :vocab_size]
             for step in range(params.max_new_tokens):
@@ -376,6 +377,27 @@ def mcore_generate(model, prompts: Sequence[Sequence[int]], params: SamplingPara
                 logits = out[:, -1, :vocab_size]
     finally:
         model.train(model_was_training)
+
+
+@contextlib.contextmanager
+def _last_position_logits(model):
+    """Let the output layer see only the last position (the one generation samples from): the
+    prefill then costs one position's logits, not the whole prompt's."""
+    layer = getattr(model, "output_layer", None)
+    if layer is None:
+        yield
+        return
+
+    def last_only(_layer, args, kwargs):
+        if args:
+            return (args[0][-1:], *args[1:]), kwargs
+        return args, {**kwargs, "input_": kwargs["input_"][-1:]}
+
+    handle = layer.register_forward_pre_hook(last_only, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 @contextlib.contextmanager

@@ -126,10 +126,11 @@ def __getattr__(name):  # ALiBiDotProductAttention is built on first use, so imp
 def with_alibi(spec):
     """A copy of a layer ``ModuleSpec`` (or a ``TransformerBlockSubmodules`` of layer specs) whose
     self-attention uses :class:`ALiBiDotProductAttention` as its core attention."""
+    from .specs import layer_specs
+
     cls = __getattr__("ALiBiDotProductAttention")
     spec = copy.deepcopy(spec)
-    layers = spec.layer_specs if hasattr(spec, "layer_specs") else [spec]
-    for layer in layers:
+    for layer in layer_specs(spec):
         attention = getattr(layer.submodules, "self_attention", None)
         if attention is None or not hasattr(attention.submodules, "core_attention"):
             raise TypeError(f"with_alibi: layer spec {layer.module} has no self_attention.core_attention to replace")

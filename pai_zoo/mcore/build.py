@@ -74,7 +74,8 @@ def build_gpt_model(
     **overrides: Any,
 ):
     """A randomly initialised ``GPTModel`` (or the family's ``model_class``) for ``config``,
-    with the family's layer spec.
+    with the family's layer spec, in which megatron-core's attention and linear layers become
+    the subclasses of :mod:`pai_zoo.mcore.inference` (pai-zoo's generation path).
 
     The caller must have set up megatron's parallel state
     (:func:`pai_zoo.mcore.compat.ensure_model_parallel`). ``overrides`` go to the
@@ -87,6 +88,8 @@ def build_gpt_model(
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
 
+    from .inference import use_inference_output_layer, with_inference_path
+
     model_class = family.model_class(config) if family.model_class else GPTModel
     tp = parallel_state.get_tensor_model_parallel_world_size()
     pp = parallel_state.get_pipeline_model_parallel_world_size()
@@ -98,6 +101,7 @@ def build_gpt_model(
     if gpt_args.get("position_embedding_type") == ALIBI:  # no position embedding; a bias in every attention
         gpt_args["position_embedding_type"] = "none"
         spec = with_alibi(spec)
+    spec = with_inference_path(spec)  # pai-zoo's KV cache and inference linears (pai_zoo.mcore.inference)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = model_class(
@@ -108,6 +112,7 @@ def build_gpt_model(
             parallel_output=parallel_output,
             **gpt_args,
         )
+    use_inference_output_layer(model)
     return model.to(dtype)
 
 
