@@ -7,7 +7,7 @@ padded) it times ``--new-tokens`` greedy tokens (EOS off), checks that both back
 same tokens, and prints tokens/s and the ratio (megatron-core / transformers; > 1 = faster), by
 wall time and by process CPU time (the runs alternate, best of ``--repeats``)::
 
-    OMP_NUM_THREADS=2 .venv/bin/python bench/generate_bench.py [--threads 2] [--new-tokens 32] [--repeats 2]
+    OMP_NUM_THREADS=2 .venv/bin/python bench/generate_bench.py [--threads 2] [--new-tokens 32] [--repeats 3]
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def main(argv=None) -> int:
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--prompt-tokens", type=int, default=32, help="longest prompt; the others are shorter")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
-    parser.add_argument("--repeats", type=int, default=2, help="timed runs per setting (best is reported)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per setting (best is reported)")
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--layers", type=int, default=16)
     parser.add_argument("--vocab", type=int, default=32000)

@@ -5,16 +5,20 @@
     outs[0].text, outs[0].token_ids, outs[0].stop_reason        # "eos" | "stop" | "length"
 
 megatron-core backend (:func:`mcore_generate`): the prompts are left-padded into one batch and
-run through ``GPTModel.forward`` with megatron-core's own KV cache, a ``StaticInferenceContext``
-(the context of its static inference engine; same constructor in 0.16 and 0.19): one prefill
-forward over the prompts, then one forward per new token that appends to the cache. Every
+run through ``GPTModel.forward`` with a :class:`~pai_zoo.mcore.inference.KVCache` (megatron-core's
+``StaticInferenceContext``, the context of its static inference engine, which the attention layers
+pai-zoo builds use to cache keys after RoPE and attend with SDPA): one prefill forward over the
+prompts (the output layer sees only the last position), then one forward per new token that
+appends to the cache. Every
 forward gets explicit position ids (row ``i``'s real tokens count from 0) and an explicit boolean
 attention mask ``[b, 1, q, k]`` (True = masked) that hides the padding, so any family's layer
 spec (learned absolute positions, RoPE, ALiBi, parallel attention) sees what it sees in
 training. Megatron's text-generation controller is not used: it pads prompts on the right and
 runs without per-row position ids or masks, which custom specs and left padding need.
 RoPE needs no per-row positions: the cache slots of a left-padded row are shifted by its pad
-count, and rotary attention depends only on the distance between tokens.
+count, and rotary attention depends only on the distance between tokens. A model whose layers are
+not pai-zoo's (a spec without megatron's ``SelfAttention``) runs megatron's own static-cache code
+with the same context.
 
 Tensor parallel (under ``torchrun``): every rank runs the loop; the logits are gathered
 (``parallel_output=False``) and the chosen tokens are broadcast from the first tensor-parallel

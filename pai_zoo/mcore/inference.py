@@ -110,7 +110,7 @@ class KVCache(StaticInferenceContext):
         if cached is not None and cached[0] is mask and cached[1].dtype == dtype:
             return cached[1]
         hidden = mask & ~mask.all(dim=-1, keepdim=True)
-        additive = torch.zeros(hidden.shape, dtype=dtype).masked_fill_(hidden, float("-inf"))
+        additive = torch.zeros(hidden.shape, dtype=dtype, device=mask.device).masked_fill_(hidden, float("-inf"))
         self._mask = (mask, additive)
         return additive
 
