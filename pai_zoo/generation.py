@@ -8,8 +8,8 @@ megatron-core backend (:func:`mcore_generate`): the prompts are left-padded into
 run through ``GPTModel.forward`` with a :class:`~pai_zoo.mcore.inference.KVCache` (megatron-core's
 ``StaticInferenceContext``, the context of its static inference engine, which the attention layers
 pai-zoo builds use to cache keys after RoPE and attend with SDPA): one prefill forward over the
-prompts (the output layer sees only the last position), then one forward per new token that
-appends to the cache. Every
+prompts (megatron computes logits for the last position only), then one forward per new token
+that appends to the cache. Every
 forward gets explicit position ids (row ``i``'s real tokens count from 0) and an explicit boolean
 attention mask ``[b, 1, q, k]`` (True = masked) that hides the padding, so any family's layer
 spec (learned absolute positions, RoPE, ALiBi, parallel attention) sees what it sees in
@@ -359,7 +359,7 @@ def mcore_generate(model, prompts: Sequence[Sequence[int]], params: SamplingPara
     model_was_training = model.training
     model.eval()
     try:
-        with _inference_mode(), _last_position_logits(model):
+        with _inference_mode():
             logits = model(ids, positions[:, :length], _prefill_mask(keep[:, :length]), inference_context=context,
                            runtime_gather_output=True)[:, -1, :vocab_size]
             for step in range(params.max_new_tokens):
@@ -381,27 +381,6 @@ def mcore_generate(model, prompts: Sequence[Sequence[int]], params: SamplingPara
                 logits = out[:, -1, :vocab_size]
     finally:
         model.train(model_was_training)
-
-
-@contextlib.contextmanager
-def _last_position_logits(model):
-    """Let the output layer see only the last position (the one generation samples from): the
-    prefill then costs one position's logits, not the whole prompt's."""
-    layer = getattr(model, "output_layer", None)
-    if layer is None:
-        yield
-        return
-
-    def last_only(_layer, args, kwargs):
-        if args:
-            return (args[0][-1:], *args[1:]), kwargs
-        return args, {**kwargs, "input_": kwargs["input_"][-1:]}
-
-    handle = layer.register_forward_pre_hook(last_only, with_kwargs=True)
-    try:
-        yield
-    finally:
-        handle.remove()
 
 
 @contextlib.contextmanager

@@ -158,3 +158,24 @@ def test_queries_on_left_padding_get_a_finite_attention_row():
     assert mask[1, 0, 3].eq(0).all() and mask[1, 0, 0, 1:].eq(float("-inf")).all()  # causal
     given = _prefill_mask(keep)
     assert cache.sdpa_mask(given, torch.float32) is cache.sdpa_mask(given, torch.float32)  # once per forward
+
+
+def test_without_a_mask_the_prefill_is_causal_and_decode_sees_the_cache():
+    case = checks.build_case(FAMILIES["llama"])
+    model = case.mcore_model
+    ids = torch.randint(0, case.mcore_config["vocab_size"], (2, 7), generator=torch.Generator().manual_seed(3))
+    positions = torch.arange(7).expand(2, 7)
+    causal = torch.triu(torch.ones(7, 7, dtype=torch.bool), 1)[None, None]
+    with torch.inference_mode():
+        expected = model(ids, positions, causal)  # no cache: megatron's attention with an explicit causal mask
+        cache = KVCache(2, 9)
+        prefill = model(ids[:, :6], positions[:, :6], None, inference_context=cache, runtime_gather_output=True)
+        cache.sequence_len_offset = 6
+        step = model(ids[:, 6:], positions[:, 6:], None, inference_context=cache, runtime_gather_output=True)
+        cache.sequence_len_offset = 7
+        with pytest.raises(ValueError, match="explicit attention mask"):
+            model(torch.zeros(2, 2, dtype=torch.long), torch.zeros(2, 2, dtype=torch.long), None, inference_context=cache,
+                  runtime_gather_output=True)
+    assert prefill.shape[1] == 1  # megatron's static context: logits of the last position only
+    assert (prefill[:, 0] - expected[:, 5]).abs().max().item() < 1e-5
+    assert (step[:, 0] - expected[:, 6]).abs().max().item() < 1e-5

@@ -164,19 +164,22 @@ class CachedSelfAttention(SelfAttention):
                                     kwargs.get("attention_bias"))
 
     def _cached_forward(self, hidden_states, attention_mask, cache: KVCache, rotary_pos_emb, attention_bias):
+        length, start = hidden_states.shape[0], cache.sequence_len_offset
+        if attention_mask is None and length > 1 and start > 0:
+            raise ValueError("CachedSelfAttention: several new tokens after a filled cache need an explicit attention mask")
         query, key, value = self.get_query_key_value_tensors(hidden_states, None)  # [s, b, heads, head_dim]
-        length, batch = query.shape[:2]
-        start = cache.sequence_len_offset
+        batch = query.shape[1]
         if rotary_pos_emb is not None and not self._no_rope:
             freqs = rotary_pos_emb[0] if isinstance(rotary_pos_emb, tuple) else rotary_pos_emb
             cos, sin = cache.rotary(freqs, start, start + length, query.dtype)
             query = _apply_rotary(query, cos, sin, self.config.rotary_interleaved)
             key = _apply_rotary(key, cos, sin, self.config.rotary_interleaved)
         keys, values = cache.store(self.layer_number, key, value)  # [b, groups, positions, head_dim]
-        if self._sdpa:
+        if self._sdpa:  # no mask: the first forward is causal, a single new token sees every cached one
             out = F.scaled_dot_product_attention(
                 query.permute(1, 2, 0, 3), keys, values, attn_mask=cache.sdpa_mask(attention_mask, query.dtype),
-                scale=self._scale, enable_gqa=keys.shape[1] != query.shape[2])
+                is_causal=attention_mask is None and length > 1, scale=self._scale,
+                enable_gqa=keys.shape[1] != query.shape[2])
             out = out.permute(2, 0, 1, 3).reshape(length, batch, -1)
         else:  # a core attention with its own bias (ALiBi): megatron's layout [positions, b, groups, head_dim]
             out = self.core_attention(query, keys.permute(2, 0, 1, 3).contiguous(), values.permute(2, 0, 1, 3).contiguous(),
