@@ -7,7 +7,10 @@ padded) it times ``--new-tokens`` greedy tokens (EOS off), checks that both back
 same tokens, and prints tokens/s and the ratio (megatron-core / transformers; > 1 = faster) of the
 median runs, of the best runs and of process CPU time (the backends alternate, the order swapped
 every round). On a shared 2-core VM two identical transformers models measured this way differ by
-up to 4% (0.96-1.04), so ratios within that band are a tie::
+up to 4% (0.96-1.04), so ratios within that band are a tie. pai-zoo's generation moves the
+megatron-core weights into one arena before decoding (:mod:`pai_zoo.mcore.arena`);
+``--arena-both`` does the same to transformers' weights, the control that separates that gain from
+the rest of the code::
 
     OMP_NUM_THREADS=2 .venv/bin/python bench/generate_bench.py [--threads 2] [--new-tokens 32] [--repeats 5]
 """
@@ -28,6 +31,9 @@ def main(argv=None) -> int:
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--layers", type=int, default=16)
     parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument("--arena-both", action="store_true",
+                        help="control: also move transformers' weights into one arena (pai_zoo.mcore.arena), as "
+                             "pai-zoo's generation does with its own")
     args = parser.parse_args(argv)
 
     import torch
@@ -43,6 +49,10 @@ def main(argv=None) -> int:
     hf = pai_zoo.load("llama3-tiny", backend="hf", **shape)
     mcore = pai_zoo.load("llama3-tiny", backend="mcore", **shape)
     hf_model_to_mcore(mcore.family, mcore.mcore_config, hf.model, mcore.model)
+    if args.arena_both:
+        from pai_zoo.mcore.arena import pack_parameters
+
+        pack_parameters(hf.model)
     params = sum(p.numel() for p in hf.model.parameters())
     print(f"Llama-architecture model: {params / 1e6:.0f}M parameters, {args.layers} layers, hidden {args.hidden}, "
           f"float32, {torch.get_num_threads()} threads, {args.new_tokens} new tokens, greedy")

@@ -332,6 +332,7 @@ def mcore_generate(model, prompts: Sequence[Sequence[int]], params: SamplingPara
     import torch
     from megatron.core import parallel_state as ps
 
+    from .mcore.arena import pack_parameters
     from .mcore.inference import KVCache
 
     if ps.model_parallel_is_initialized() and ps.get_pipeline_model_parallel_world_size() > 1:
@@ -356,6 +357,7 @@ def mcore_generate(model, prompts: Sequence[Sequence[int]], params: SamplingPara
     keep = torch.cat([keep, torch.ones(batch, params.max_new_tokens, dtype=torch.bool)], dim=1)
     positions = (keep.long().cumsum(-1) - 1).clamp(min=0)
     hidden = _decode_mask(keep)  # step t's mask: its first length + t + 1 columns
+    pack_parameters(model)  # weights in one arena: decoding streams them faster (pai_zoo.mcore.arena)
     model_was_training = model.training
     model.eval()
     try:
