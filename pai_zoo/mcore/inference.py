@@ -5,7 +5,7 @@ megatron-core's static KV cache (``StaticInferenceContext`` with ``SelfAttention
 before RoPE and rotates the whole cache again at every step, recomputes the rotary cosines in
 every layer and copies the cache once per query head (``repeat_interleave``) before attending.
 On a CPU these per-layer operations cost more than the attention itself. This module keeps the
-same model and weights and changes only how a generation step attends:
+same model and weights and changes only how a generation step runs:
 
 * :class:`KVCache` -- the context :func:`pai_zoo.generation.mcore_generate` passes to
   ``GPTModel.forward``. It is a ``StaticInferenceContext`` (same offsets, same decode flag), plus a
