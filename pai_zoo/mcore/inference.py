@@ -70,7 +70,7 @@ class KVCache(StaticInferenceContext):
 
     def __init__(self, max_batch_size: int, max_sequence_length: int):
         super().__init__(max_batch_size, max_sequence_length)
-        self._rotary = None  # (freqs, start, end, dtype, mscale, cos, sin) of the current step
+        self._rotary = None  # (freqs, start, end, dtype, cos, sin) of the current step
         self._mask = None  # (mask given, mask for SDPA)
 
     def store(self, layer: int, key, value):
@@ -89,15 +89,15 @@ class KVCache(StaticInferenceContext):
         values[rows:rows + batch, :, start:end] = value.permute(1, 2, 0, 3)
         return keys[rows:rows + batch, :, :end], values[rows:rows + batch, :, :end]
 
-    def rotary(self, freqs, start: int, end: int, dtype, mscale: float = 1.0):
+    def rotary(self, freqs, start: int, end: int, dtype):
         """``(cos, sin)`` of the rotary angles ``freqs[start:end]`` (``[s, 1, 1, rot_dim]``), as
         megatron-core computes them, cached for the other layers of the same step."""
         cached = self._rotary
-        if cached is not None and cached[0] is freqs and cached[1:5] == (start, end, dtype, mscale):
-            return cached[5:]
+        if cached is not None and cached[0] is freqs and cached[1:4] == (start, end, dtype):
+            return cached[4:]
         angles = freqs[start:end]
-        cos, sin = (torch.cos(angles) * mscale).to(dtype), (torch.sin(angles) * mscale).to(dtype)
-        self._rotary = (freqs, start, end, dtype, mscale, cos, sin)
+        cos, sin = torch.cos(angles).to(dtype), torch.sin(angles).to(dtype)  # megatron's, without YaRN's mscale
+        self._rotary = (freqs, start, end, dtype, cos, sin)
         return cos, sin
 
     def sdpa_mask(self, mask, dtype):
