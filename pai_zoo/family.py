@@ -63,6 +63,10 @@ class Family:
         presets: preset name -> Hugging Face config dict (must include ``model_type``). One of
             them is named by ``tiny``: a model small enough for tests and demos on a CPU.
         tiny: the name of the tiny preset.
+        odd: the name of a small preset with unusual shapes wherever the family allows them (a head
+            count that is not a power of two, a GQA ratio of 3, a vocabulary that is not a multiple
+            of 128, ``head_dim`` != hidden/heads, biases); the conformance suite runs its forward,
+            round-trip and tensor-parallel checks on it too.
         config_map: the HF <-> megatron-core config translation.
         weight_map: the table, or a callable ``(McoreConfig) -> WeightMap`` when the table
             depends on the config.
@@ -91,6 +95,7 @@ class Family:
     tiny: str
     config_map: ConfigMap
     weight_map: "WeightMap | Callable[[McoreConfig], WeightMap]"
+    odd: str | None = None
     aliases: tuple[str, ...] = ()
     hf_architectures: tuple[str, ...] = ()
     model_types: tuple[str, ...] = ()
@@ -109,6 +114,8 @@ class Family:
     def __post_init__(self) -> None:
         if self.tiny not in self.presets:
             raise PluginError(f"family {self.name!r}: tiny preset {self.tiny!r} is not among its presets {sorted(self.presets)}")
+        if self.odd is not None and self.odd not in self.presets:
+            raise PluginError(f"family {self.name!r}: odd preset {self.odd!r} is not among its presets {sorted(self.presets)}")
         for preset, cfg in self.presets.items():
             if "model_type" not in cfg:
                 raise PluginError(f"family {self.name!r}: preset {preset!r} has no 'model_type'")

@@ -85,6 +85,15 @@ def _randomise(model, seed: int) -> None:
                 p.copy_(1.0 + 0.1 * noise)
 
 
+def odd_preset(family: Family) -> str:
+    """The family's ``odd`` preset (unusual shapes); a family without one does not conform."""
+    if family.odd is None:
+        _fail("odd", f"family {family.name!r} declares no odd preset (Family.odd): a small preset with a head count "
+                     "that is not a power of two, a GQA ratio of 3, a vocabulary that is no multiple of 128, "
+                     "head_dim != hidden/heads and biases, wherever the family allows them")
+    return family.odd
+
+
 # -- checks -----------------------------------------------------------------------------------
 def check_registration(family: Family) -> None:
     """Entry point, names, presets and hooks."""

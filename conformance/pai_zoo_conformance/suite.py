@@ -17,7 +17,8 @@ from . import checks
 
 
 class ConformanceSuite:
-    """Every conformance check on one family's ``tiny`` preset (float32, CPU)."""
+    """Every conformance check on one family's ``tiny`` preset (float32, CPU), and the forward,
+    round-trip and tensor-parallel checks on its ``odd`` preset (unusual shapes)."""
 
     #: The family name or alias to check (``pai-zoo conformance`` parametrizes it instead).
     family: str | None = None
@@ -40,6 +41,11 @@ class ConformanceSuite:
     @classmethod
     def case(cls, fam):
         return checks.build_case(fam)
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def odd_case(cls, fam):
+        return checks.build_case(fam, checks.odd_preset(fam))
 
     def test_registration(self, fam):
         checks.check_registration(fam)
@@ -71,3 +77,16 @@ class ConformanceSuite:
 
     def test_greedy_generation_matches_transformers(self, case):
         checks.check_generation(case)
+
+    def test_odd_preset_mapping_and_weights_round_trip(self, odd_case):
+        checks.check_mapping_coverage(odd_case)
+        checks.check_weight_round_trip(odd_case)
+
+    def test_odd_preset_forward_equivalence(self, odd_case):
+        checks.check_forward_equivalence(odd_case)
+
+    def test_odd_preset_disk_round_trip(self, odd_case, tmp_path):
+        checks.check_disk_round_trip(odd_case, tmp_path)
+
+    def test_odd_preset_tensor_parallel_equivalence(self, odd_case, tmp_path):
+        checks.check_parallel_equivalence(odd_case, tmp_path, layouts=((2, 1),))
