@@ -1,18 +1,35 @@
 # Two commands do all the set-up on a fresh machine: `make demo` and `make test`.
+#
+# `make test` runs the suite twice, once per supported megatron-core line:
+#   1. $(VENV) (default .venv) on $(PYTHON) (default python3, 3.11 here): megatron-core 0.16.1;
+#   2. $(VENV312) (default .venv-py312) on a Python 3.12, when one is found: the newest megatron-core 0.19.x
+#      (0.19 needs Python >= 3.12). PYTHON312 names it; otherwise `python3.12` if it runs, else pyenv's newest
+#      installed 3.12 (`PYENV_VERSION=3.12.x pyenv which python3.12`, pyenv's shim alone fails without it).
+# `make demo PYTHON=/path/to/python3.12 VENV=.venv-py312` (or `make test-one ...`) uses one venv of your choice.
 PYTHON ?= python3
 VENV   ?= .venv
+VENV312 ?= .venv-py312
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.pai-zoo-installed
 PLUGINS := $(wildcard plugins/pai-zoo-*)
+PYTEST_ARGS ?=
 
-.PHONY: demo test setup clean
+.PHONY: demo test test-one setup clean
+
+# A Python 3.12 for the megatron-core 0.19 pass, or nothing.
+find_python312 = $(or $(PYTHON312),$(shell \
+	if python3.12 -c "" >/dev/null 2>&1; then command -v python3.12; \
+	elif command -v pyenv >/dev/null 2>&1; then \
+	  v=$$(pyenv versions --bare 2>/dev/null | grep -E '^3\.12\.[0-9]+$$' | sort -t. -k3 -n | tail -n 1); \
+	  [ -n "$$v" ] && PYENV_VERSION=$$v pyenv which python3.12 2>/dev/null; fi))
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-# torch first, pinned to the CPU build these machines have (an unpinned torch pulls a
-# multi-GB CUDA build), then megatron-core, transformers and the rest through the packages'
-# own dependencies, then the core, the conformance suite and every plugin, editable.
+# torch first, pinned to 2.13.0 (on Python 3.11 the registry's CPU build; an unpinned torch would pull a
+# multi-GB CUDA build), then megatron-core (pyproject: >=0.16.1,<0.20, so 0.16.1 on 3.11, the newest 0.19.x
+# on 3.12), transformers and the rest through the packages' own dependencies, then the core, the
+# conformance suite and every plugin, editable.
 $(STAMP): $(PY) pyproject.toml conformance/pyproject.toml $(addsuffix /pyproject.toml,$(PLUGINS))
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
@@ -24,8 +41,19 @@ setup: $(STAMP)
 demo: $(STAMP)
 	$(PY) -m pai_zoo.demo
 
-test: $(STAMP)
-	$(PY) -m pytest -q
+# The suite in one venv ($(VENV) on $(PYTHON)).
+test-one: $(STAMP)
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+test:
+	$(MAKE) --no-print-directory test-one
+	@py312="$(call find_python312)"; \
+	if [ -z "$$py312" ]; then \
+	  echo "make test: no Python 3.12 found (set PYTHON312=...): the megatron-core 0.19 pass did not run"; \
+	else \
+	  echo "make test: megatron-core 0.19 pass on $$py312 in $(VENV312)"; \
+	  $(MAKE) --no-print-directory test-one PYTHON="$$py312" VENV=$(VENV312); \
+	fi
 
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(VENV312)

@@ -395,10 +395,12 @@ def _inference_mode():
     from megatron.core import parallel_state as ps
     from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
 
+    from .mcore.inference import megatron_inference_mode
+
     buffers = ps.get_global_memory_buffer().buffer if ps._GLOBAL_MEMORY_BUFFER is not None else {}
     before = dict(buffers)
     try:
-        with torch.inference_mode():
+        with torch.inference_mode(), megatron_inference_mode():
             yield
     finally:
         for key, tensor in list(buffers.items()):

@@ -232,7 +232,7 @@ def _toy_family(**fields) -> Family:
 def test_list_shows_each_familys_megatron_core_versions_and_backends(capsys):
     from importlib import metadata
 
-    toy = _toy_family(mcore_versions=">=0.17,<0.20", backends=("local", "transformer_engine"))
+    toy = _toy_family(mcore_versions=">=0.10,<0.16", backends=("local", "transformer_engine"))  # not the installed one
     reset_registry(Registry(plugins=[("toyplug", _plugin("toyplug", [toy]))], use_entry_points=True))
     assert main(["list"]) == 0
     out = capsys.readouterr().out
@@ -242,7 +242,7 @@ def test_list_shows_each_familys_megatron_core_versions_and_backends(capsys):
     groups = [line for line in out.splitlines() if line.startswith("  >=")]
     default = next(line for line in groups if line.startswith("  >=0.16.1  [local]: "))
     assert "llama" in default.split(": ", 1)[1].split(", ")
-    assert "  >=0.17,<0.20  [local, transformer_engine]: toyfam   NOT SUPPORTED by megatron-core " + installed in groups
+    assert "  >=0.10,<0.16  [local, transformer_engine]: toyfam   NOT SUPPORTED by megatron-core " + installed in groups
     # The plugin table keeps one row per plugin: no other line starts with a plugin's name.
     assert [line.split()[0] for line in out.splitlines() if line.split()[:1] == ["toyplug"]] == ["toyplug"]
 
@@ -260,14 +260,15 @@ def test_building_under_an_unsupported_megatron_core_fails_clearly():
     from pai_zoo import PaiZooError
     from pai_zoo.mcore.build import build_gpt_model
 
-    family = _toy_family(mcore_versions=">=0.19,<0.20")
-    family.check_mcore_version("0.19.2")  # supported: no error
-    with pytest.raises(PaiZooError, match=r"supports megatron-core >=0.19,<0.20; megatron-core 0.16.1 is installed"):
-        family.check_mcore_version("0.16.1")
+    family = _toy_family(mcore_versions=">=0.10,<0.16")  # neither 0.16.1 nor 0.19.x, the versions make test runs
+    family.check_mcore_version("0.15.3")  # supported: no error
+    for version in ("0.16.1", "0.19.2"):
+        with pytest.raises(PaiZooError, match=rf"supports megatron-core >=0.10,<0.16; megatron-core {version} is installed"):
+            family.check_mcore_version(version)
     from pai_zoo import hf
 
     config = family.to_mcore_config(hf.config_dict(hf.hf_config(family, family.presets["toyfam-tiny"])))
-    with pytest.raises(PaiZooError, match=r"family 'toyfam' \(plugin \?\) supports megatron-core >=0.19,<0.20"):
+    with pytest.raises(PaiZooError, match=r"family 'toyfam' \(plugin \?\) supports megatron-core >=0.10,<0.16"):
         build_gpt_model(family, config)
 
 

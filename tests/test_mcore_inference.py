@@ -18,8 +18,10 @@ from pai_zoo.mcore.inference import (
     InferenceColumnParallelLinear,
     InferenceRowParallelLinear,
     KVCache,
+    megatron_inference_mode,
     with_inference_path,
 )
+from pai_zoo.mcore.specs import submodules_of
 from pai_zoo.registry import get_registry
 
 FAMILIES = get_registry().families
@@ -51,7 +53,7 @@ def _run(model, prompts, continuation, context):
     keep = torch.cat([keep, torch.ones(batch, STEPS, dtype=torch.bool)], dim=1)
     positions = (keep.long().cumsum(-1) - 1).clamp(min=0)
     out = []
-    with torch.inference_mode():
+    with torch.inference_mode(), megatron_inference_mode():  # as pai_zoo.generation runs it
         logits = model(ids, positions[:, :length], _prefill_mask(keep[:, :length]), inference_context=context,
                        runtime_gather_output=True)
         out.append(logits[:, -1])
@@ -88,14 +90,15 @@ def test_every_megatron_attention_and_linear_of_a_layer_spec_is_replaced_and_not
     assert attention.module is CachedSelfAttention
     assert attention.submodules.linear_qkv is InferenceColumnParallelLinear
     assert attention.submodules.linear_proj is InferenceRowParallelLinear
-    assert replaced.submodules.mlp.submodules.linear_fc1 is InferenceColumnParallelLinear
-    assert replaced.submodules.mlp.submodules.linear_fc2 is InferenceRowParallelLinear
+    # the MLP entry is a ModuleSpec (megatron-core 0.16) or an `MLP.as_mlp_submodule` partial (0.19)
+    assert submodules_of(replaced.submodules.mlp).linear_fc1 is InferenceColumnParallelLinear
+    assert submodules_of(replaced.submodules.mlp).linear_fc2 is InferenceRowParallelLinear
     assert attention.submodules.core_attention is spec.submodules.self_attention.submodules.core_attention
     assert replaced.submodules.input_layernorm is spec.submodules.input_layernorm
     # the input spec is left as it was (families build their specs once and reuse them)
     assert spec.submodules.self_attention.module is SelfAttention
-    assert spec.submodules.mlp.submodules.linear_fc1 is ColumnParallelLinear
-    assert spec.submodules.mlp.submodules.linear_fc2 is RowParallelLinear
+    assert submodules_of(spec.submodules.mlp).linear_fc1 is ColumnParallelLinear
+    assert submodules_of(spec.submodules.mlp).linear_fc2 is RowParallelLinear
 
 
 def test_built_models_carry_the_inference_path_with_megatrons_state_dict():
@@ -168,6 +171,7 @@ def test_without_a_mask_the_prefill_is_causal_and_decode_sees_the_cache():
     causal = torch.triu(torch.ones(7, 7, dtype=torch.bool), 1)[None, None]
     with torch.inference_mode():
         expected = model(ids, positions, causal)  # no cache: megatron's attention with an explicit causal mask
+    with torch.inference_mode(), megatron_inference_mode():  # as pai_zoo.generation runs it
         cache = KVCache(2, 9)
         prefill = model(ids[:, :6], positions[:, :6], None, inference_context=cache, runtime_gather_output=True)
         cache.sequence_len_offset = 6

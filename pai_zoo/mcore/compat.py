@@ -9,8 +9,9 @@ the CPU at run time, without editing megatron-core's source, and only when
 * the "CUDA" RNG states tracker keeps CPU generator states, so weight init and dropout
   forks work;
 * in the modules listed in :data:`CUDA_LITERAL_MODULES`, tensors created with
-  ``device="cuda"`` are created on the CPU (a proxy of ``torch`` is set as those modules'
-  global ``torch``);
+  ``device="cuda"`` are created on the CPU and ``torch.cuda.current_stream()`` is the CPU's
+  (no-op) stream (a proxy of ``torch`` is set as those modules' global ``torch``; megatron-core
+  0.19's gradient buckets wait on the current stream before every reduction);
 * gradient clipping by the total norm, which asserts CUDA gradients, scales CPU ones.
 * tied embeddings under pipeline parallelism: the last stage's copy of the word embeddings,
   which megatron moves to CUDA before its first all-reduce, stays on the CPU.
@@ -35,6 +36,7 @@ CUDA_LITERAL_MODULES = (
     "megatron.core.optimizer.optimizer",
     "megatron.core.optimizer.clip_grads",
     "megatron.core.utils",  # local_multi_tensor_l2_norm (gradient norm without apex)
+    "megatron.core.distributed.param_and_grad_buffer",  # 0.19: start_grad_sync waits on the current stream
 )
 
 _FACTORIES = ("zeros", "ones", "empty", "full", "tensor", "arange", "rand", "randn", "zeros_like", "ones_like", "empty_like")
@@ -49,10 +51,24 @@ def _on_cpu(value):
     return value
 
 
+class _CpuCuda:
+    """Stands in for ``torch.cuda`` inside the modules of :data:`CUDA_LITERAL_MODULES`: the current
+    stream is the CPU's, whose ``wait_event``/``wait_stream`` do nothing; everything else is ``torch.cuda``."""
+
+    @staticmethod
+    def current_stream(device=None):
+        return torch.cpu.current_stream()
+
+    def __getattr__(self, name):
+        return getattr(torch.cuda, name)
+
+
 class _CpuTorch:
     """Stands in for the ``torch`` module inside one megatron-core module: tensor factories
     called with a CUDA device create CPU tensors; everything else is plain torch. Each name is
     looked up once and kept on the instance (these modules run in every layer's forward)."""
+
+    cuda = _CpuCuda()
 
     def __getattr__(self, name):
         original = getattr(torch, name)

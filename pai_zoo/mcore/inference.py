@@ -48,13 +48,14 @@ from megatron.core.tensor_parallel import (
 from megatron.core.transformer.attention import SelfAttention
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 
-from .specs import layer_specs
+from .specs import layer_specs, submodules_of
 
 __all__ = [
     "CachedSelfAttention",
     "InferenceColumnParallelLinear",
     "InferenceRowParallelLinear",
     "KVCache",
+    "megatron_inference_mode",
     "use_inference_output_layer",
     "with_inference_path",
 ]
@@ -258,14 +259,14 @@ def _replace(spec) -> None:
     """Swap the classes of ``_REPLACEMENTS`` in a ``ModuleSpec`` tree, in place."""
     if getattr(spec, "module", None) in _REPLACEMENTS:
         spec.module = _REPLACEMENTS[spec.module]
-    submodules = getattr(spec, "submodules", None)
+    submodules = submodules_of(spec)  # a ModuleSpec's, or a megatron-core 0.19 MLP builder's
     if submodules is None:
         return
     for name in getattr(submodules, "__dataclass_fields__", {}):
         child = getattr(submodules, name)
         if isinstance(child, type) and child in _REPLACEMENTS:
             setattr(submodules, name, _REPLACEMENTS[child])
-        elif hasattr(child, "module"):
+        elif submodules_of(child) is not None or hasattr(child, "module"):
             _replace(child)
 
 
@@ -286,3 +287,19 @@ def use_inference_output_layer(model) -> None:
     layer = getattr(model, "output_layer", None)
     if type(layer) is ColumnParallelLinear:
         layer.__class__ = InferenceColumnParallelLinear
+
+
+def megatron_inference_mode():
+    """A context in which megatron-core treats forwards as an inference engine's.
+
+    megatron-core 0.16 takes that from the ``inference_context`` argument alone; from 0.19 on
+    ``GPTModel`` reads the process-wide ``megatron.core.inference.utils.InferenceMode`` flag instead
+    (which, among other things, cuts a prefill's logits to the last position). This sets that flag
+    where it exists and does nothing before."""
+    import contextlib
+
+    try:
+        from megatron.core.inference.utils import InferenceMode
+    except ImportError:  # megatron-core < 0.19
+        return contextlib.nullcontext()
+    return InferenceMode.active() if hasattr(InferenceMode, "active") else contextlib.nullcontext()

@@ -18,6 +18,8 @@ from __future__ import annotations
 import copy
 import functools
 
+from .specs import submodules_of
+
 __all__ = ["with_post_norms"]
 
 
@@ -53,7 +55,7 @@ def with_post_norms(layer_spec):
     if norm is IdentityOp:
         raise ValueError("with_post_norms needs a layer spec whose input_layernorm names the norm class to use")
     for sublayer, projection in (("self_attention", "linear_proj"), ("mlp", "linear_fc2")):
-        parent = getattr(getattr(spec.submodules, sublayer), "submodules", None)
+        parent = submodules_of(getattr(spec.submodules, sublayer))
         linear = getattr(parent, projection, None)
         if linear is None:
             raise ValueError(f"with_post_norms: the layer spec's {sublayer} has no {projection}")
