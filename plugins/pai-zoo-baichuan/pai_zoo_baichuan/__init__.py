@@ -113,6 +113,7 @@ BAICHUAN = Family(
     model_types=("baichuan",),
     presets=PRESETS,
     tiny="baichuan-tiny",
+    odd="baichuan-odd",
     config_map=CONFIG,
     weight_map=weights,
     model_class=_model_class,

@@ -34,6 +34,9 @@ PRESETS = {
     "baichuan-alibi-tiny": {
         **_baichuan(1000, 96, 160, 2, 6, rope=False, v2=False), "model_max_length": 512,
     },
+    # Baichuan2-13B-shaped, the conformance suite's odd preset: ALiBi with 10 heads (at TP=2 each rank's 5 heads
+    # straddle the 8 power-of-two slopes and the 2 extra ones), NormHead, head_dim 8, a vocabulary of 997.
+    "baichuan-odd": {**_baichuan(997, 80, 136, 2, 10, rope=False, v2=True), "model_max_length": 512},
     **_PUBLISHED,
     # The chat models keep their base model's architecture and config.
     "baichuan-13b-chat": dict(_PUBLISHED["baichuan-13b-base"]),

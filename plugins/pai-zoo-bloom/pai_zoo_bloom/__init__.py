@@ -67,6 +67,7 @@ BLOOM = Family(
     model_types=("bloom",),
     presets=PRESETS,
     tiny="bloom-tiny",
+    odd="bloom-odd",
     config_map=CONFIG,
     weight_map=WEIGHTS,
     model_class=_model_class,

@@ -1,4 +1,4 @@
-"""Hugging Face configs of the published BLOOM sizes (bigscience/bloom-*), plus a tiny one for tests."""
+"""Hugging Face configs of the published BLOOM sizes (bigscience/bloom-*), plus small ones for tests."""
 from __future__ import annotations
 
 
@@ -24,6 +24,9 @@ PRESETS = {
     # 6 heads (not a power of two: ALiBi's interleaved extra slopes, 3 heads per rank at TP=2),
     # a vocabulary that is not a multiple of 128, tied embeddings, biases everywhere.
     "bloom-tiny": {**_bloom(96, 2, 6), "vocab_size": 1000},
+    # The conformance suite's odd preset: 10 heads (at TP=2 each rank's 5 heads straddle the 8 power-of-two
+    # slopes and the 2 extra ones), head_dim 8, a vocabulary of 997, an untied output head.
+    "bloom-odd": {**_bloom(80, 2, 10), "vocab_size": 997, "tie_word_embeddings": False},
     **_PUBLISHED,
     # BLOOMZ (bigscience/bloomz-*) fine-tunes keep the architecture: the same configs.
     **{name.replace("bloom", "bloomz", 1): dict(cfg) for name, cfg in _PUBLISHED.items()},

@@ -166,6 +166,7 @@ FALCON = Family(
     model_types=("falcon",),
     presets=PRESETS,
     tiny="falcon-tiny",
+    odd="falcon-odd",
     config_map=CONFIG,
     weight_map=weights,
     layer_spec=layer_spec,

@@ -1,4 +1,4 @@
-"""Hugging Face configs of the published Falcon checkpoints (tiiuae/*), plus a tiny one for tests."""
+"""Hugging Face configs of the published Falcon checkpoints (tiiuae/*), plus small ones for tests."""
 from __future__ import annotations
 
 _COMMON = dict(
@@ -15,6 +15,14 @@ PRESETS = {
         **_COMMON, "vocab_size": 1000, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
         "num_kv_heads": 2, "new_decoder_architecture": True, "parallel_attn": True, "bias": True,
         "ffn_hidden_size": 192, "max_position_embeddings": 288, "rope_theta": 10000.0,
+    },
+    # Falcon-RW in small with unusual shapes (the conformance suite's odd preset): ALiBi with 6 heads (not a power
+    # of two: the interleaved extra slopes, 3 heads per rank at TP=2), sequential layers, multi-head attention,
+    # biases, head_dim 12, a vocabulary of 1001 and an FFN width that is no multiple of the hidden size.
+    "falcon-odd": {
+        **_COMMON, "vocab_size": 1001, "hidden_size": 72, "num_hidden_layers": 2, "num_attention_heads": 6,
+        "num_kv_heads": 6, "alibi": True, "bias": True, "multi_query": False, "new_decoder_architecture": False,
+        "parallel_attn": False, "ffn_hidden_size": 136, "max_position_embeddings": 512,
     },
     # tiiuae/falcon-7b: multi-query, parallel attention and MLP from one input LayerNorm.
     "falcon-7b": {

@@ -23,6 +23,8 @@ VARIANTS = {
     "sequential layers with RoPE": {**_RW, "alibi": False},
     "falcon-rw: sequential, multi-head, biases, ALiBi (16 heads: slopes that bfloat16 rounds)": {
         **_RW, "num_attention_heads": 16, "num_kv_heads": 16, "hidden_size": 128},
+    "new decoder, 6 heads in 2 KV groups (3 per group), head_dim 12, vocabulary 1001": {
+        "num_attention_heads": 6, "num_kv_heads": 2, "hidden_size": 72, "vocab_size": 1001},
 }
 
 
@@ -55,8 +57,10 @@ def test_one_layernorm_model_has_no_mlp_layernorm_and_two_has_both():
     assert {"decoder.layers.0.input_layernorm.weight", "decoder.layers.0.pre_mlp_layernorm.weight"} <= two
 
 
-def test_falcon_alibi_reproduces_the_bfloat16_bias_transformers_computes():
-    """With 16 heads the slopes are no powers of two; plain float32 ALiBi misses transformers by ~1e-2."""
+@pytest.mark.parametrize("heads", [6, 10, 16])
+def test_falcon_alibi_reproduces_the_bfloat16_bias_transformers_computes(heads):
+    """With 16 heads the slopes are no powers of two; plain float32 ALiBi misses transformers by ~1e-2.
+    With 6 and 10 heads the extra (interleaved) slopes follow the power-of-two ones."""
     import math
 
     import torch
@@ -67,7 +71,7 @@ def test_falcon_alibi_reproduces_the_bfloat16_bias_transformers_computes():
     from pai_zoo.mcore.alibi import alibi_slopes
 
     keep = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
-    heads, head_dim = 16, 8
+    head_dim = 8
     expected = build_alibi_tensor(keep, heads, torch.float32).view(2, heads, 1, 6) / math.sqrt(head_dim)
     mask = torch.triu(torch.ones(6, 6, dtype=torch.bool), 1)[None, None] | ~keep.bool()[:, None, None, :]
     captured = {}
@@ -83,6 +87,43 @@ def test_falcon_alibi_reproduces_the_bfloat16_bias_transformers_computes():
     softmax(torch.zeros(2, heads, 6, 6), mask)
     real = keep.bool()[:, None, None, :].expand(2, heads, 6, 6)
     assert torch.equal(captured["bias"][real], expected.expand(2, heads, 6, 6)[real])
+
+
+def test_odd_preset_model_adds_transformers_alibi_bias_per_head():
+    """The built falcon-odd model (6 heads, head_dim 12): every layer's core attention adds, head by head,
+    the bias transformers' FalconModel adds (``build_alibi_tensor / sqrt(head_dim)``), left padding included."""
+    import math
+
+    import torch
+    from transformers.models.falcon.modeling_falcon import build_alibi_tensor
+
+    from pai_zoo.handle import causal_mask
+
+    case = checks.build_case(FALCON, FALCON.odd)
+    heads, head_dim = case.hf_config.num_attention_heads, case.hf_config.head_dim
+    assert (heads, head_dim) == (6, 12)
+    keep = torch.tensor([[0, 0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1]])
+    mask, _ = causal_mask(torch.zeros(2, 7, dtype=torch.long), keep)
+    expected = build_alibi_tensor(keep, heads, torch.float32).view(2, heads, 1, 7) / math.sqrt(head_dim)
+    expected = expected.expand(2, heads, 7, 7)
+    real = ~mask.expand(2, heads, 7, 7)
+    for layer in case.mcore_model.decoder.layers:
+        softmax = layer.self_attention.core_attention.scale_mask_softmax
+        captured = {}
+
+        class Capture(torch.nn.Module):
+            scale = softmax.softmax.scale
+
+            def forward(self, scores, mask, *args, **kwargs):
+                captured["bias"] = scores
+                return scores
+
+        inner, softmax.softmax = softmax.softmax, Capture()
+        try:
+            softmax(torch.zeros(2, heads, 7, 7), mask)
+        finally:
+            softmax.softmax = inner
+        assert torch.equal(captured["bias"][real], expected[real])
 
 
 def test_tensor_parallel_split_of_one_layernorm_layer(tmp_path):
