@@ -105,6 +105,7 @@ CHATGLM = Family(
     model_types=("chatglm",),
     presets=PRESETS,
     tiny="chatglm-tiny",
+    odd="chatglm-odd",
     config_map=CONFIG,
     weight_map=weights,
     hf_model_class=LazyClass("pai_zoo_chatglm.modeling:ChatGLMForConditionalGeneration"),

@@ -24,6 +24,14 @@ PRESETS = {
         **_chatglm(512), "num_layers": 2, "padded_vocab_size": 1000, "hidden_size": 64, "ffn_hidden_size": 160,
         "kv_channels": 16, "num_attention_heads": 4, "rope_ratio": 3,
     },
+    # Unusual shapes (Family.odd): 6 heads in 2 multi-query groups (ratio 3), kv_channels 20 != 72 / 6 with
+    # interleaved rotary on 10 of them (5 pairs), vocabulary 1001, all linear biases (add_bias_linear) besides the
+    # q/k/v bias, layernorm_epsilon 1e-6, rope_ratio 2.5 (base 25000), 300 positions.
+    "chatglm-odd": {
+        **_chatglm(300), "num_layers": 2, "padded_vocab_size": 1001, "hidden_size": 72, "ffn_hidden_size": 136,
+        "kv_channels": 20, "num_attention_heads": 6, "multi_query_group_num": 2, "rope_ratio": 2.5,
+        "layernorm_epsilon": 1e-6, "add_bias_linear": True,
+    },
     "chatglm2-6b": _chatglm(32768),
     "chatglm3-6b": _chatglm(8192),
     "chatglm3-6b-32k": _chatglm(32768, rope_ratio=50),

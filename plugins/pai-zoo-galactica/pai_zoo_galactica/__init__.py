@@ -97,6 +97,7 @@ GALACTICA = Family(
     model_types=("opt",),
     presets=PRESETS,
     tiny="galactica-tiny",
+    odd="galactica-odd",
     config_map=CONFIG,
     weight_map=WEIGHTS,
     model_class=_model_class,

@@ -32,6 +32,12 @@ PRESETS = {
         **_galactica(64, 2, 4, 256), "vocab_size": 1000, "max_position_embeddings": 288,
         "dropout": 0.0, "attention_dropout": 0.0,
     },
+    # Unusual shapes (Family.odd): 6 heads of 12 channels (OPT has no GQA and no separate head_dim), vocabulary
+    # 1001, FFN width 200, OPT's ReLU, biases everywhere, untied head, 300 positions (302 rows with the offset).
+    "galactica-odd": {
+        **_galactica(72, 2, 6, 200), "vocab_size": 1001, "max_position_embeddings": 300,
+        "activation_function": "relu", "tie_word_embeddings": False, "dropout": 0.0, "attention_dropout": 0.0,
+    },
     "galactica-125m": _galactica(768, 12, 12, 3072),
     "galactica-1.3b": _galactica(2048, 24, 32, 8192),
     "galactica-6.7b": _galactica(4096, 32, 32, 16384),

@@ -94,6 +94,7 @@ GLM = Family(
     model_types=("glm", "glm4"),
     presets=PRESETS,
     tiny="glm4-tiny",
+    odd="glm4-odd",
     config_map=CONFIG,
     weight_map=weights,
     layer_spec=layer_spec,

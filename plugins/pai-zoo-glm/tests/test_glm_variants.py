@@ -17,6 +17,9 @@ VARIANTS = {
     "Glm4 without QKV bias": ("glm4-tiny", {"attention_bias": False}),
     "Glm multi-head": ("glm-tiny", {"num_key_value_heads": 8}),
     "Glm4 multi-query, tied head": ("glm4-tiny", {"num_key_value_heads": 1, "tie_word_embeddings": True}),
+    # The odd preset is Glm4ForCausalLM (conformance suite); its shapes as GlmForCausalLM (no post norms).
+    "GlmForCausalLM with the odd shapes (GQA 3, head_dim 20, vocabulary 997)":
+        ("glm4-odd", {"model_type": "glm", "architectures": ["GlmForCausalLM"]}),
 }
 
 
@@ -24,6 +27,7 @@ VARIANTS = {
 def test_variant_conforms(variant):
     preset, overrides = VARIANTS[variant]
     case = checks.build_case(GLM, preset, **overrides)
+    assert type(case.hf_model).__name__ == case.hf_config.architectures[0]
     checks.check_mapping_coverage(case)
     checks.check_weight_round_trip(case)
     assert checks.check_forward_equivalence(case) <= checks.LOGITS_ATOL

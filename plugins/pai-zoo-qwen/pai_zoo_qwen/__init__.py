@@ -101,7 +101,12 @@ def _qwen2_rules(*extra) -> tuple:
 
 
 QWEN2_CONFIG = ConfigMap(
-    *_qwen2_rules(Fixed(hf={"hidden_act": "silu"}, mcore={**_SWIGLU_RMSNORM, "add_qkv_bias": True, "add_bias_linear": False})),
+    *_qwen2_rules(
+        # Qwen2Config declares no head_dim, but transformers' Qwen2 attention and rotary embedding read one from
+        # config.json when it is there (else hidden_size // num_attention_heads; megatron's kv_channels=None).
+        Field("head_dim", "kv_channels", default=None),
+        Fixed(hf={"hidden_act": "silu"}, mcore={**_SWIGLU_RMSNORM, "add_qkv_bias": True, "add_bias_linear": False}),
+    ),
     passthrough=("use_sliding_window", "max_window_layers", "use_mrope"),
 )
 
@@ -201,6 +206,7 @@ QWEN = Family(
     model_types=("qwen",),
     presets=QWEN_V1_PRESETS,
     tiny="qwen-v1-tiny",
+    odd="qwen-v1-odd",
     config_map=QWEN_V1_CONFIG,
     weight_map=qwen_v1_weights,
     hf_model_class=LazyClass("pai_zoo_qwen.modeling_qwen:QWenLMHeadModel"),
@@ -216,6 +222,7 @@ QWEN2 = Family(
     model_types=("qwen2",),
     presets=QWEN2_PRESETS,
     tiny="qwen2-tiny",
+    odd="qwen2-odd",
     config_map=QWEN2_CONFIG,
     weight_map=qwen2_weights,
     test_tokenizer=write_qwen2_tokenizer,
@@ -228,6 +235,7 @@ QWEN3 = Family(
     model_types=("qwen3",),
     presets=QWEN3_PRESETS,
     tiny="qwen3-tiny",
+    odd="qwen3-odd",
     config_map=QWEN3_CONFIG,
     weight_map=qwen2_weights,
     test_tokenizer=write_qwen2_tokenizer,

@@ -48,6 +48,13 @@ QWEN2_PRESETS = {
         **_qwen2(64, 160, 2, 8, 2, 1000, max_pos=288, window_layers=2, tie=True),
         "bos_token_id": 1, "eos_token_id": 2,
     },
+    # Unusual shapes (Family.odd): 6 query heads in 2 key/value groups (GQA ratio 3), head_dim 20 != 72 / 6 (a
+    # config.json key transformers' Qwen2 reads though Qwen2Config does not declare it), vocabulary 1001, QKV bias,
+    # untied head, rms_norm_eps 1e-5, rope theta 123456, 300 positions.
+    "qwen2-odd": {
+        **_qwen2(72, 136, 2, 6, 2, 1001, max_pos=300, window_layers=2, tie=False, theta=123456.0, eps=1e-5),
+        "head_dim": 20, "bos_token_id": 1, "eos_token_id": 2,
+    },
     "qwen1.5-0.5b": _qwen2(1024, 2816, 24, 16, 16, 151936, max_pos=32768, window_layers=21, tie=True),
     "qwen1.5-1.8b": _qwen2(2048, 5504, 24, 16, 16, 151936, max_pos=32768, window_layers=21, tie=False),
     "qwen1.5-4b": _qwen2(2560, 6912, 40, 20, 20, 151936, max_pos=32768, window_layers=21, tie=False, theta=5000000.0),
@@ -74,6 +81,13 @@ QWEN3_PRESETS = {
         **_qwen3(64, 160, 2, 8, 2, tie=False, vocab=1000),
         "head_dim": 16, "max_position_embeddings": 288, "bos_token_id": 1, "eos_token_id": 2,
     },
+    # Unusual shapes (Family.odd): 6 query heads in 2 key/value groups (GQA ratio 3), head_dim 20 != 72 / 6,
+    # vocabulary 997, tied head, rms_norm_eps 1e-5, rope theta 250000, 300 positions.
+    "qwen3-odd": {
+        **_qwen3(72, 136, 2, 6, 2, tie=True, vocab=997),
+        "head_dim": 20, "max_position_embeddings": 300, "rms_norm_eps": 1e-5,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 250000.0}, "bos_token_id": 1, "eos_token_id": 2,
+    },
     "qwen3-0.6b": _qwen3(1024, 3072, 28, 16, 8, tie=True),
     "qwen3-1.7b": _qwen3(2048, 6144, 28, 16, 8, tie=True),
     "qwen3-4b": _qwen3(2560, 9728, 36, 32, 8, tie=True),
@@ -88,6 +102,13 @@ QWEN_V1_PRESETS = {
     "qwen-v1-tiny": {
         **_qwen_v1(64, 320, 2, 4, vocab=1000, seq_length=288, max_pos=288),
         "rotary_pct": 0.5,
+    },
+    # Unusual shapes (Family.odd): 6 heads of 12 channels (Qwen v1 has neither GQA nor a free head_dim: c_attn
+    # splits into hidden_size-wide q, k, v), rotary on 6 of them, vocabulary 1001, biases everywhere
+    # (no_bias=false), MLP width 100, layer_norm_epsilon 1e-5, rotary base 50000, 300 positions.
+    "qwen-v1-odd": {
+        **_qwen_v1(72, 200, 2, 6, vocab=1001, seq_length=300, max_pos=300),
+        "rotary_pct": 0.5, "no_bias": False, "layer_norm_epsilon": 1e-5, "rotary_emb_base": 50000,
     },
     "qwen-7b": _qwen_v1(4096, 22016, 32, 32, seq_length=8192),
 }

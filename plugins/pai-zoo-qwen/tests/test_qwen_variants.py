@@ -18,6 +18,8 @@ VARIANTS = {
     "qwen2: untied head, multi-head attention (Qwen1.5-7B)":
         ("qwen2", "qwen2-tiny", {"tie_word_embeddings": False, "num_key_value_heads": 8}),
     "qwen2: multi-query": ("qwen2", "qwen2-tiny", {"num_key_value_heads": 1}),
+    "qwen2: head_dim != hidden / heads (config.json key transformers' Qwen2 reads)":
+        ("qwen2", "qwen2-tiny", {"head_dim": 16}),
     "qwen3: tied head (Qwen3-0.6B)": ("qwen3", "qwen3-tiny", {"tie_word_embeddings": True}),
     "qwen3: head_dim = hidden / heads": ("qwen3", "qwen3-tiny", {"head_dim": 8}),
     "qwen v1: biases everywhere (no_bias=false)": ("qwen", "qwen-v1-tiny", {"no_bias": False}),
@@ -101,6 +103,25 @@ def test_published_qwen2_config_translates():
     v1 = REGISTRY.family("qwen")
     config = v1.to_mcore_config(hf.config_dict(hf.hf_config(v1, v1.presets["qwen-7b"])))
     assert config["ffn_hidden_size"] == 11008 and config["max_sequence_length"] == 8192
+
+
+def test_qwen2_head_dim_reaches_megatron_and_is_written_back_only_when_given():
+    """Qwen2Config declares no head_dim, yet transformers' Qwen2 reads one from config.json: it must become
+    kv_channels (it used to be dropped, so a 20-channel head was built as 72 / 6 = 12 channels)."""
+    from pai_zoo import hf
+
+    family = REGISTRY.family("qwen2")
+    for head_dim in (20, None):
+        raw = {**family.presets["qwen2-odd"], "head_dim": head_dim}
+        if head_dim is None:
+            del raw["head_dim"]
+        config = hf.config_dict(hf.hf_config(family, raw))
+        mcore = family.to_mcore_config(config)
+        assert mcore.kv_channels == (head_dim or 72 // 6)
+        back = hf.config_dict(hf.hf_config_from_mcore(family, mcore))
+        assert back.get("head_dim", "absent") == (head_dim or "absent")
+    model = hf.build_hf_model(family, hf.hf_config(family, family.presets["qwen2-odd"]))
+    assert model.model.layers[0].self_attn.q_proj.weight.shape == (6 * 20, 72)  # transformers does use it
 
 
 @pytest.mark.parametrize("family, preset, overrides, message", [
