@@ -17,8 +17,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 
-from .errors import PaiZooError, UnknownModelError
+from .errors import PaiZooError, PaiZooWarning, UnknownModelError
 
 
 def _registry():
@@ -248,9 +249,9 @@ def cmd_dataset_inspect(args) -> int:
         ids = reader.document(args.document).tolist()
         print(f"document {args.document}: {len(ids)} tokens")
         if args.tokenizer:
-            from .data.preprocess import family_tokenizer, resolve_tokenizer
+            from .tokenizer_names import resolve_tokenizer
 
-            print(family_tokenizer(*resolve_tokenizer(args.tokenizer)).decode(ids))
+            print(resolve_tokenizer(args.tokenizer).load().decode(ids))
         else:
             print(ids)
     return 0
@@ -370,7 +371,16 @@ def cmd_rl(args) -> int:
     return rl_main(["--help"] if args.rl_help else args.rl_args)
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None, _default=warnings.showwarning):
+    """pai-zoo's own warnings as one ``pai-zoo: warning:`` line; others as Python shows them."""
+    if issubclass(category, PaiZooWarning):
+        print(f"pai-zoo: warning: {message}", file=sys.stderr if file is None else file)
+    else:
+        _default(message, category, filename, lineno, file, line)
+
+
 def main(argv: list[str] | None = None) -> int:
+    warnings.showwarning = _show_warning
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

@@ -22,3 +22,11 @@ class ConfigTranslationError(PaiZooError):
 
 class MappingError(PaiZooError):
     """A weight-mapping table does not cover the tensors it is given, or a tensor has a wrong shape."""
+
+
+class VocabularyMismatchError(PaiZooError):
+    """Token ids reach past a model's vocabulary: the data was made with another tokenizer than the model's."""
+
+
+class PaiZooWarning(UserWarning):
+    """Something works but probably not as the user meant (the CLI prints it as one ``warning:`` line)."""

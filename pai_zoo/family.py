@@ -81,8 +81,14 @@ class Family:
             Hugging Face model is not in transformers (remote-code checkpoints); ``None``
             uses ``AutoModelForCausalLM``.
         hf_config_class: likewise for the config class; ``None`` uses ``AutoConfig``.
-        test_tokenizer: ``(folder) -> None`` writes a tokenizer of this family's kind into
-            ``folder`` (files a real checkpoint would carry), for the conformance suite.
+        test_tokenizer: ``(folder) -> None`` writes a toy tokenizer of this family's kind into
+            ``folder`` (files a real checkpoint would carry, a vocabulary of a few hundred tokens), for
+            the conformance suite and as the tokenizer of the :attr:`test_presets`: its ids must all be
+            below their ``vocab_size``.
+        published_tokenizer: ``(folder) -> None`` writes a real tokenizer of the family's published
+            checkpoints that the plugin ships, the tokenizer of the family's name and published presets
+            (``--tokenizer llama``); ``None`` when it ships none (those names then fall back to the toy
+            ``test_tokenizer``, with a :class:`~pai_zoo.errors.PaiZooWarning`).
         mcore_versions: PEP 440 specifier of the megatron-core versions the family supports
             (``">=0.16.1"``); building its model under another version is an error.
         backends: the layer-spec backends its layers work with: ``"local"`` (megatron-core's
@@ -104,6 +110,7 @@ class Family:
     hf_model_class: Callable[[str], Any] | None = None
     hf_config_class: Callable[[str], Any] | None = None
     test_tokenizer: Callable[[Any], None] | None = None
+    published_tokenizer: Callable[[Any], None] | None = None
     description: str = ""
     #: Max |logits delta| between the HF and megatron-core models in float32 (``--verify``, conformance).
     logits_atol: float = 1e-4
@@ -153,6 +160,17 @@ class Family:
     @property
     def names(self) -> tuple[str, ...]:
         return (self.name, *self.aliases)
+
+    @property
+    def test_presets(self) -> tuple[str, ...]:
+        """The presets sized for tests: :attr:`tiny`, :attr:`odd` and any named ``*-tiny`` or ``*-odd``. Their
+        tokenizer is :attr:`test_tokenizer`; every other name of the family means a published model."""
+        names = [self.tiny, self.odd, *(p for p in self.presets if p.lower().endswith(("-tiny", "-odd")))]
+        return tuple(dict.fromkeys(n for n in names if n is not None))
+
+    def is_test_preset(self, name: str) -> bool:
+        """Whether ``name`` (case-insensitive) is one of :attr:`test_presets`."""
+        return name.lower() in {p.lower() for p in self.test_presets}
 
     def weight_map_for(self, config: McoreConfig) -> "WeightMap":
         """The table for one model."""

@@ -503,7 +503,7 @@ def generate(handle, prompts, max_new_tokens: int = 64, temperature: float = 0.0
         eos = tuple(int(i) for i in ([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id))
     params = SamplingParams(max_new_tokens, temperature, top_k, top_p, seed, tuple([stop] if isinstance(stop, str) else stop), eos)
     tokenizer = getattr(handle, "tokenizer", None)
-    decode = tokenizer.decode if tokenizer is not None else None
+    decode = _decoder(tokenizer)
     context = context_length(handle)
     encoded = []
     for index, prompt in enumerate(prompts):
@@ -525,6 +525,16 @@ def generate(handle, prompts, max_new_tokens: int = 64, temperature: float = 0.0
         for k, ((ids, dropped), finisher) in enumerate(zip(chunk, finishers)):
             results.append(Generation(prompts[start + k], ids, finisher.tokens, finisher.text(), finisher.reason, dropped))
     return results
+
+
+def _decoder(tokenizer) -> Callable[[list[int]], str] | None:
+    """The tokenizer's ``decode`` for completions, None without one. Ids past the tokenizer's vocabulary (the
+    padding rows of a model's vocabulary, which a test preset's toy tokenizer leaves many of) decode to nothing,
+    as transformers' tokenizers do, instead of failing a run the model chose them in."""
+    if tokenizer is None:
+        return None
+    size = tokenizer.vocab_size
+    return lambda ids: tokenizer.decode([i for i in ids if 0 <= i < size])
 
 
 def _pad_id(tokenizer, eos) -> int:

@@ -21,7 +21,8 @@ class ModelHandle:
     ``model`` is a megatron-core ``GPTModel`` (backend ``"mcore"``) or a transformers model
     (``"hf"``); ``config`` is that backend's own config (``TransformerConfig`` or the
     transformers config); ``hf_config`` and ``mcore_config`` are both translations, always
-    present; ``tokenizer`` is set when the checkpoint carries one.
+    present; ``tokenizer`` is set when the checkpoint carries one, and for a test preset
+    (``llama3-tiny``) it is the family's test tokenizer (see :func:`pai_zoo.tokenizer_names.model_tokenizer`).
     """
 
     model: Any
@@ -103,7 +104,7 @@ def mcore_forward(model, input_ids, attention_mask=None, position_ids=None):
 @dataclass
 class Source:
     """What :func:`load` was pointed at: the family, its HF config dict and, for a checkpoint,
-    its folder and kind (``"hf"`` folder or ``"mcore"`` distributed checkpoint)."""
+    its folder and kind (``"hf"`` folder or ``"mcore"`` distributed checkpoint); for a preset, its name."""
 
     family: Family
     hf_config: dict
@@ -111,6 +112,7 @@ class Source:
     kind: str = "preset"
     mcore_config: McoreConfig | None = None
     record: dict | None = None
+    preset: str | None = None
 
 
 def resolve(name_or_path, checkpoint=None) -> Source:
@@ -124,7 +126,7 @@ def resolve(name_or_path, checkpoint=None) -> Source:
     family = None
     if checkpoint is None and registry.is_preset(name):
         family, config = registry.preset(name)
-        return Source(family, config)
+        return Source(family, config, preset=name)
     if registry.is_family(name):
         family = registry.family(name)
         if checkpoint is None:
@@ -179,20 +181,10 @@ def load(name_or_path, backend: str = "mcore", checkpoint=None, *, dtype=None, s
         model = _load_hf(source, hf_config, dtype)
     else:
         model = _load_mcore(source, mcore_config, dtype, seed, tensor_parallel_size, pipeline_parallel_size)
-    tokenizer = _tokenizer(source)
+    from .tokenizer_names import model_tokenizer
+
+    tokenizer = model_tokenizer(source, mcore_config["vocab_size"])
     return ModelHandle(model, family, backend, hf_config, mcore_config, tokenizer, source.path)
-
-
-def _tokenizer(source: Source):
-    from .mcore.dist_ckpt import HF_DIR
-
-    if source.path is None:
-        return None
-    folder = source.path / HF_DIR if source.kind == "mcore" else source.path
-    try:
-        return get_registry().tokenizer(source.family, folder)
-    except FileNotFoundError:
-        return None
 
 
 def _load_hf(source: Source, hf_config, dtype):

@@ -16,9 +16,16 @@ Layout (little-endian)::
     .bin  the tokens of every sequence back to back, in the dtype
 
 A *sequence* is one item (a sentence, or a whole document); a *document* is a run of sequences.
+
+pai-zoo may add a sidecar ``PREFIX.json`` (:func:`sidecar_path`): the token-id range, which the index does not
+store, the counts it was written with and, from ``preprocess``, the tokenizer. Megatron's readers open only
+``.bin``/``.idx``; Megatron-LM's ``tools/merge_datasets.py``, which pairs every file of a folder by its name
+without the last suffix, pairs ``PREFIX.json`` with ``PREFIX.idx`` and ``PREFIX.bin``. A sidecar whose counts do
+not match the files beside it is ignored (:func:`read_sidecar`).
 """
 from __future__ import annotations
 
+import json
 import operator
 import os
 import secrets
@@ -37,6 +44,9 @@ __all__ = [
     "IndexedDatasetReader",
     "merge",
     "statistics",
+    "sidecar_path",
+    "read_sidecar",
+    "token_id_range",
 ]
 
 INDEX_HEADER = b"MMIDIDX\x00\x00"
@@ -45,6 +55,9 @@ _HEADER = struct.Struct("<9sQBQQ")  # magic, version, dtype code, sequence count
 _HEADER_SIZE = _HEADER.size  # 34
 _INT32_MAX = 2**31 - 1
 _CHUNK = 1 << 20  # elements per streamed chunk
+#: ``format`` of a pai-zoo sidecar; a ``PREFIX.json`` without it is someone else's file and left alone.
+SIDECAR_FORMAT = "pai-zoo indexed dataset"
+_SIDECAR_VERSION = 1
 
 #: megatron-core's ``DType`` codes.
 DTYPE_CODES = {
@@ -150,18 +163,26 @@ class IndexedDatasetWriter:
     Data goes to ``PREFIX.bin.tmp-<pid>-<hex>`` / ``PREFIX.idx.tmp-<pid>-<hex>``; :meth:`finalize` writes the
     index and renames ``.bin`` then ``.idx`` into place, so an interrupted run never leaves a pair that
     looks complete. As a context manager it finalizes on a clean exit and aborts on an exception.
+
+    ``min_token_id``/``max_token_id`` follow what is written. With ``metadata`` (a JSON-able dict) it also writes
+    the sidecar ``PREFIX.json`` (:func:`sidecar_path`): that range, the counts and the metadata, renamed into place
+    after ``.idx``; an old pai-zoo sidecar is removed first either way.
     """
 
-    def __init__(self, prefix, dtype) -> None:
+    def __init__(self, prefix, dtype, metadata: dict | None = None) -> None:
         self.prefix, self.bin_path, self.idx_path = _paths(prefix)
         self.dtype = _token_dtype(dtype)
+        self.metadata = None if metadata is None else dict(metadata)
+        self.min_token_id: int | None = None
+        self.max_token_id: int | None = None
         self._file_dtype = _le(self.dtype)
-        tag = f"tmp-{os.getpid()}-{secrets.token_hex(4)}"
-        self._bin_tmp = f"{self.bin_path}.{tag}"
-        self._idx_tmp = f"{self.idx_path}.{tag}"
+        self._tag = f"tmp-{os.getpid()}-{secrets.token_hex(4)}"
+        self._bin_tmp = f"{self.bin_path}.{self._tag}"
+        self._idx_tmp = f"{self.idx_path}.{self._tag}"
         self._lengths = array(_I32)
         self._document_indices = array(_I64, [0])
         self.tokens_written = 0
+        self._tmp_files: list[str] = []
         self._state = "open"
         self._bin = open(self._bin_tmp, "xb")
 
@@ -184,7 +205,14 @@ class IndexedDatasetWriter:
     def _pending(self) -> int:
         return len(self._lengths) - self._document_indices[-1]
 
+    def _range(self, lo: int | None, hi: int | None) -> None:
+        if lo is not None:
+            self.min_token_id = lo if self.min_token_id is None else min(self.min_token_id, lo)
+            self.max_token_id = hi if self.max_token_id is None else max(self.max_token_id, hi)
+
     def _write(self, arr: np.ndarray, lengths: Iterable[int]) -> None:
+        if arr.size:
+            self._range(int(arr.min()), int(arr.max()))
         self._bin.write(arr.astype(self._file_dtype, copy=False).data)
         self._lengths.extend(lengths)
         self.tokens_written += arr.size
@@ -251,6 +279,7 @@ class IndexedDatasetWriter:
             offset = len(self._lengths)
             num_sequences, num_indices = len(src), src.num_documents + 1
             idx_path, bin_path, tokens = src.idx_path, src.bin_path, src.num_tokens
+        self._range(*(token_id_range(prefix) or (None, None)))
         for chunk in _read_chunks(idx_path, _HEADER_SIZE, np.dtype("<i4"), num_sequences):
             self._lengths.frombytes(chunk.astype(np.int32).tobytes())
         start = _HEADER_SIZE + 12 * num_sequences + 8  # document_indices without the leading 0
@@ -261,8 +290,27 @@ class IndexedDatasetWriter:
         self.tokens_written += tokens
 
     # finishing ------------------------------------------------------------------------------------
+    def _sidecar_tmp(self) -> str | None:
+        """With ``metadata``, write the sidecar to a temporary name; its path, or None (no sidecar: no metadata,
+        or ``PREFIX.json`` is a file that is not a pai-zoo sidecar)."""
+        path = sidecar_path(self.prefix)
+        if self.metadata is None or (os.path.exists(path) and _read_json(path) is None):
+            return None
+        record = {
+            "format": SIDECAR_FORMAT, "version": _SIDECAR_VERSION, "dtype": self.dtype.name,
+            "sequences": len(self._lengths), "documents": self.documents_written, "tokens": self.tokens_written,
+            "bin_bytes": self.tokens_written * self.dtype.itemsize,
+            "min_token_id": self.min_token_id, "max_token_id": self.max_token_id, **self.metadata,
+        }
+        tmp = f"{path}.{self._tag}"
+        with open(tmp, "x", encoding="utf-8") as f:
+            f.write(json.dumps(record, indent=2, ensure_ascii=False) + "\n")
+        self._tmp_files.append(tmp)
+        return tmp
+
     def finalize(self) -> None:
-        """Write the index, then rename ``.bin`` and last ``.idx`` into place (an old ``.idx`` is removed first)."""
+        """Write the index (and the sidecar), then rename ``.bin``, ``.idx`` and last the sidecar into place (an
+        old ``.idx`` and an old pai-zoo sidecar are removed first)."""
         self._check_open()
         if self._pending():
             raise ValueError(
@@ -289,12 +337,19 @@ class IndexedDatasetWriter:
                 _write_array(f, self._document_indices, "i8")
                 f.flush()
                 os.fsync(f.fileno())
-            try:  # never leave a new .bin beside a stale .idx
-                os.unlink(self.idx_path)
-            except FileNotFoundError:
-                pass
+            sidecar = self._sidecar_tmp()
+            stale = [self.idx_path]
+            if _read_json(sidecar_path(self.prefix)) is not None:
+                stale.append(sidecar_path(self.prefix))
+            for path in stale:  # never leave a new .bin beside a stale .idx or sidecar
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
             os.replace(self._bin_tmp, self.bin_path)
             os.replace(self._idx_tmp, self.idx_path)
+            if sidecar is not None:
+                os.replace(sidecar, sidecar_path(self.prefix))
         except BaseException:
             self.abort()
             raise
@@ -308,7 +363,7 @@ class IndexedDatasetWriter:
         try:
             self._bin.close()
         finally:
-            for path in (self._bin_tmp, self._idx_tmp):
+            for path in (self._bin_tmp, self._idx_tmp, *self._tmp_files):
                 try:
                     os.unlink(path)
                 except FileNotFoundError:
@@ -518,7 +573,11 @@ def merge(prefixes: list, output_prefix) -> None:
         raise ValueError(f"merge: the output {output_prefix!r} is also an input")
     with IndexedDatasetReader(prefixes[0]) as first:
         dtype = first.dtype
-    with IndexedDatasetWriter(output_prefix, dtype) as writer:
+    metadata: dict = {"merged_from": prefixes}
+    tokenizers = [(read_sidecar(p) or {}).get("tokenizer") for p in prefixes]
+    if tokenizers[0] is not None and all(t == tokenizers[0] for t in tokenizers):
+        metadata["tokenizer"] = tokenizers[0]
+    with IndexedDatasetWriter(output_prefix, dtype, metadata) as writer:
         for prefix in prefixes:
             writer.add_index(prefix)
 
@@ -555,3 +614,63 @@ def statistics(prefix, chunk_size: int | None = None) -> dict:
         "min_token_id": min_id,
         "max_token_id": max_id,
     }
+
+
+# -- the sidecar ----------------------------------------------------------------------------------
+def sidecar_path(prefix) -> str:
+    """``PREFIX.json``, the pai-zoo sidecar of ``PREFIX.bin``/``PREFIX.idx``."""
+    return os.fspath(prefix) + ".json"
+
+
+def _read_json(path: str) -> dict | None:
+    """A pai-zoo sidecar's record, or None (no file, unreadable, or not a pai-zoo sidecar)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            record = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or record.get("format") != SIDECAR_FORMAT:
+        return None
+    return record if record.get("version") == _SIDECAR_VERSION else None
+
+
+def read_sidecar(prefix) -> dict | None:
+    """The sidecar of a dataset if it describes the ``.bin``/``.idx`` there now (same dtype, counts and
+    ``.bin`` size), else None."""
+    prefix, bin_path, idx_path = _paths(prefix)
+    record = _read_json(sidecar_path(prefix))
+    if record is None:
+        return None
+    try:
+        with open(idx_path, "rb") as f:
+            magic, _, code, n, n_indices = _HEADER.unpack(f.read(_HEADER_SIZE))
+        bin_bytes = os.path.getsize(bin_path)
+    except (OSError, struct.error):
+        return None
+    actual = {"dtype": getattr(_CODE_DTYPES.get(code), "name", None), "sequences": n, "documents": n_indices - 1,
+              "bin_bytes": bin_bytes}
+    if magic != INDEX_HEADER or any(record.get(k) != v for k, v in actual.items()):
+        return None
+    return record
+
+
+def token_id_range(prefix, chunk_size: int | None = None) -> tuple[int, int] | None:
+    """``(smallest, largest)`` token id of a dataset (None when it has no tokens): from its sidecar, else from
+    one pass over ``.bin`` (memory-mapped, ``chunk_size`` elements at a time)."""
+    record = read_sidecar(prefix)
+    lo, hi = (record.get("min_token_id"), record.get("max_token_id")) if record is not None else (None, None)
+    if isinstance(lo, int) and isinstance(hi, int):
+        return lo, hi
+    if record is not None and record.get("tokens") == 0:
+        return None
+    with IndexedDatasetReader(prefix) as reader:
+        tokens = reader._tokens
+        if not len(tokens):
+            return None
+        step = chunk_size or 16 * _CHUNK
+        lo, hi = None, None
+        for start in range(0, len(tokens), step):
+            chunk = tokens[start : start + step]
+            a, b = int(chunk.min()), int(chunk.max())
+            lo, hi = (a, b) if lo is None else (min(lo, a), max(hi, b))
+        return lo, hi

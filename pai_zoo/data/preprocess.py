@@ -4,7 +4,9 @@ Records stream from the inputs in batches; worker processes tokenize them; resul
 in input order, so the output is byte-identical whatever the number of workers. At most
 ``2 x workers`` batches are in flight, so memory stays bounded on inputs of any size. Output
 files follow Megatron-LM's ``tools/preprocess_data.py``: ``PREFIX_{key}_document.bin/.idx``
-(SFT: ``PREFIX_text_document`` and ``PREFIX_loss_mask_document``).
+(SFT: ``PREFIX_text_document`` and ``PREFIX_loss_mask_document``), each with the sidecar
+``PREFIX_{key}_document.json`` (token-id range and tokenizer; :func:`pai_zoo.data.indexed.sidecar_path`), which
+``pai-zoo train`` reads to check the data against the model's vocabulary.
 """
 from __future__ import annotations
 
@@ -12,13 +14,14 @@ import collections
 import contextlib
 import multiprocessing
 import time
+from pathlib import Path
 from dataclasses import dataclass, field
 from itertools import chain, islice
-from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from ..errors import PaiZooError
 from ..progress import Progress
+from ..tokenizer_names import TokenizerRef, resolve_tokenizer
 from .sources import BadRecord, iter_raw_records
 
 
@@ -49,46 +52,16 @@ def output_prefix(prefix, key: str) -> str:
     return f"{prefix}_{key}_document"
 
 
-# -- tokenizers by name ---------------------------------------------------------------------------
-def resolve_tokenizer(spec) -> tuple[str, str | None]:
-    """``(path, family name or None)`` for ``--tokenizer``: a checkpoint folder, a tokenizer file,
-    or a family / preset name (the family's bundled tokenizer, written once to a cache folder)."""
-    from ..registry import get_registry
-
-    path = Path(str(spec)).expanduser()
-    registry = get_registry()
-    if path.exists():
-        family = None
-        if path.is_dir() and (path / "config.json").is_file():
-            from ..checkpoint import read_config
-
-            with contextlib.suppress(PaiZooError):
-                family = registry.family_for_hf_config(read_config(path)).name
-        return str(path), family
-    name = str(spec)
-    if registry.is_preset(name) or registry.is_family(name):
-        family = registry.preset(name)[0] if registry.is_preset(name) else registry.family(name)
-        if family.test_tokenizer is None:
-            raise PaiZooError(f"--tokenizer {name}: family {family.name!r} bundles no tokenizer; pass a folder or file")
-        folder = Path.home() / ".cache" / "pai-zoo" / "tokenizers" / family.name
-        if not folder.is_dir():
-            tmp = folder.with_name(folder.name + ".tmp")
-            tmp.mkdir(parents=True, exist_ok=True)
-            family.test_tokenizer(tmp)
-            tmp.rename(folder)
-        return str(folder), family.name
-    raise PaiZooError(f"--tokenizer {name}: not a file, a folder, a family or a preset")
-
-
+# -- tokenizers by name: pai_zoo.tokenizer_names.resolve_tokenizer ---------------------------------
 def family_tokenizer(path: str, family: str | None):
-    """The tokenizer adapter for a resolved ``--tokenizer`` (through the family's hook if known)."""
-    from ..registry import get_registry
-    from ..tokenizer import load_tokenizer
+    """The tokenizer adapter of a resolved ``--tokenizer`` (``TokenizerRef(path, family).load()``)."""
+    return TokenizerRef(path, family).load()
 
-    if family is None:
-        return load_tokenizer(path)
-    registry = get_registry()
-    return registry.tokenizer(registry.family(family), path)
+
+def _metadata(spec, ref: TokenizerRef, tokenizer) -> dict:
+    """The sidecar's record of the tokenizer a dataset was made with."""
+    return {"tokenizer": {"name": str(spec), "path": str(Path(ref.path).resolve()), "family": ref.family,
+                          "vocab_size": tokenizer.vocab_size}}
 
 
 # -- workers ------------------------------------------------------------------------------------
@@ -240,8 +213,9 @@ def preprocess(inputs, prefix, tokenizer, *, json_keys=("text",), append_eod: bo
     from .indexed import IndexedDatasetWriter, optimal_dtype
 
     keys = tuple(json_keys)
-    path, family = resolve_tokenizer(tokenizer)
-    dtype = optimal_dtype(family_tokenizer(path, family).vocab_size)
+    ref = resolve_tokenizer(tokenizer)
+    tok = ref.load()
+    dtype = optimal_dtype(tok.vocab_size)
     outputs = [output_prefix(prefix, key) for key in keys]
     summary = PreprocessSummary(outputs)
     bad = _BadRecords(skip_bad)
@@ -250,9 +224,10 @@ def preprocess(inputs, prefix, tokenizer, *, json_keys=("text",), append_eod: bo
     task = _Task(keys, add_special_tokens, append_eod, str(dtype))
     records = iter_raw_records(inputs, text_mode=text_mode, text_key=keys[0])
     with contextlib.ExitStack() as stack:
-        writers = [stack.enter_context(IndexedDatasetWriter(out, dtype)) for out in outputs]
+        metadata = _metadata(tokenizer, ref, tok)
+        writers = [stack.enter_context(IndexedDatasetWriter(out, dtype, metadata)) for out in outputs]
         batches = _batches(records, batch_size)
-        for encoded in ordered_parallel_map(_encode_pretraining, task, batches, workers, _init_worker, (path, family)):
+        for encoded in ordered_parallel_map(_encode_pretraining, task, batches, workers, _init_worker, ref):
             for _, error in encoded.bad:  # stops here (nothing is kept) unless bad records are skipped
                 bad(error)
             for writer, tokens, lengths in zip(writers, encoded.tokens, encoded.lengths):
@@ -308,8 +283,8 @@ def preprocess_sft(inputs, prefix, tokenizer, *, seq_length: int = 1024, pad_len
     from . import sft
     from .indexed import IndexedDatasetWriter, optimal_dtype
 
-    path, family = resolve_tokenizer(tokenizer)
-    tok = family_tokenizer(path, family)
+    ref = resolve_tokenizer(tokenizer)
+    tok = ref.load()
     pad_id = tok.pad_id if tok.pad_id is not None else tok.eod_id
     if pad_id is None:
         raise PaiZooError(f"--tokenizer {tokenizer}: no pad or end-of-document token to pad with")
@@ -323,7 +298,7 @@ def preprocess_sft(inputs, prefix, tokenizer, *, seq_length: int = 1024, pad_len
 
     def examples():
         batches = _batches(records, batch_size)
-        for results in ordered_parallel_map(_encode_sft, task, batches, workers, _init_worker, (path, family)):
+        for results in ordered_parallel_map(_encode_sft, task, batches, workers, _init_worker, ref):
             for result in results:
                 if isinstance(result[1], BadRecord):
                     bad(result[1])
@@ -333,8 +308,9 @@ def preprocess_sft(inputs, prefix, tokenizer, *, seq_length: int = 1024, pad_len
                 bar.update(nbytes, documents=1, tokens=len(tokens))
                 yield tokens, mask
 
-    with IndexedDatasetWriter(outputs[0], optimal_dtype(tok.vocab_size)) as text_writer, \
-            IndexedDatasetWriter(outputs[1], np.uint8) as mask_writer:
+    metadata = _metadata(tokenizer, ref, tok)
+    with IndexedDatasetWriter(outputs[0], optimal_dtype(tok.vocab_size), metadata) as text_writer, \
+            IndexedDatasetWriter(outputs[1], np.uint8, metadata) as mask_writer:
         if pack:
             stats = sft.PackStats()
             for packed in sft.pack(examples(), seq_length, pad_id, stats=stats):

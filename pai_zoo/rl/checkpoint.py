@@ -53,6 +53,8 @@ def describe_model(folder, handle, model, head: dict | None = None) -> None:
     hf_dir.mkdir(exist_ok=True)
     hf.hf_config_from_mcore(handle.family, config).to_json_file(hf_dir / "config.json")
     source = _hf_side(handle.checkpoint)
+    if source is None and handle.tokenizer is not None:  # a test preset's test tokenizer
+        source = Path(handle.tokenizer.path).parent
     for file in tokenizer_files(source) if source and source.is_dir() else ():
         if file.resolve() != (hf_dir / file.name).resolve():
             shutil.copy2(file, hf_dir / file.name)

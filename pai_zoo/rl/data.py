@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..data.sources import BadRecord, iter_records
+from ..data.vocabulary import check_token_ids
 from ..errors import PaiZooError
 
 PAIR_FIELDS = ("prompt", "chosen", "rejected")
@@ -22,18 +23,25 @@ class Pair:
     where: str = ""
 
 
+def check_ids(what: str, ids: list[int], vocab_size: int) -> list[int]:
+    """``ids``, after :func:`~pai_zoo.data.vocabulary.check_token_ids` (the rule ``pai-zoo train`` applies)."""
+    if ids:
+        bad = [i for i in ids if not 0 <= i < vocab_size][:5]
+        check_token_ids(what, min(ids), max(ids), vocab_size, examples=bad)
+    return ids
+
+
 def _ids(where: str, key: str, value, tokenizer, vocab_size: int, add_special_tokens: bool) -> list[int]:
     if isinstance(value, str):
         if tokenizer is None:
             raise PaiZooError(f"{where}: field {key!r} is text but the model has no tokenizer; "
                               "give token ids (a list of integers) or a model folder with tokenizer files")
-        return tokenizer.encode(value, add_special_tokens=add_special_tokens)
-    if isinstance(value, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in value):
-        bad = [i for i in value if not 0 <= i < vocab_size]
-        if bad:
-            raise PaiZooError(f"{where}: field {key!r} has token ids outside the vocabulary [0, {vocab_size}): {bad[:5]}")
-        return list(value)
-    raise PaiZooError(f"{where}: field {key!r} must be text or a list of token ids, not {type(value).__name__}")
+        ids = tokenizer.encode(value, add_special_tokens=add_special_tokens)
+    elif isinstance(value, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+        ids = list(value)
+    else:
+        raise PaiZooError(f"{where}: field {key!r} must be text or a list of token ids, not {type(value).__name__}")
+    return check_ids(f"{where}: field {key!r}", ids, vocab_size)
 
 
 def _records(path):
@@ -69,9 +77,5 @@ def read_prompts(path, tokenizer=None, vocab_size: int = 1 << 62) -> list[list[i
 
     prompts = []
     for where, _record, prompt in read_prompt_records(path):
-        ids = encode_prompt(prompt, tokenizer, where)
-        bad = [i for i in ids if not 0 <= i < vocab_size]
-        if bad:
-            raise PaiZooError(f"{where}: token ids outside the vocabulary [0, {vocab_size}): {bad[:5]}")
-        prompts.append(ids)
+        prompts.append(check_ids(where, encode_prompt(prompt, tokenizer, where), vocab_size))
     return prompts

@@ -56,14 +56,20 @@ def _split_bounds(n: int, weights: list[float]) -> list[tuple[int, int]]:
     return [(cuts[i], cuts[i + 1]) for i in range(3)]
 
 
-def check_data(cfg: TrainConfig) -> None:
-    """The dataset files exist (before any work starts)."""
+def check_data(cfg: TrainConfig, vocab_size: int | None = None) -> None:
+    """The dataset files exist and, given the model's ``vocab_size``, their token ids fit it (before any work
+    starts; :func:`pai_zoo.data.vocabulary.check_dataset_vocabulary`)."""
+    from ..data.vocabulary import check_dataset_vocabulary
+
     prefixes, _ = cfg.data_blend()
     if cfg.sft:
         _check_prefixes(prefixes, "_text_document")
         _check_prefixes(prefixes, "_loss_mask_document")
     else:
         _check_prefixes(prefixes)
+    if vocab_size is not None:
+        for prefix in prefixes:
+            check_dataset_vocabulary(prefix + ("_text_document" if cfg.sft else ""), vocab_size, cfg.model)
 
 
 def build_pretraining_datasets(cfg: TrainConfig, vocab_size: int, eod: int, samples: tuple[int, int], cache: Path):

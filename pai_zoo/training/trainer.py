@@ -83,7 +83,7 @@ class Trainer:
         cfg.validate(world, self.mcore_config.get("max_sequence_length"))
         from .data import check_data
 
-        check_data(cfg)
+        check_data(cfg, self.mcore_config["vocab_size"])
         if self.mcore_config.num_layers % cfg.pipeline_parallel_size:
             raise TrainConfigError(f"pipeline_parallel_size {cfg.pipeline_parallel_size} does not divide the "
                                    f"model's {self.mcore_config.num_layers} layers")
@@ -162,8 +162,13 @@ class Trainer:
             for name in ("generation_config.json",):
                 if (origin / name).is_file():
                     shutil.copy2(origin / name, hf_dir / name)
-            for file in tokenizer_files(origin):
-                shutil.copy2(file, hf_dir / file.name)
+        else:  # a test preset's test tokenizer comes along, so the checkpoint reads text as the data did
+            from ..tokenizer_names import model_tokenizer
+
+            tokenizer = model_tokenizer(source, self.mcore_config["vocab_size"])
+            origin = None if tokenizer is None else Path(tokenizer.path).parent
+        for file in tokenizer_files(origin) if origin is not None else ():
+            shutil.copy2(file, hf_dir / file.name)
         tmp = self.save_dir / (CONFIG_FILE + ".tmp")
         tmp.write_text(json.dumps(self.cfg.to_dict(), indent=2) + "\n")
         tmp.replace(self.save_dir / CONFIG_FILE)

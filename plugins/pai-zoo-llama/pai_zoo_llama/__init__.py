@@ -60,7 +60,13 @@ def weights(config) -> WeightMap:
     return WeightMap(*rows)
 
 
-def _write_test_tokenizer(folder) -> None:
+def _write_toy_tokenizer(folder) -> None:
+    from .tokenizer_files import write_toy_tokenizer
+
+    write_toy_tokenizer(folder)
+
+
+def _write_llama2_tokenizer(folder) -> None:
     from .tokenizer_files import write_test_tokenizer
 
     write_test_tokenizer(folder)
@@ -75,7 +81,8 @@ LLAMA = Family(
     tiny="llama3-tiny",
     config_map=CONFIG,
     weight_map=weights,
-    test_tokenizer=_write_test_tokenizer,
+    test_tokenizer=_write_toy_tokenizer,
+    published_tokenizer=_write_llama2_tokenizer,
     description="Llama 1/2/3.x and Mistral",
 )
 

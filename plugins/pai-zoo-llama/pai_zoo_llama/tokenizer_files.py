@@ -1,9 +1,13 @@
-"""A real Llama-2-style tokenizer for tests and demos, written from files installed locally (no download).
+"""Llama tokenizers written from files installed locally (no download): a real Llama-2-style one and a toy.
 
-The SentencePiece model is Mistral-7B-v0.1's ``tokenizer.model``, shipped inside the PyPI package
+``write_test_tokenizer`` writes a real one: Mistral-7B-v0.1's ``tokenizer.model``, shipped inside the PyPI package
 ``mistral-common`` as ``mistral_common/data/tokenizer.model.v1``: a 32000-piece BPE model built like Llama-2's
 (``<unk>``/``<s>``/``</s>`` = 0/1/2, 256 byte-fallback pieces, identity normalization, dummy prefix, whitespace-only
-pieces ``"▁▁"``... scored -1e9). This module imports neither torch nor transformers.
+pieces ``"▁▁"``... scored -1e9). It is the family's ``published_tokenizer``.
+
+``write_toy_tokenizer`` trains a few-hundred-piece SentencePiece BPE of the same make (same special ids, byte
+fallback, whitespace-only pieces, the same ``tokenizer_config.json``): the family's ``test_tokenizer``, whose
+ids fit the tiny presets' 1000-token vocabularies. This module imports neither torch nor transformers.
 """
 from __future__ import annotations
 
@@ -13,7 +17,10 @@ import json
 import shutil
 from pathlib import Path
 
-__all__ = ["LLAMA2_CHAT_TEMPLATE", "llama2_tokenizer_config", "spm_model_path", "write_test_tokenizer"]
+from pai_zoo.testing.tokenizers import SAMPLE_TEXT, SentencePieceBPE
+
+__all__ = ["LLAMA2_CHAT_TEMPLATE", "llama2_tokenizer_config", "spm_model_path", "write_test_tokenizer",
+           "write_toy_tokenizer"]
 
 _PACKAGE = "mistral-common"
 _MODEL_RESOURCE = "data/tokenizer.model.v1"
@@ -86,3 +93,13 @@ def write_test_tokenizer(folder: str | Path) -> None:
     with open(folder / "tokenizer_config.json", "w", encoding="utf-8") as handle:
         json.dump(llama2_tokenizer_config(), handle, indent=2, ensure_ascii=False)
         handle.write("\n")
+
+
+#: ``write_toy_tokenizer(folder)`` writes a 600-piece Llama-2-style ``tokenizer.model`` and ``tokenizer_config.json``.
+write_toy_tokenizer = SentencePieceBPE(
+    vocab_size=600,
+    options={"allow_whitespace_only_pieces": True},
+    corpus=(*SAMPLE_TEXT, "Llama is a family of large language models released by Meta AI in 2023.",
+            "[INST] <<SYS>> You are a helpful assistant. <</SYS>> Hello! [/INST] Hi, how can I help?"),
+    config=llama2_tokenizer_config(),
+)
