@@ -54,6 +54,15 @@ GPT_MODEL_ARGS = frozenset(
 #: nor ``TransformerConfig``.
 FAMILY_KEY_PREFIX = "family."
 
+#: Prefix of :attr:`McoreConfig.arch` keys that a build step of pai-zoo's core reads
+#: (:data:`ROPE_SCALING`); passed to neither ``GPTModel`` nor ``TransformerConfig``.
+CORE_KEY_PREFIX = "pai_zoo."
+
+#: :attr:`McoreConfig.arch` key of a scaled RoPE: transformers' ``rope_parameters`` without
+#: ``rope_theta`` and ``partial_rotary_factor`` (``rotary_base``, ``rotary_percent``), as given.
+#: :mod:`pai_zoo.mcore.rope` computes the inverse frequencies (and YaRN's attention factor) from it.
+ROPE_SCALING = CORE_KEY_PREFIX + "rope_scaling"
+
 
 @dataclass
 class McoreConfig:
@@ -62,12 +71,16 @@ class McoreConfig:
     ``arch`` holds the architecture in megatron-core's own names (``vocab_size`` is the
     tokenizer's true vocabulary; padding is derived by :meth:`padded_vocab_size`).
     ``hf_extra`` holds the non-architecture Hugging Face keys, carried unchanged.
+    ``hf_absent`` maps each key that the reverse translation writes but the source config did not
+    have to the value written for it (``None``: not recorded, e.g. by an older pai-zoo); see
+    :meth:`ConfigMap.to_hf`.
     """
 
     family: str
     arch: dict[str, Any]
     hf_extra: dict[str, Any] = field(default_factory=dict)
     make_vocab_size_divisible_by: int = 128
+    hf_absent: dict[str, Any] | None = None
 
     def __getitem__(self, key: str) -> Any:
         return self.arch[key]
@@ -107,6 +120,7 @@ class McoreConfig:
                 "arch": self.arch,
                 "hf_extra": self.hf_extra,
                 "make_vocab_size_divisible_by": self.make_vocab_size_divisible_by,
+                "hf_absent": self.hf_absent,
             },
             indent=2,
             sort_keys=True,
@@ -276,16 +290,39 @@ class FixedIfPresent(Rule):
             hf[self.hf] = arch[self.mcore]
 
 
-# megatron-core's Llama-3 RoPE scaling has these constants built in.
-_MCORE_LLAMA3_SCALING = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+#: megatron-core's own Llama-3 RoPE scaling (``GPTModel(rope_scaling=True)``) has these constants built in;
+#: McoreConfigs written by pai-zoo before :data:`ROPE_SCALING` use it.
+MCORE_LLAMA3_SCALING = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+#: Scaled RoPE types that pai-zoo computes exactly (:mod:`pai_zoo.mcore.rope`) and the
+#: ``rope_parameters`` keys each needs.
+SCALED_ROPE_TYPES = {
+    "linear": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+    "yarn": ("factor", "original_max_position_embeddings"),
+}
+
+#: transformers' RoPE types (``ROPE_INIT_FUNCTIONS``) that a megatron-core model cannot compute, and why.
+_UNSUPPORTED_ROPE = {
+    "dynamic": "dynamic NTK scaling recomputes the frequencies from the running sequence length once it exceeds "
+               "max_position_embeddings; megatron-core's rotary frequencies are fixed when the model is built",
+    "longrope": "LongRoPE switches between short_factor and long_factor frequencies with the running sequence "
+                "length; megatron-core's rotary frequencies are fixed when the model is built",
+    "proportional": "proportional RoPE pairs channel i with i + head_dim/2 across the whole head; megatron-core "
+                    "rotates the first rotary_percent of the channels as pairs",
+}
 
 
 @dataclass
 class Rope(Rule):
     """Rotary embeddings from transformers' ``rope_parameters`` (theta, type, scaling, partial rotary).
 
-    Supported types: ``default``, ``linear`` (position interpolation) and ``llama3``
-    (with megatron-core's built-in low/high frequency factors). Anything else is an error.
+    ``rope_theta`` -> ``rotary_base`` and ``partial_rotary_factor`` -> ``rotary_percent``. A scaled
+    RoPE (``linear`` position interpolation, ``llama3`` with any factors, ``yarn`` with its attention
+    factor) keeps the other parameters as given in ``arch[ROPE_SCALING]``, so the round trip is
+    lossless; building the model computes the frequencies from them as transformers does
+    (:mod:`pai_zoo.mcore.rope`). ``dynamic``, ``longrope`` and ``proportional`` cannot be
+    computed by a megatron-core model and are refused with the reason, as are unknown types.
     """
 
     hf_keys: tuple[str, ...] = ("rope_parameters", "rope_theta", "rope_scaling", "partial_rotary_factor")
@@ -303,28 +340,40 @@ class Rope(Rule):
             arch["rotary_percent"] = partial
         if rope_type == "default":
             return
-        if rope_type == "linear":
-            arch["seq_len_interpolation_factor"] = params["factor"]
-        elif rope_type == "llama3":
-            for key, value in _MCORE_LLAMA3_SCALING.items():
-                if float(params.get(key, value)) != value:
-                    raise ConfigTranslationError(
-                        f"rope_parameters.{key}={params[key]!r}: megatron-core's llama3 RoPE scaling fixes it at {value}"
-                    )
-            arch["rope_scaling"] = True
-            arch["rope_scaling_factor"] = params["factor"]
-        else:
-            raise ConfigTranslationError(f"rope_parameters.rope_type={rope_type!r} is not supported by megatron-core's GPTModel")
+        if rope_type in _UNSUPPORTED_ROPE:
+            raise ConfigTranslationError(f"rope_parameters.rope_type={rope_type!r} is not supported: "
+                                         f"{_UNSUPPORTED_ROPE[rope_type]}")
+        if rope_type not in SCALED_ROPE_TYPES:
+            raise ConfigTranslationError(f"rope_parameters.rope_type={rope_type!r} is not a RoPE type pai-zoo knows; "
+                                         f"supported: default, {', '.join(SCALED_ROPE_TYPES)}")
+        for key in SCALED_ROPE_TYPES[rope_type]:
+            if params.get(key) is None:
+                raise ConfigTranslationError(f"rope_parameters.{key} is missing: rope_type {rope_type!r} needs it")
+        scaling = {k: v for k, v in params.items() if k not in ("rope_theta", "partial_rotary_factor")}
+        if rope_type == "yarn" and partial is not None and float(partial) < 1.0:
+            from .mcore.rope import attention_factor
+
+            factor = attention_factor(scaling)
+            if factor != 1.0:
+                raise ConfigTranslationError(
+                    f"rope_parameters: YaRN's attention factor {factor:g} scales the rotated channels only, and "
+                    f"partial_rotary_factor={partial} leaves some unrotated; pai-zoo applies the factor to the whole "
+                    "attention score (softmax_scale), which is exact only when every channel is rotated")
+        arch[ROPE_SCALING] = scaling
 
     def describe(self) -> str:
-        return "rope_parameters -> rotary_base, rotary_percent, rope_scaling(_factor), seq_len_interpolation_factor"
+        return f"rope_parameters -> rotary_base, rotary_percent, {ROPE_SCALING} (linear, llama3, yarn)"
 
     def to_hf(self, arch: dict, hf: dict) -> None:
-        params: dict[str, Any] = {"rope_theta": arch.get("rotary_base", 10000.0), "rope_type": "default"}
-        if arch.get("rope_scaling"):
-            params.update(rope_type="llama3", factor=arch["rope_scaling_factor"], **_MCORE_LLAMA3_SCALING)
-        elif arch.get("seq_len_interpolation_factor"):
+        params: dict[str, Any] = {"rope_theta": arch.get("rotary_base", 10000.0)}
+        if arch.get(ROPE_SCALING):
+            params.update(arch[ROPE_SCALING])
+        elif arch.get("rope_scaling"):  # megatron-core's own llama3 scaling (older pai-zoo configs)
+            params.update(rope_type="llama3", factor=arch["rope_scaling_factor"], **MCORE_LLAMA3_SCALING)
+        elif arch.get("seq_len_interpolation_factor"):  # megatron-core's position interpolation (likewise)
             params.update(rope_type="linear", factor=arch["seq_len_interpolation_factor"])
+        else:
+            params["rope_type"] = "default"
         if "rotary_percent" in arch:
             params["partial_rotary_factor"] = arch["rotary_percent"]
         hf["rope_parameters"] = params
@@ -351,25 +400,38 @@ class ConfigMap:
             rule.to_mcore(hf, arch)
         consumed = self.consumed_keys
         extra = {k: v for k, v in hf.items() if k not in consumed}
-        return McoreConfig(family=family, arch=arch, hf_extra=extra)
+        written: dict[str, Any] = dict(extra)
+        for rule in self.rules:
+            rule.to_hf(arch, written)
+        absent = {k: v for k, v in written.items() if k not in hf}
+        return McoreConfig(family=family, arch=arch, hf_extra=extra, hf_absent=absent)
 
     def to_hf(self, config: McoreConfig, known_keys: frozenset[str] | None = None) -> dict:
-        """The HF config dict. With ``known_keys`` (the target config class's fields), a
-        :class:`Field` still at its default is left out when the class does not know it
-        (Mistral has no ``attention_bias``, Llama does)."""
+        """The HF config dict. With ``known_keys`` (the fields of the target config class, which
+        transformers writes anyway), a key the source config did not have is left out again while
+        it still has the value its absence implied (:attr:`McoreConfig.hf_absent`: StarCoder2's
+        ``mlp_type``, Mistral's ``attention_bias``): the result has the source's keys plus the
+        class's own. A config without that record (an older pai-zoo's) leaves out a :class:`Field`
+        still at its default that the class does not know."""
         hf: dict[str, Any] = dict(config.hf_extra)
         for rule in self.rules:
             rule.to_hf(config.arch, hf)
-        if known_keys is not None:
-            for rule in self.rules:
-                if (
-                    isinstance(rule, Field)
-                    and rule.default is not _MISSING
-                    and rule.hf not in known_keys
-                    and rule.hf not in config.hf_extra
-                    and hf.get(rule.hf) == rule.default
-                ):
-                    del hf[rule.hf]
+        if known_keys is None:
+            return hf
+        if config.hf_absent is not None:
+            for key, implied in config.hf_absent.items():
+                if key in hf and key not in known_keys and hf[key] == implied:
+                    del hf[key]
+            return hf
+        for rule in self.rules:
+            if (
+                isinstance(rule, Field)
+                and rule.default is not _MISSING
+                and rule.hf not in known_keys
+                and rule.hf not in config.hf_extra
+                and hf.get(rule.hf) == rule.default
+            ):
+                del hf[rule.hf]
         return hf
 
     def untranslated_architecture_keys(self, hf: dict) -> list[str]:

@@ -40,6 +40,27 @@ def test_field_default_is_left_out_for_a_class_that_does_not_know_it():
     assert TABLE.to_hf(config, known)["attention_bias"] is True
 
 
+def test_keys_the_source_lacked_stay_out_for_a_class_that_does_not_know_them():
+    """StarCoder2's mlp_type/norm_type (a Fixed rule; Starcoder2Config declares neither): written back only
+    where the source config had them, and still written when the model's config changed their value."""
+    table = ConfigMap(Field("hidden_size", "hidden_size"), Field("use_bias", "add_bias_linear", default=True),
+                      Fixed(hf={"mlp_type": "default"}, mcore={"gated_linear_unit": False}))
+    known = frozenset({"hidden_size", "model_type"})
+    lacking = table.to_mcore("fam", {"hidden_size": 64, "model_type": "x"})
+    assert lacking.hf_absent == {"mlp_type": "default", "use_bias": True}
+    stored = McoreConfig.from_json(lacking.to_json())
+    assert table.to_hf(stored, known) == {"hidden_size": 64, "model_type": "x"}
+    assert table.to_hf(stored) == {"hidden_size": 64, "model_type": "x", "mlp_type": "default", "use_bias": True}
+    having = table.to_mcore("fam", {"hidden_size": 64, "model_type": "x", "mlp_type": "default", "use_bias": True})
+    assert having.hf_absent == {}
+    assert table.to_hf(having, known) == {"hidden_size": 64, "model_type": "x", "mlp_type": "default", "use_bias": True}
+    stored.arch["add_bias_linear"] = False  # a changed value is written
+    assert table.to_hf(stored, known) == {"hidden_size": 64, "model_type": "x", "use_bias": False}
+    stored.hf_absent = None  # recorded by an older pai-zoo: a Field at its default is left out, nothing else
+    stored.arch["add_bias_linear"] = True
+    assert table.to_hf(stored, known) == {"hidden_size": 64, "model_type": "x", "mlp_type": "default"}
+
+
 def test_sliding_window_counts_the_current_token():
     config = TABLE.to_mcore("fam", hf(sliding_window=4096))
     assert config.arch["window_size"] == [4095, 0]
@@ -63,21 +84,62 @@ def test_require_message():
         TABLE.to_mcore("fam", hf(hidden_size=63))
 
 
-def test_llama3_rope_scaling_round_trip_and_unsupported_factors():
-    params = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-              "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+SCALED_ROPES = [
+    {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+     "original_max_position_embeddings": 8192},
+    {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 16.0, "low_freq_factor": 2.0, "high_freq_factor": 8.0,
+     "original_max_position_embeddings": 1024},
+    {"rope_type": "linear", "rope_theta": 10000.0, "factor": 3.0},
+    {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0, "original_max_position_embeddings": 32768},
+    {"rope_type": "yarn", "rope_theta": 1e4, "factor": 8.0, "original_max_position_embeddings": 512, "beta_fast": 16,
+     "beta_slow": 2, "mscale": 0.8, "mscale_all_dim": 0.5, "truncate": False},
+]
+
+
+@pytest.mark.parametrize("params", SCALED_ROPES, ids=lambda p: p["rope_type"])
+def test_scaled_rope_keeps_every_parameter_and_round_trips(params):
+    from pai_zoo.config_map import ROPE_SCALING
+
     config = TABLE.to_mcore("fam", hf(rope_parameters=params))
-    assert config.arch["rope_scaling"] is True and config.arch["rope_scaling_factor"] == 8.0
-    assert TABLE.to_hf(config)["rope_parameters"] == params
-    with pytest.raises(ConfigTranslationError, match="rope_parameters.high_freq_factor=2.0"):
-        TABLE.to_mcore("fam", hf(rope_parameters={**params, "high_freq_factor": 2.0}))
-    with pytest.raises(ConfigTranslationError, match="rope_type='yarn'"):
-        TABLE.to_mcore("fam", hf(rope_parameters={"rope_type": "yarn", "rope_theta": 1.0, "factor": 4.0}))
+    assert config.arch["rotary_base"] == params["rope_theta"]
+    assert config.arch[ROPE_SCALING] == {k: v for k, v in params.items() if k != "rope_theta"}
+    # megatron-core's own scalings stay off: pai_zoo.mcore.rope computes the frequencies
+    assert not {"rope_scaling", "rope_scaling_factor", "seq_len_interpolation_factor"} & config.arch.keys()
+    assert TABLE.to_hf(McoreConfig.from_json(config.to_json()))["rope_parameters"] == params
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"rope_type": "dynamic", "factor": 2.0}, "rope_type='dynamic' is not supported: dynamic NTK scaling recomputes"),
+    ({"rope_type": "longrope", "factor": 2.0, "short_factor": [1.0], "long_factor": [2.0],
+      "original_max_position_embeddings": 64}, "rope_type='longrope' is not supported: LongRoPE switches"),
+    ({"rope_type": "proportional", "partial_rotary_factor": 0.5}, "rope_type='proportional' is not supported"),
+    ({"rope_type": "wavy"}, "rope_type='wavy' is not a RoPE type pai-zoo knows; supported: default, linear, llama3"),
+    ({"rope_type": "llama3", "factor": 8.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+     "rope_parameters.low_freq_factor is missing: rope_type 'llama3' needs it"),
+    ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "partial_rotary_factor": 0.5},
+     "attention factor 1.13863 scales the rotated channels only, and partial_rotary_factor=0.5"),
+])
+def test_rope_megatron_cannot_compute_is_refused_with_the_reason(params, message):
+    with pytest.raises(ConfigTranslationError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        TABLE.to_mcore("fam", hf(rope_parameters={"rope_theta": 1e4, **params}))
+
+
+def test_older_configs_with_megatrons_own_rope_scaling_translate_back():
+    arch = {"hidden_size": 64, "num_query_groups": 2, "add_qkv_bias": False, "window_size": None,
+            "position_embedding_type": "rope", "rotary_base": 500000.0, "gated_linear_unit": True}
+    llama3 = TABLE.to_hf(McoreConfig("fam", {**arch, "rope_scaling": True, "rope_scaling_factor": 32.0}))
+    assert llama3["rope_parameters"] == {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0,
+                                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                         "original_max_position_embeddings": 8192}
+    linear = TABLE.to_hf(McoreConfig("fam", {**arch, "seq_len_interpolation_factor": 2.0}))
+    assert linear["rope_parameters"] == {"rope_type": "linear", "rope_theta": 500000.0, "factor": 2.0}
 
 
 def test_linear_rope_and_transformers4_layout():
+    from pai_zoo.config_map import ROPE_SCALING
+
     config = TABLE.to_mcore("fam", hf(rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}))
-    assert config.arch["seq_len_interpolation_factor"] == 2.0
+    assert config.arch[ROPE_SCALING] == {"rope_type": "linear", "factor": 2.0}
     old = hf(rope_theta=1e6, rope_scaling=None)
     del old["rope_parameters"]
     assert TABLE.to_mcore("fam", old).arch["rotary_base"] == 1e6

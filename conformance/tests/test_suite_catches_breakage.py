@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from pai_zoo import QKV, ConfigMap, Copy, Field, GateUp, Rope, WeightMap
+from pai_zoo.config_map import ROPE_SCALING
 from pai_zoo.registry import get_registry
 from pai_zoo_conformance import ConformanceFailure, checks
 
@@ -100,11 +101,11 @@ def test_untranslated_field_fails_config_check():
 
 
 class RopeWithoutScaling(Rope):
-    """Forgets llama3 RoPE scaling."""
+    """Forgets llama3 RoPE scaling (the parameters pai_zoo.mcore.rope computes the frequencies from)."""
 
     def to_mcore(self, hf, arch):
         super().to_mcore(hf, arch)
-        arch.pop("rope_scaling", None)
+        assert arch.pop(ROPE_SCALING)["rope_type"] == "llama3"  # the tiny preset has llama3 scaling to forget
 
 
 def test_lossy_rope_translation_fails_config_and_forward_checks():

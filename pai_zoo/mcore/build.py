@@ -7,9 +7,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..config_map import FAMILY_KEY_PREFIX, GPT_MODEL_ARGS, McoreConfig
+from ..config_map import CORE_KEY_PREFIX, FAMILY_KEY_PREFIX, GPT_MODEL_ARGS, McoreConfig
 from ..family import Family
 from .alibi import ALIBI, with_alibi
+from .rope import set_inverse_frequencies, softmax_scale
 
 #: Activation names usable in ``McoreConfig.arch["activation_func"]``.
 ACTIVATIONS = {
@@ -31,11 +32,16 @@ _CPU_OFF = (
 
 def transformer_config(config: McoreConfig, dtype: torch.dtype = torch.float32, **overrides: Any):
     """The ``TransformerConfig`` for ``config``; ``overrides`` set run-time fields
-    (``tensor_model_parallel_size``, ``sequence_parallel`` ...)."""
+    (``tensor_model_parallel_size``, ``sequence_parallel`` ...). A YaRN attention factor becomes
+    part of ``softmax_scale`` (:func:`pai_zoo.mcore.rope.softmax_scale`)."""
     from megatron.core.transformer import TransformerConfig
 
     kwargs: dict[str, Any] = dict(_HF_LIKE_DEFAULTS)
-    kwargs.update({k: v for k, v in config.arch.items() if k not in GPT_MODEL_ARGS and not k.startswith(FAMILY_KEY_PREFIX)})
+    kwargs.update({k: v for k, v in config.arch.items()
+                   if k not in GPT_MODEL_ARGS and not k.startswith((FAMILY_KEY_PREFIX, CORE_KEY_PREFIX))})
+    scale = softmax_scale(config)
+    if scale is not None:
+        kwargs["softmax_scale"] = scale
     act = kwargs.get("activation_func")
     if isinstance(act, str):
         if act not in ACTIVATIONS:
@@ -81,8 +87,10 @@ def build_gpt_model(
     (:func:`pai_zoo.mcore.compat.ensure_model_parallel`). ``overrides`` go to the
     ``TransformerConfig``; the vocabulary is padded by Megatron's rule for the current
     tensor-parallel size unless ``padded_vocab_size`` says otherwise (a checkpoint's).
-    ``parallel_output=False`` gathers the tensor-parallel logits (for inference). The installed
-    megatron-core must be one the family supports (:attr:`Family.mcore_versions`).
+    ``parallel_output=False`` gathers the tensor-parallel logits (for inference). A scaled RoPE
+    (``linear``, ``llama3``, ``yarn``) gets transformers' inverse frequencies once the model is
+    built (:mod:`pai_zoo.mcore.rope`). The installed megatron-core must be one the family supports
+    (:attr:`Family.mcore_versions`).
     """
     family.check_mcore_version()  # a clear error before megatron-core fails somewhere inside
     from megatron.core import parallel_state
@@ -113,7 +121,9 @@ def build_gpt_model(
             **gpt_args,
         )
     use_inference_output_layer(model)
-    return model.to(dtype)
+    model = model.to(dtype)
+    set_inverse_frequencies(model, config)  # float32, like megatron-core's own
+    return model
 
 
 def mask_padded_vocab(model, vocab_size: int) -> None:

@@ -127,7 +127,10 @@ def layout_of(family: Family, config: McoreConfig, dtype: torch.dtype, padded_vo
 
 def megatron_lm_args(config: McoreConfig, tp: int, pp: int, padded_vocab_size: int, dtype: torch.dtype) -> argparse.Namespace:
     """The model arguments Megatron-LM stores in a checkpoint (for ``--use-checkpoint-args``)."""
+    from .rope import megatron_lm_rope_scaling
+
     a = config.arch
+    rope_scaling = megatron_lm_rope_scaling(config)
     return argparse.Namespace(
         num_layers=a["num_layers"], hidden_size=a["hidden_size"], ffn_hidden_size=a.get("ffn_hidden_size"),
         num_attention_heads=a["num_attention_heads"], num_query_groups=config.num_query_groups,
@@ -137,7 +140,7 @@ def megatron_lm_args(config: McoreConfig, tp: int, pp: int, padded_vocab_size: i
         add_position_embedding=a.get("position_embedding_type", "learned_absolute") == "learned_absolute",
         use_rotary_position_embeddings=a.get("position_embedding_type") == "rope",
         rotary_base=a.get("rotary_base", 10000), rotary_percent=a.get("rotary_percent", 1.0),
-        use_rope_scaling=bool(a.get("rope_scaling", False)), rope_scaling_factor=a.get("rope_scaling_factor", 8.0),
+        use_rope_scaling=rope_scaling[0], rope_scaling_factor=rope_scaling[1],
         add_bias_linear=a.get("add_bias_linear", True), add_qkv_bias=a.get("add_qkv_bias", False),
         swiglu=bool(a.get("gated_linear_unit")) and a.get("activation_func") == "silu",
         untie_embeddings_and_output_weights=not config.tied_embeddings,

@@ -79,6 +79,7 @@ LLAMA = Family(
     model_types=("llama", "mistral"),
     presets=PRESETS,
     tiny="llama3-tiny",
+    odd="llama-odd",
     config_map=CONFIG,
     weight_map=weights,
     test_tokenizer=_write_toy_tokenizer,

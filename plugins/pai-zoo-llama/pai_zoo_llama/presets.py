@@ -36,6 +36,22 @@ PRESETS = {
         **_llama3(64, 192, 2, 4, 2, scaling=8.0),
         "vocab_size": 1000, "bos_token_id": 1, "eos_token_id": 2,
     },
+    # Unusual shapes (Family.odd): 6 query heads in 2 key/value groups (GQA ratio 3), head_dim 16 != 72 / 6,
+    # vocabulary 1001, attention and MLP biases, MLP width 100, and llama3 RoPE scaling with parameters
+    # megatron-core's own llama3 scaling cannot take (original 1024, low/high frequency factors 2/8, factor 16):
+    # with theta 10000 its 8 frequencies fall in all three bands (kept, blended, divided by 16).
+    "llama-odd": {
+        **_llama(72, 100, 2, 6, 2, 1001, 2048, 1e-5, 10000.0),
+        "head_dim": 16, "attention_bias": True, "mlp_bias": True, "bos_token_id": 1, "eos_token_id": 2,
+        "rope_parameters": {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 16.0, "low_freq_factor": 2.0,
+                            "high_freq_factor": 8.0, "original_max_position_embeddings": 1024},
+    },
+    # Mistral with the same unusual shapes (no biases: MistralConfig has none) and a sliding window of 5.
+    "mistral-odd": {
+        **_mistral(1001, 1000000.0, 5),
+        "hidden_size": 72, "intermediate_size": 100, "num_hidden_layers": 2, "num_attention_heads": 6,
+        "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 300, "bos_token_id": 1, "eos_token_id": 2,
+    },
     # Mistral-shaped, with a sliding window shorter than test sequences.
     "mistral-tiny": {
         **_mistral(1000, 10000.0, 4),

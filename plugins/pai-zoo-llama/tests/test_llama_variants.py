@@ -16,6 +16,7 @@ VARIANTS = {
     "multi-query": ("llama3-tiny", {"num_key_value_heads": 1}),
     "linear RoPE scaling": ("llama3-tiny", {"rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0}}),
     "explicit head_dim != hidden/heads": ("llama3-tiny", {"head_dim": 8}),
+    "mistral-odd: 6 heads in 2 groups, head_dim 16 != 72/6, vocabulary 1001, window 5": ("mistral-odd", {}),
 }
 
 
@@ -26,6 +27,14 @@ def test_variant_conforms(variant):
     checks.check_mapping_coverage(case)
     checks.check_weight_round_trip(case)
     assert checks.check_forward_equivalence(case) <= checks.LOGITS_ATOL
+
+
+def test_mistral_odd_disk_round_trip_and_tensor_parallel(tmp_path):
+    """The Mistral twin of the odd preset: config.json and tensors survive HF -> mcore -> HF (MistralConfig has no
+    attention_bias, which stays out), and TP=2 (3 heads, 1 key/value group per rank) gives the one-process logits."""
+    case = checks.build_case(LLAMA, "mistral-odd")
+    checks.check_disk_round_trip(case, tmp_path / "disk")
+    assert checks.check_parallel_equivalence(case, tmp_path / "tp", layouts=((2, 1),))[(2, 1)] <= checks.PARALLEL_ATOL
 
 
 def test_tied_model_has_no_output_layer_and_rebuilds_lm_head():

@@ -36,6 +36,13 @@ STARCODER_PRESETS = {
     "starcoder-tiny": {
         **_starcoder(64, 4, 160, 2), "vocab_size": 1000, "n_positions": 288,
     },
+    # Unusual shapes (Family.odd): 6 query heads of 12 channels sharing one key/value head (multi-query; GPTBigCode
+    # has no GQA and no free head_dim), vocabulary 1001, MLP width 100 (not 4 x 72), exact GELU, layer_norm_epsilon
+    # 1e-4, 300 positions. Biases are always there.
+    "starcoder-odd": {
+        **_starcoder(72, 6, 100, 2), "vocab_size": 1001, "n_positions": 300, "activation_function": "gelu",
+        "layer_norm_epsilon": 1e-4,
+    },
     # bigcode/starcoder and bigcode/starcoderbase (15.5B) share this config ("starcoder" names the family).
     "starcoder-15b": _starcoder(6144, 48, 24576, 40),
     "starcoderbase-1b": _starcoder(2048, 16, 8192, 24),
@@ -49,6 +56,15 @@ STARCODER2_PRESETS = {
     "starcoder2-tiny": {
         **_starcoder2(64, 160, 2, 4, 2, 999999.4420358813, 0.018042), "vocab_size": 1000,
         "max_position_embeddings": 512, "sliding_window": 6,
+    },
+    # Unusual shapes (Family.odd): 6 query heads of 12 channels in 2 key/value groups (GQA ratio 3; Starcoder2Config
+    # has no head_dim), vocabulary 1001, biases (use_bias), MLP width 100, untied output head, sliding window 7,
+    # rope theta 50000, norm_epsilon 1e-4, 300 positions; and no mlp_type/norm_type, like a config.json that
+    # transformers wrote (Starcoder2Config declares neither).
+    "starcoder2-odd": {
+        **{k: v for k, v in _starcoder2(72, 100, 2, 6, 2, 50000.0, 0.02).items() if k not in ("mlp_type", "norm_type")},
+        "vocab_size": 1001, "max_position_embeddings": 300, "sliding_window": 7, "norm_epsilon": 1e-4,
+        "tie_word_embeddings": False,
     },
     "starcoder2-3b": _starcoder2(3072, 12288, 30, 24, 2, 999999.4420358813, 0.018042),
     "starcoder2-7b": _starcoder2(4608, 18432, 32, 36, 4, 1000000, 0.018042),
