@@ -57,14 +57,12 @@ def bundled_tokenizer_folder(family, kind: str = "test") -> Path:
 
     root = cache_dir()
     if kind == "test":
-        writer = family.test_tokenizer
-        plugin = get_registry().plugins.get(family.plugin)
-        version = plugin.version if plugin is not None and plugin.version else ""
-        folder = root / "test-tokenizers" / (f"{family.name}-{version}" if version else family.name)
+        writer, parent = family.test_tokenizer, root / "test-tokenizers"
     elif kind == "published":
-        writer, folder = family.published_tokenizer, root / "tokenizers" / family.name
+        writer, parent = family.published_tokenizer, root / "tokenizers"
     else:
         raise ValueError(f"kind must be 'test' or 'published', not {kind!r}")
+    folder = parent / f"{family.name}-{_writer_digest(writer, get_registry().plugins.get(family.plugin))}"
     if folder.is_dir():
         return folder
     if writer is None:
@@ -84,6 +82,26 @@ def bundled_tokenizer_folder(family, kind: str = "test") -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return folder
+
+
+def _writer_digest(writer, plugin) -> str:
+    """A short digest of what a tokenizer writer writes: the writer (a data-driven callable's
+    parameters), the source file that defines it and the plugin's version, so that a changed writer
+    (an editable install, a new release) never reads an older cached folder."""
+    import hashlib
+    import inspect
+
+    described = repr(writer)
+    if " at 0x" in described:  # a plain function: its name, not its address
+        described = f"{getattr(writer, '__module__', '')}.{getattr(writer, '__qualname__', '')}"
+    parts = [described, getattr(plugin, "version", "") or ""]
+    for target in (writer, type(writer)):
+        try:
+            parts.append(Path(inspect.getfile(target)).read_text(errors="replace"))
+            break
+        except (TypeError, OSError):
+            continue
+    return hashlib.sha1("\0".join(parts).encode()).hexdigest()[:12]
 
 
 def _checkpoint_side(path: Path) -> Path:

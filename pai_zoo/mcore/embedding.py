@@ -24,10 +24,11 @@ def _apply_norm(embedding, inputs, output):
 @functools.cache
 def embedding_norm_gpt_model():
     """The ``GPTModel`` subclass whose embedding output goes through a norm."""
-    from megatron.core.models.gpt import GPTModel
     from megatron.core.transformer.spec_utils import build_module
 
-    class EmbeddingNormGPTModel(GPTModel):
+    from .build import model_base
+
+    class EmbeddingNormGPTModel(model_base()):
         """``GPTModel`` with ``embedding.word_embeddings_layernorm`` applied to the embeddings."""
 
         def __init__(self, config, transformer_layer_spec, *args, **kwargs):

@@ -50,11 +50,9 @@ def has_score_head(model) -> bool:
 
 def untied(config):
     """``config`` (an McoreConfig) with its own output weights: a score head is never tied."""
-    from ..config_map import McoreConfig
+    import dataclasses
 
-    arch = dict(config.arch, share_embeddings_and_output_weights=False)
-    hf_extra = dict(config.hf_extra)
-    return McoreConfig(config.family, arch, hf_extra, config.make_vocab_size_divisible_by)
+    return dataclasses.replace(config, arch=dict(config.arch, share_embeddings_and_output_weights=False))
 
 
 def score_weight_map(table):

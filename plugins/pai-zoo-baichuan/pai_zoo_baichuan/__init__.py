@@ -97,10 +97,10 @@ def weights(config) -> WeightMap:
 
 
 def _model_class(config):
-    from megatron.core.models.gpt import GPTModel
+    from pai_zoo.mcore.build import model_base
 
     if not config.get(NORM_HEAD):
-        return GPTModel
+        return model_base()
     from .mcore import norm_head_gpt_model
 
     return norm_head_gpt_model()

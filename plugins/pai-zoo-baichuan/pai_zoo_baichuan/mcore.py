@@ -19,9 +19,9 @@ def _normalise_weight(layer, args, kwargs):
 @functools.cache
 def norm_head_gpt_model():
     """The ``GPTModel`` subclass with Baichuan2's normalised output head."""
-    from megatron.core.models.gpt import GPTModel
+    from pai_zoo.mcore.build import model_base
 
-    class NormHeadGPTModel(GPTModel):
+    class NormHeadGPTModel(model_base()):
         """``GPTModel`` whose ``output_layer`` uses its row-normalised weight."""
 
         def __init__(self, *args, **kwargs):

@@ -18,9 +18,9 @@ POSITION_OFFSET = 2
 @functools.cache
 def offset_position_gpt_model():
     """The ``GPTModel`` subclass with OPT's offset learned position embedding."""
-    from megatron.core.models.gpt import GPTModel
+    from pai_zoo.mcore.build import model_base
 
-    class OffsetPositionGPTModel(GPTModel):
+    class OffsetPositionGPTModel(model_base()):
         """``GPTModel`` whose position table has ``POSITION_OFFSET`` extra leading rows, read at
         ``position_ids + POSITION_OFFSET``."""
 

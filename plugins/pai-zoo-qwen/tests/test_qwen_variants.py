@@ -127,8 +127,8 @@ def test_qwen2_head_dim_reaches_megatron_and_is_written_back_only_when_given():
 @pytest.mark.parametrize("family, preset, overrides, message", [
     ("qwen3", "qwen3-tiny", {"attention_bias": True}, "supports only attention_bias=False"),
     ("qwen2", "qwen2-tiny", {"hidden_act": "gelu"}, "hidden_act='gelu'"),
-    ("qwen2", "qwen2-tiny", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0,
-                                                 "original_max_position_embeddings": 32768}}, "rope_type='yarn'"),
+    ("qwen2", "qwen2-tiny", {"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e6, "factor": 4.0,
+                                                 "original_max_position_embeddings": 32768}}, "rope_type='dynamic'"),
     ("qwen", "qwen-v1-tiny", {"kv_channels": 8}, "kv_channels x num_attention_heads must equal hidden_size"),
     ("qwen", "qwen-v1-tiny", {"intermediate_size": 321}, "intermediate_size=321"),
     ("qwen", "qwen-v1-tiny", {"scale_attn_weights": False}, "scale_attn_weights"),
