@@ -154,6 +154,8 @@ class _Missing:
 
 
 _MISSING = _Missing()
+#: A :class:`Field` ``default`` meaning "no default: the key must be there" (the default ``default``).
+REQUIRED = _MISSING
 
 
 @dataclass

@@ -10,14 +10,13 @@ from pai_zoo import (
     Dropped,
     Family,
     Field,
-    Fixed,
     FusedQKV,
     WeightMap,
     hookimpl,
 )
 from pai_zoo.config_map import FAMILY_KEY_PREFIX, Rule
 from pai_zoo.family import LazyClass
-from pai_zoo.layouts import HF_LAYER, MCORE_LAYER, llama_layout
+from pai_zoo.layouts import HF_LAYER, MCORE_LAYER, llama_config_rules, llama_layout
 from pai_zoo.mcore.alibi import ALIBI
 
 from .presets import PRESETS
@@ -66,19 +65,11 @@ class BaichuanPositions(Rule):
 
 
 CONFIG = ConfigMap(
-    Field("vocab_size", "vocab_size"),
-    Field("hidden_size", "hidden_size"),
-    Field("intermediate_size", "ffn_hidden_size"),
-    Field("num_hidden_layers", "num_layers"),
-    Field("num_attention_heads", "num_attention_heads"),
-    Field("rms_norm_eps", "layernorm_epsilon"),
-    Field("tie_word_embeddings", "share_embeddings_and_output_weights", default=False),
-    Field("norm_head", NORM_HEAD, default=False),
-    BaichuanPositions(),
-    Fixed(
-        hf={"hidden_act": "silu"},
-        mcore={"gated_linear_unit": True, "activation_func": "silu", "normalization": "RMSNorm",
-               "add_bias_linear": False, "add_qkv_bias": False},
+    *llama_config_rules(
+        Field("norm_head", NORM_HEAD, default=False),
+        BaichuanPositions(),
+        gqa=False, max_positions=False, tie_default=False,
+        mcore_fixed={"add_bias_linear": False, "add_qkv_bias": False},
     ),
     # z_loss_weight: an auxiliary training loss of Baichuan2's code; gradient_checkpointing: a memory setting.
     passthrough=("z_loss_weight", "gradient_checkpointing", "_from_model_config"),

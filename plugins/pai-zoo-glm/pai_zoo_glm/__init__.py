@@ -8,13 +8,12 @@ from pai_zoo import (
     Copy,
     Family,
     Field,
-    Fixed,
     Rope,
     WeightMap,
     hookimpl,
 )
 from pai_zoo.config_map import FAMILY_KEY_PREFIX, Rule
-from pai_zoo.layouts import HF_LAYER, MCORE_LAYER, llama_layout, qkv_bias
+from pai_zoo.layouts import HF_LAYER, MCORE_LAYER, llama_config_rules, llama_layout, qkv_bias
 
 from .presets import PRESETS
 from .tokenizer_files import write_glm4_tokenizer
@@ -37,25 +36,13 @@ class ModelType(Rule):
 
 
 CONFIG = ConfigMap(
-    Field("vocab_size", "vocab_size"),
-    Field("hidden_size", "hidden_size"),
-    Field("intermediate_size", "ffn_hidden_size"),
-    Field("num_hidden_layers", "num_layers"),
-    Field("num_attention_heads", "num_attention_heads"),
-    Field("num_key_value_heads", "num_query_groups"),
-    Field("head_dim", "kv_channels"),
-    Field("max_position_embeddings", "max_sequence_length"),
-    Field("rms_norm_eps", "layernorm_epsilon"),
-    Field("tie_word_embeddings", "share_embeddings_and_output_weights"),
-    Field("attention_bias", "add_qkv_bias"),
-    Field("attention_dropout", "attention_dropout", default=0.0),
-    Rope(),  # partial_rotary_factor -> rotary_percent
-    ModelType(),
-    Fixed(
-        hf={"hidden_act": "silu"},
+    *llama_config_rules(
+        Field("attention_bias", "add_qkv_bias"),
+        Field("attention_dropout", "attention_dropout", default=0.0),
+        Rope(),  # partial_rotary_factor -> rotary_percent
+        ModelType(),
         # GLM rotates interleaved pairs (x0, x1), (x2, x3) ... of the rotary half of each head.
-        mcore={"gated_linear_unit": True, "activation_func": "silu", "normalization": "RMSNorm",
-               "add_bias_linear": False, "rotary_interleaved": True},
+        mcore_fixed={"add_bias_linear": False, "rotary_interleaved": True},
     ),
 )
 

@@ -6,7 +6,6 @@ from pai_zoo import (
     Copy,
     Family,
     Field,
-    Fixed,
     GateUp,
     Require,
     Rope,
@@ -14,32 +13,20 @@ from pai_zoo import (
     hookimpl,
 )
 from pai_zoo.config_map import sliding_window
-from pai_zoo.layouts import HF_LAYER, MCORE_LAYER, llama_layout, qkv_bias
+from pai_zoo.layouts import HF_LAYER, MCORE_LAYER, llama_config_rules, llama_layout, qkv_bias
 
 from .presets import PRESETS
 
 CONFIG = ConfigMap(
-    Field("vocab_size", "vocab_size"),
-    Field("hidden_size", "hidden_size"),
-    Field("intermediate_size", "ffn_hidden_size"),
-    Field("num_hidden_layers", "num_layers"),
-    Field("num_attention_heads", "num_attention_heads"),
-    Field("num_key_value_heads", "num_query_groups"),
-    Field("head_dim", "kv_channels"),
-    Field("max_position_embeddings", "max_sequence_length"),
-    Field("rms_norm_eps", "layernorm_epsilon"),
-    Field("tie_word_embeddings", "share_embeddings_and_output_weights"),
-    Field("attention_bias", "add_qkv_bias", default=False),
-    Field("mlp_bias", "add_bias_linear", default=False),
-    Field("attention_dropout", "attention_dropout", default=0.0),
-    sliding_window(),
-    Rope(),
-    Fixed(
-        hf={"hidden_act": "silu"},
-        mcore={"gated_linear_unit": True, "activation_func": "silu", "normalization": "RMSNorm"},
+    *llama_config_rules(
+        Field("attention_bias", "add_qkv_bias", default=False),
+        Field("mlp_bias", "add_bias_linear", default=False),
+        Field("attention_dropout", "attention_dropout", default=0.0),
+        sliding_window(),
+        Rope(),
+        Require(lambda hf: hf.get("attention_bias", False) == hf.get("mlp_bias", False),
+                "megatron-core has one bias switch for o_proj and the MLP: attention_bias and mlp_bias must be equal"),
     ),
-    Require(lambda hf: hf.get("attention_bias", False) == hf.get("mlp_bias", False),
-            "megatron-core has one bias switch for o_proj and the MLP: attention_bias and mlp_bias must be equal"),
     passthrough=("pretraining_tp",),  # a slicing trick of the original training code; same maths
 )
 

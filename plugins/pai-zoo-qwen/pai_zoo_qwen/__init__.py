@@ -24,13 +24,10 @@ from pai_zoo import (
 )
 from pai_zoo.config_map import Rule
 from pai_zoo.family import LazyClass
-from pai_zoo.layouts import HF_LAYER, MCORE_LAYER, llama_layout, qkv_bias
+from pai_zoo.layouts import HF_LAYER, MCORE_LAYER, SWIGLU_RMSNORM, llama_config_rules, llama_layout, qkv_bias
 
 from .presets import QWEN2_PRESETS, QWEN3_PRESETS, QWEN_V1_PRESETS
 from .tokenizer_files import write_qwen2_tokenizer, write_qwen_tiktoken_tokenizer
-
-_SWIGLU_RMSNORM = {"gated_linear_unit": True, "activation_func": "silu", "normalization": "RMSNorm"}
-
 
 class LayerWindows(Rule):
     """Qwen2/Qwen3 sliding windows: transformers' per-layer ``layer_types`` (``"sliding_attention"`` for layers
@@ -82,41 +79,19 @@ class LayerWindows(Rule):
         return "sliding_window, layer_types -> window_size, window_attn_skip_freq (per layer)"
 
 
-def _qwen2_rules(*extra) -> tuple:
-    return (
-        Field("vocab_size", "vocab_size"),
-        Field("hidden_size", "hidden_size"),
-        Field("intermediate_size", "ffn_hidden_size"),
-        Field("num_hidden_layers", "num_layers"),
-        Field("num_attention_heads", "num_attention_heads"),
-        Field("num_key_value_heads", "num_query_groups"),
-        Field("max_position_embeddings", "max_sequence_length"),
-        Field("rms_norm_eps", "layernorm_epsilon"),
-        Field("tie_word_embeddings", "share_embeddings_and_output_weights"),
-        Field("attention_dropout", "attention_dropout", default=0.0),
-        LayerWindows(),
-        Rope(),
-        *extra,
-    )
-
+_QWEN2_RULES = (Field("attention_dropout", "attention_dropout", default=0.0), LayerWindows(), Rope())
 
 QWEN2_CONFIG = ConfigMap(
-    *_qwen2_rules(
-        # Qwen2Config declares no head_dim, but transformers' Qwen2 attention and rotary embedding read one from
-        # config.json when it is there (else hidden_size // num_attention_heads; megatron's kv_channels=None).
-        Field("head_dim", "kv_channels", default=None),
-        Fixed(hf={"hidden_act": "silu"}, mcore={**_SWIGLU_RMSNORM, "add_qkv_bias": True, "add_bias_linear": False}),
-    ),
+    # Qwen2Config declares no head_dim, but transformers' Qwen2 attention and rotary embedding read one from
+    # config.json when it is there (else hidden_size // num_attention_heads; megatron's kv_channels=None).
+    *llama_config_rules(*_QWEN2_RULES, head_dim=None, mcore_fixed={"add_qkv_bias": True, "add_bias_linear": False}),
     passthrough=("use_sliding_window", "max_window_layers", "use_mrope"),
 )
 
 QWEN3_CONFIG = ConfigMap(
-    *_qwen2_rules(
-        Field("head_dim", "kv_channels"),
-        # attention_bias would also put a bias on o_proj, which megatron-core ties to MLP biases Qwen3 lacks.
-        Fixed(hf={"hidden_act": "silu", "attention_bias": False},
-              mcore={**_SWIGLU_RMSNORM, "add_qkv_bias": False, "add_bias_linear": False, "qk_layernorm": True}),
-    ),
+    # attention_bias would also put a bias on o_proj, which megatron-core ties to MLP biases Qwen3 lacks.
+    *llama_config_rules(*_QWEN2_RULES, hf_fixed={"attention_bias": False},
+                        mcore_fixed={"add_qkv_bias": False, "add_bias_linear": False, "qk_layernorm": True}),
     passthrough=("use_sliding_window", "max_window_layers"),
 )
 
@@ -162,7 +137,7 @@ QWEN_V1_CONFIG = ConfigMap(
             "Qwen (v1) splits c_attn into hidden_size-wide q, k, v: kv_channels x num_attention_heads must equal hidden_size"),
     Fixed(
         hf={"scale_attn_weights": True, "emb_dropout_prob": 0.0},
-        mcore={**_SWIGLU_RMSNORM, "position_embedding_type": "rope", "add_qkv_bias": True},
+        mcore={**SWIGLU_RMSNORM, "position_embedding_type": "rope", "add_qkv_bias": True},
     ),
     # Neither changes the model within seq_length tokens: max_position_embeddings is unused by Qwen's code, and
     # use_dynamic_ntk / use_logn_attn act only at inference on sequences longer than seq_length (megatron-core
