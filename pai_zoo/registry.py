@@ -17,7 +17,7 @@ from typing import Any, Iterable
 
 import pluggy
 
-from . import hookspecs
+from . import defaults, hookspecs
 from .errors import PluginError, UnknownModelError
 from .family import Family
 
@@ -58,8 +58,6 @@ class Registry:
     def __init__(self, plugins: Iterable[tuple[str, Any]] | None = None, use_entry_points: bool = True, env=None):
         self.pm = pluggy.PluginManager("pai_zoo")
         self.pm.add_hookspecs(hookspecs)
-        from . import defaults
-
         self.pm.register(defaults, name="pai_zoo.defaults")
         self.plugins: dict[str, PluginInfo] = {}
         self.families: dict[str, Family] = {}
@@ -173,18 +171,10 @@ class Registry:
     def weight_map(self, family: Family, config):
         return self.pm.hook.pai_zoo_weight_map(family=family, config=config)
 
-    def tokenizer(self, family: Family, path):
+    def plugin_tokenizer(self, family: Family, path):
+        """The first plugin's answer to ``pai_zoo_tokenizer`` for ``path``, or None (the core's own reader is
+        :func:`pai_zoo.tokenizer_names.family_tokenizer`)."""
         return self.pm.hook.pai_zoo_tokenizer(family=family, path=Path(path))
-
-    def rl_trainers(self) -> dict[str, Any]:
-        trainers: dict[str, Any] = {}
-        owner: dict[str, str] = {}
-        for impl in self.pm.hook.pai_zoo_rl_trainers.get_hookimpls():
-            for name, cls in (impl.function() or {}).items():
-                if name in trainers:
-                    raise PluginError(f"RL trainer {name!r} is registered by both {owner[name]!r} and {impl.plugin_name!r}")
-                trainers[name], owner[name] = cls, impl.plugin_name
-        return trainers
 
     def _unknown(self, name: str) -> str:
         presets = ", ".join(sorted(p for f in self.families.values() for p in f.presets)) or "none"

@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 from .errors import PaiZooError, PaiZooWarning
 
-__all__ = ["TokenizerRef", "resolve_tokenizer", "model_tokenizer", "bundled_tokenizer_folder"]
+__all__ = ["TokenizerRef", "resolve_tokenizer", "model_tokenizer", "bundled_tokenizer_folder", "family_tokenizer"]
 
 # pai_zoo.mcore.dist_ckpt's names (not imported here: that module imports torch).
 _MCORE_TRACKER = "latest_checkpointed_iteration.txt"
@@ -44,8 +44,17 @@ class TokenizerRef(NamedTuple):
 
         if self.family is None:
             return load_tokenizer(self.path)
-        registry = get_registry()
-        return registry.tokenizer(registry.family(self.family), self.path)
+        return family_tokenizer(get_registry().family(self.family), self.path)
+
+
+def family_tokenizer(family, path, registry=None):
+    """The tokenizer of ``family``'s checkpoint folder or tokenizer file ``path``: the first plugin's answer to the
+    ``pai_zoo_tokenizer`` hook, else the core's reader (:func:`pai_zoo.tokenizer.load_tokenizer`)."""
+    from .registry import get_registry
+    from .tokenizer import load_tokenizer
+
+    found = (registry or get_registry()).plugin_tokenizer(family, path)
+    return found if found is not None else load_tokenizer(path)
 
 
 def bundled_tokenizer_folder(family, kind: str = "test") -> Path:

@@ -452,7 +452,7 @@ class OtherTrainer(RLTrainer):
 
 
 def core_trainers() -> dict:
-    """The trainers the core itself registers (``pai_zoo.defaults``): in every registry."""
+    """The trainers pai_zoo.rl itself registers: in every list."""
     from pai_zoo.rl.ppo import PPOTrainer
     from pai_zoo.rl.reward import RewardTrainer
 
@@ -463,7 +463,7 @@ def test_rl_trainers_are_collected_from_plugins():
     reg = Registry(plugins=[("p1", _module_plugin("p1", trainers={"mytrainer": MyTrainer})),
                             ("p2", _module_plugin("p2", [toy_family("tfam")], {"othertrainer": OtherTrainer}))],
                    use_entry_points=False)
-    assert reg.rl_trainers() == {"mytrainer": MyTrainer, "othertrainer": OtherTrainer, **core_trainers()}
+    assert list_trainers(reg) == {"mytrainer": MyTrainer, "othertrainer": OtherTrainer, **core_trainers()}
 
 
 def test_rl_trainers_of_a_broken_plugin_are_not_registered():
@@ -471,7 +471,7 @@ def test_rl_trainers_of_a_broken_plugin_are_not_registered():
                             ("bad", _module_plugin("bad", RuntimeError("boom"), {"othertrainer": OtherTrainer}))],
                    use_entry_points=False)
     assert reg.plugins["bad"].error == "RuntimeError: boom"
-    assert reg.rl_trainers() == {"mytrainer": MyTrainer, **core_trainers()}
+    assert list_trainers(reg) == {"mytrainer": MyTrainer, **core_trainers()}
 
 
 def test_duplicate_rl_trainer_names_both_plugins():
@@ -479,7 +479,7 @@ def test_duplicate_rl_trainer_names_both_plugins():
                             ("second", _module_plugin("second", trainers={"mytrainer": OtherTrainer}))],
                    use_entry_points=False)
     with pytest.raises(PluginError) as err:
-        reg.rl_trainers()
+        list_trainers(reg)
     assert "'mytrainer'" in str(err.value) and "'first'" in str(err.value) and "'second'" in str(err.value)
 
 
@@ -637,3 +637,9 @@ def test_two_families_claiming_one_architecture_is_ambiguous():
                         use_entry_points=False)
     with pytest.raises(PluginError, match=r"claimed by several families: 'fam-a' \(plugin 'a'\), 'fam-b' \(plugin 'b'\)"):
         registry.family_for_hf_config({"architectures": ["LlamaForCausalLM"], "model_type": "llama"})
+
+
+def test_a_plugin_trainer_named_like_a_builtin_one_is_refused():
+    reg = Registry(plugins=[("clash", _module_plugin("clash", trainers={"ppo": MyTrainer}))], use_entry_points=False)
+    with pytest.raises(PluginError, match=r"RL trainer 'ppo' is registered by both 'pai_zoo.rl' and 'clash'"):
+        list_trainers(reg)

@@ -205,18 +205,32 @@ def check_forward_equivalence(case: Case, batch: int = 2, seq_len: int = 16, ato
     return worst
 
 
+def check_variant(family: Family, preset: str | None = None, *, generation: bool = False, **overrides) -> float:
+    """A variant of ``preset`` (default: the tiny one; ``overrides`` on its config): built in both backends, the
+    table covers it both ways, the weights round-trip bit-identically and the logits agree
+    (:func:`check_forward_equivalence`); with ``generation``, greedy generation too (:func:`check_generation`).
+    Returns max |logits delta|."""
+    case = build_case(family, preset, **overrides)
+    check_mapping_coverage(case)
+    check_weight_round_trip(case)
+    delta = check_forward_equivalence(case)
+    if generation:
+        check_generation(case)
+    return delta
+
+
 def check_tokenizer(family: Family, folder: Path, text: str = MIXED_TEXT) -> None:
     """The family's tokenizer adapter encodes like transformers' AutoTokenizer and decodes back."""
     from transformers import AutoTokenizer
 
-    from pai_zoo.registry import get_registry
+    from pai_zoo.tokenizer_names import family_tokenizer
 
     if family.test_tokenizer is None:
         _fail("tokenizer", f"family {family.name!r} provides no test tokenizer (Family.test_tokenizer)")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     family.test_tokenizer(folder)
-    ours = get_registry().tokenizer(family, folder)
+    ours = family_tokenizer(family, folder)
     reference = AutoTokenizer.from_pretrained(folder)
     for sample in (text, text.strip(), "a", "  "):
         got, expected = ours.encode(sample), reference(sample)["input_ids"]

@@ -1,46 +1,35 @@
 """RL trainers: a registry by name, filled through the ``pai_zoo_rl_trainers`` hook.
 
-The core registers ``ppo`` (:mod:`pai_zoo.rl.ppo`) and ``reward`` (:mod:`pai_zoo.rl.reward`);
+This package registers ``ppo`` (:mod:`pai_zoo.rl.ppo`) and ``reward`` (:mod:`pai_zoo.rl.reward`) itself;
 a plugin adds its own (DPO, GRPO ...) by returning ``{name: RLTrainer subclass}`` from the hook.
 Importing this package imports neither torch nor megatron-core.
 """
 from __future__ import annotations
 
-import argparse
-from typing import Any
-
-from ..errors import UnknownModelError
-
-
-class RLTrainer:
-    """Base class of an RL trainer (PPO, DPO, GRPO ...).
-
-    A subclass sets ``name`` and ``description`` and implements :meth:`run`; it is
-    registered by returning ``{name: cls}`` from a plugin's ``pai_zoo_rl_trainers`` hook.
-    ``pai-zoo rl NAME ARGS...`` parses ``ARGS`` with the parser :meth:`add_arguments` fills
-    and builds the trainer with the parsed values as settings.
-    """
-
-    name: str = ""
-    description: str = ""
-
-    def __init__(self, **settings: Any):
-        self.settings = settings
-
-    @classmethod
-    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
-        """Add the trainer's command-line flags (``dest`` names become settings)."""
-
-    def run(self) -> dict:
-        """Train; returns a summary (metrics of the last step, checkpoint paths)."""
-        raise NotImplementedError(f"{type(self).__name__}.run")
+from ..errors import PluginError, UnknownModelError
+from ..registry import Registry, get_registry
+from .base import RLTrainer
 
 
-def list_trainers() -> dict[str, type[RLTrainer]]:
-    """Every registered trainer, ``{name: class}``."""
-    from ..registry import get_registry
+def builtin_trainers() -> dict[str, type[RLTrainer]]:
+    """The trainers pai-zoo itself registers: ``ppo`` and the reward-model trainer ``reward``."""
+    from .ppo import PPOTrainer  # imports torch: only when the trainers are asked for
+    from .reward import RewardTrainer
 
-    return get_registry().rl_trainers()
+    return {"ppo": PPOTrainer, "reward": RewardTrainer}
+
+
+def list_trainers(registry: Registry | None = None) -> dict[str, type[RLTrainer]]:
+    """Every registered trainer, ``{name: class}``: the built-in ones and those plugins return from their
+    ``pai_zoo_rl_trainers`` hook (through ``registry``'s plugin manager, default :func:`get_registry`)."""
+    trainers: dict[str, type[RLTrainer]] = builtin_trainers()
+    owner = dict.fromkeys(trainers, "pai_zoo.rl")
+    for impl in (registry or get_registry()).pm.hook.pai_zoo_rl_trainers.get_hookimpls():
+        for name, cls in (impl.function() or {}).items():
+            if name in trainers:
+                raise PluginError(f"RL trainer {name!r} is registered by both {owner[name]!r} and {impl.plugin_name!r}")
+            trainers[name], owner[name] = cls, impl.plugin_name
+    return trainers
 
 
 def get_trainer(name: str) -> type[RLTrainer]:
@@ -51,4 +40,4 @@ def get_trainer(name: str) -> type[RLTrainer]:
     return trainers[name]
 
 
-__all__ = ["RLTrainer", "get_trainer", "list_trainers"]
+__all__ = ["RLTrainer", "builtin_trainers", "get_trainer", "list_trainers"]

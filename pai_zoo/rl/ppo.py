@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from ..errors import PaiZooError
-from . import RLTrainer
+from .base import RLTrainer
 
 DEFAULTS = {
     "critic": None, "steps": 20, "rollout_batch_size": 16, "ppo_epochs": 2, "mini_batch_size": 8,

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from ..errors import PaiZooError
-from . import RLTrainer
+from .base import RLTrainer
 
 DEFAULTS = {"epochs": 1, "batch_size": 8, "lr": 1e-5, "weight_decay": 0.0, "eval_fraction": 0.1, "seed": 0,
             "max_grad_norm": 1.0, "tensor_parallel_size": 1, "log_every": 1}

@@ -8,6 +8,7 @@ import torch
 import pai_zoo
 from pai_zoo.registry import get_registry
 from pai_zoo.tokenizer import TiktokenTokenizer, read_tiktoken_ranks
+from pai_zoo.tokenizer_names import family_tokenizer
 from pai_zoo_conformance import checks
 from pai_zoo_qwen.tokenizer_files import QWEN_SPECIAL_TOKENS, write_qwen_tiktoken_tokenizer
 
@@ -67,7 +68,7 @@ def qwen7b_style_folder(tmp_path_factory):
 
 
 def test_tiktoken_folder_reads_like_qwen_tokenizer(qwen7b_style_folder):
-    tok = get_registry().tokenizer(QWEN, qwen7b_style_folder)
+    tok = family_tokenizer(QWEN, qwen7b_style_folder)
     assert isinstance(tok, TiktokenTokenizer)
     first = len(read_tiktoken_ranks(qwen7b_style_folder / "qwen.tiktoken"))
     for i, special in enumerate(QWEN_SPECIAL_TOKENS):
@@ -87,7 +88,7 @@ def test_tiktoken_matches_transformers_on_digits_and_specials(tmp_path):
     from transformers import AutoTokenizer
 
     write_qwen_tiktoken_tokenizer(tmp_path)
-    ours = get_registry().tokenizer(QWEN, tmp_path)
+    ours = family_tokenizer(QWEN, tmp_path)
     theirs = AutoTokenizer.from_pretrained(tmp_path)
     for text in ("Version 2.5 released 20240101, 3.14159", "<|im_start|>system\nhi<|im_end|><|extra_7|>",
                  "it's they'll WE'RE 1x2"):

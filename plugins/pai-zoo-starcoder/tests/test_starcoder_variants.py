@@ -4,6 +4,7 @@ import pytest
 
 from pai_zoo import ConfigTranslationError
 from pai_zoo.registry import get_registry
+from pai_zoo.tokenizer_names import family_tokenizer
 from pai_zoo_conformance import checks
 
 REGISTRY = get_registry()
@@ -22,11 +23,7 @@ VARIANTS = {
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_variant_conforms(variant):
     preset, overrides = VARIANTS[variant]
-    family = REGISTRY.preset(preset)[0]
-    case = checks.build_case(family, preset, **overrides)
-    checks.check_mapping_coverage(case)
-    checks.check_weight_round_trip(case)
-    assert checks.check_forward_equivalence(case) <= checks.LOGITS_ATOL
+    checks.check_variant(REGISTRY.preset(preset)[0], preset, **overrides)
 
 
 def test_multi_query_is_one_query_group_and_c_attn_is_copied_unchanged():
@@ -74,7 +71,7 @@ def test_fim_tokens_are_single_special_ids(tmp_path):
 
     family = REGISTRY.family("starcoder")
     family.test_tokenizer(tmp_path)
-    tok = REGISTRY.tokenizer(family, tmp_path)
+    tok = family_tokenizer(family, tmp_path)
     ids = tok.encode("<fim_prefix>def f(x):<fim_suffix>    return x<fim_middle>")
     assert ids[0] == SPECIAL_TOKENS["starcoder"].index("<fim_prefix>") == 1
     assert SPECIAL_TOKENS["starcoder"].index("<fim_suffix>") in ids and ids.count(2) == 1
@@ -88,7 +85,7 @@ def test_code_with_digits_and_fim_tokens_encodes_like_transformers(name, tmp_pat
 
     family = REGISTRY.family(name)
     family.test_tokenizer(tmp_path)
-    ours, reference = REGISTRY.tokenizer(family, tmp_path), AutoTokenizer.from_pretrained(tmp_path)
+    ours, reference = family_tokenizer(family, tmp_path), AutoTokenizer.from_pretrained(tmp_path)
     text = "<fim_prefix>x = 12345 + 0.5  # 你好\n<fim_suffix>    return x<fim_middle>"
     ids = ours.encode(text)
     assert ids == reference(text)["input_ids"]
