@@ -216,7 +216,7 @@ def _write_hf_configs(src: Path, out: Path, family: Family, config: McoreConfig,
     if not getattr(hf_config, "architectures", None):
         hf_config.architectures = [family.hf_architectures[0]] if family.hf_architectures else None
     if head:  # a reward model: *ForSequenceClassification with score.weight
-        from .rl.heads import sequence_classification_config
+        from .mcore.heads import sequence_classification_config
 
         sequence_classification_config(hf_config, head)
     hf_config.save_pretrained(out)

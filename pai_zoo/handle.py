@@ -221,8 +221,8 @@ def _load_mcore(source: Source, config: McoreConfig, dtype, seed: int, tp: int |
         source.family, config, dtype, padded_vocab_size=padded, parallel_output=False,
         pre_process=parallel_state.is_pipeline_first_stage(), post_process=parallel_state.is_pipeline_last_stage(),
     )
-    if source.record and source.record.get("head"):  # a reward model / critic (pai_zoo.rl.heads)
-        from .rl.heads import attach_score_head
+    if source.record and source.record.get("head"):  # a reward model / critic (pai_zoo.mcore.heads)
+        from .mcore.heads import attach_score_head
 
         attach_score_head(model)
     if source.kind == "hf" and have != (1, 1):

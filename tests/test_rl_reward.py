@@ -12,7 +12,7 @@ import torch
 import pai_zoo
 from pai_zoo.cli import main as cli
 from pai_zoo.errors import PaiZooError
-from pai_zoo.rl.heads import ScalarHead, sequence_scores
+from pai_zoo.mcore.heads import ScalarHead, sequence_scores
 from pai_zoo.rl.models import forward, pad_right
 from pai_zoo.rl.reward import RewardTrainer
 
@@ -148,7 +148,7 @@ def test_score_head_on_other_families_converts_with_the_same_rewards(preset, hf_
     from transformers import AutoModelForSequenceClassification
 
     from pai_zoo.rl.checkpoint import save_model
-    from pai_zoo.rl.heads import head_record
+    from pai_zoo.mcore.heads import head_record
     from pai_zoo.rl.models import Optimizer, value_model
 
     handle = value_model(preset, init_std=0.5)  # the family's tiny model with a new score head

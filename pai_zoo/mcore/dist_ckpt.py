@@ -92,7 +92,7 @@ def meta_model(family: Family, config: McoreConfig, dtype: torch.dtype, padded_v
     with torch.device("meta"):
         model = build_gpt_model(family, config, dtype, padded_vocab_size=padded_vocab_size, perform_initialization=False)
         if head:
-            from ..rl.heads import attach_score_head
+            from .heads import attach_score_head
 
             attach_score_head(model)
     return model
@@ -386,11 +386,11 @@ class MegatronCheckpoint:
         self.reader = DistCheckpointReader(iteration_dir(self.path))
         self.stored_dtype = getattr(torch, self.record.get("dtype", "float32"))
         self.padded_vocab_size = self.reader.global_shape("embedding.word_embeddings.weight")[0]
-        self.head = self.record.get("head")  # a reward model's / critic's score head (pai_zoo.rl.heads)
+        self.head = self.record.get("head")  # a reward model's / critic's score head (pai_zoo.mcore.heads)
         self.layout = layout_of(self.family, self.config, self.stored_dtype, self.padded_vocab_size, self.head)
         self.table = registry.weight_map(self.family, self.config)
         if self.head:
-            from ..rl.heads import score_weight_map
+            from .heads import score_weight_map
 
             self.table = score_weight_map(self.table)
         self.ctx = MappingContext.from_config(self.config, padded_vocab_size=self.padded_vocab_size)

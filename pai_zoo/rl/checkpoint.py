@@ -35,7 +35,7 @@ def describe_model(folder, handle, model, head: dict | None = None) -> None:
 
     from .. import hf
     from ..checkpoint import tokenizer_files
-    from .heads import untied
+    from ..mcore.heads import untied
 
     if _rank() != 0:
         return

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from ..errors import PaiZooError
-from .heads import attach_score_head, has_score_head
+from ..mcore.heads import attach_score_head, has_score_head
 
 
 def load_model(spec, tensor_parallel_size: int = 1, seed: int = 0, **overrides):

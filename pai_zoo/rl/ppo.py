@@ -81,7 +81,7 @@ class _PPORun:
         import torch
 
         from .checkpoint import latest_iteration, load_model_state
-        from .heads import has_score_head
+        from ..mcore.heads import has_score_head
         from .log import MetricsLog
         from .models import (
             Optimizer,
@@ -253,7 +253,7 @@ class _PPORun:
 
     def checkpoint(self) -> None:
         from .checkpoint import save_model
-        from .heads import head_record
+        from ..mcore.heads import head_record
 
         state = {"step": self.step, "kl": self.kl.state_dict(), "settings": _plain(self.s)}
         save_model(self.save / "critic", self.critic, self.critic.model, self.critic_opt, self.step,

@@ -47,7 +47,7 @@ class RewardTrainer(RLTrainer):
 
         from .checkpoint import save_model
         from .data import read_pairs
-        from .heads import head_record
+        from ..mcore.heads import head_record
         from .log import MetricsLog
         from .models import Optimizer, load_model, pad_id_of, value_model
         from .ops import pairwise_loss
@@ -101,7 +101,7 @@ class RewardTrainer(RLTrainer):
 
 def score_pairs(model, pairs, pad_id: int):
     """``(r_chosen [b], r_rejected [b])`` of a batch of pairs, in one forward pass."""
-    from .heads import sequence_scores
+    from ..mcore.heads import sequence_scores
     from .models import forward, pad_right
 
     seqs = [p.prompt + p.chosen for p in pairs] + [p.prompt + p.rejected for p in pairs]

@@ -71,7 +71,7 @@ class ModelReward:
         handle.model.eval()
 
     def __call__(self, prompts, responses) -> torch.Tensor:
-        from .heads import sequence_scores
+        from ..mcore.heads import sequence_scores
         from .models import forward, pad_right
 
         ids, mask = pad_right([list(p) + list(r) for p, r in zip(prompts, responses)], self.pad_id)
@@ -82,7 +82,7 @@ class ModelReward:
 def make_reward(spec, tensor_parallel_size: int = 1, seed: int = 0):
     """A reward from ``spec``: a ``rule:...`` string, a callable, or a reward-model path/handle
     (returned with its handle for the tokenizer checks: ``(reward, handle or None)``)."""
-    from .heads import has_score_head
+    from ..mcore.heads import has_score_head
     from .models import describe, load_model
 
     if callable(spec) and not hasattr(spec, "model"):
