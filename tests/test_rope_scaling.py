@@ -51,8 +51,7 @@ def test_scaled_rope_matches_transformers(variant):
     assert case.mcore_config.get(ROPE_SCALING)["rope_type"] == hf_rotary.rope_type
     assert torch.equal(rotary.inv_freq.cpu(), hf_rotary.inv_freq)  # the same float32 operations
     assert attention_factor(case.mcore_config[ROPE_SCALING]) == hf_rotary.attention_scaling
-    delta = checks.check_forward_equivalence(case)  # positions 0.. and 256..
-    assert delta <= checks.LOGITS_ATOL
+    delta = checks.check_forward_equivalence(case)  # positions 0.. and 256..; raises past LOGITS_ATOL
     print(f"{variant}: max |logits delta| {delta:.3g}")
 
 
@@ -101,8 +100,7 @@ def test_checkpoint_rebuilds_the_same_frequencies(variant, tmp_path):
     with torch.no_grad():
         expected = case.hf_model(input_ids=ids).logits
     assert (handle.logits(ids) - expected).abs().max().item() <= checks.LOGITS_ATOL
-    deltas = checks.check_parallel_equivalence(case, tmp_path / "parallel", layouts=((2, 1), (1, 2)))
-    assert max(deltas.values()) <= checks.PARALLEL_ATOL
+    checks.check_parallel_equivalence(case, tmp_path / "parallel", layouts=((2, 1), (1, 2)))
 
 
 @pytest.mark.parametrize("params, message", [

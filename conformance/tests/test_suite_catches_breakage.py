@@ -31,10 +31,7 @@ L, M = "model.layers.{layer}.", "decoder.layers.{layer}."
 
 
 def test_the_real_table_passes():
-    case = checks.build_case(LLAMA)
-    checks.check_mapping_coverage(case)
-    checks.check_weight_round_trip(case)
-    assert checks.check_forward_equivalence(case) <= checks.LOGITS_ATOL
+    checks.check_variant(LLAMA)
 
 
 def test_swapped_key_and_value_heads_fail_forward_equivalence():

@@ -18,11 +18,7 @@ VARIANTS = {
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_variant_conforms(variant):
-    case = checks.build_case(GALACTICA, **VARIANTS[variant])
-    checks.check_mapping_coverage(case)
-    checks.check_weight_round_trip(case)
-    assert checks.check_forward_equivalence(case) <= checks.LOGITS_ATOL
-    checks.check_generation(case)
+    checks.check_variant(GALACTICA, generation=True, **VARIANTS[variant])
 
 
 def test_position_table_keeps_opts_two_extra_rows_and_reads_position_p_at_row_p_plus_2():

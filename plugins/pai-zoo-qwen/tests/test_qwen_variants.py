@@ -30,10 +30,7 @@ VARIANTS = {
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_variant_conforms(variant):
     family, preset, overrides = VARIANTS[variant]
-    case = checks.build_case(REGISTRY.family(family), preset, **overrides)
-    checks.check_mapping_coverage(case)
-    checks.check_weight_round_trip(case)
-    assert checks.check_forward_equivalence(case) <= checks.LOGITS_ATOL
+    checks.check_variant(REGISTRY.family(family), preset, **overrides)
 
 
 def test_sliding_window_layers_reach_megatron_per_layer():
