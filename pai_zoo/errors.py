@@ -1,8 +1,16 @@
-"""Exceptions raised by pai-zoo. Every message names the thing that is wrong."""
+"""Exceptions raised by pai-zoo. Every message names the thing that is wrong (file, line, tensor or name)
+and, where one helps, the fix; ``hint`` holds a second line the CLI prints as ``hint: ...``."""
+from __future__ import annotations
+
+from pathlib import Path
 
 
 class PaiZooError(Exception):
-    """Base class of every error pai-zoo raises on purpose."""
+    """Base class of every error pai-zoo raises on purpose: an error the user can cause and fix."""
+
+    def __init__(self, *args, hint: str | None = None):
+        super().__init__(*args)
+        self.hint = hint
 
 
 class UnknownModelError(PaiZooError, KeyError):
@@ -10,6 +18,18 @@ class UnknownModelError(PaiZooError, KeyError):
 
     def __str__(self) -> str:  # KeyError would repr() the message
         return str(self.args[0]) if self.args else ""
+
+
+class NoSuchPathError(PaiZooError, FileNotFoundError):
+    """A file or folder the user named does not exist; the message starts ``no such file or folder: PATH``."""
+
+    def __str__(self) -> str:  # OSError would format errno and strerror
+        return str(self.args[0]) if self.args else ""
+
+
+def no_such_path(path, detail: str = "", *, hint: str | None = None) -> NoSuchPathError:
+    """A :class:`NoSuchPathError` for ``path``, with ``detail`` after the path (what was expected there)."""
+    return NoSuchPathError(f"no such file or folder: {Path(path)}" + (f" ({detail})" if detail else ""), hint=hint)
 
 
 class PluginError(PaiZooError):
@@ -22,6 +42,10 @@ class ConfigTranslationError(PaiZooError):
 
 class MappingError(PaiZooError):
     """A weight-mapping table does not cover the tensors it is given, or a tensor has a wrong shape."""
+
+
+class DataError(PaiZooError, ValueError):
+    """A dataset file or record is malformed (names the file and line or entry), or a data setting is wrong."""
 
 
 class VocabularyMismatchError(PaiZooError):

@@ -133,12 +133,12 @@ def test_info_of_a_plugin_family(capsys):
     assert out.startswith("family:        toyfam\n")
     assert "plugin:        toyplug" in out and "aliases:       -" in out
     assert "toyfam-tiny" in out and "linear_qkv" in out
-    assert main(["info", "llama"]) == 2  # the installed registry has only the toy plugin
+    assert main(["info", "llama"]) == 1  # a user error: the installed registry has only the toy plugin
     assert "unknown model 'llama'" in capsys.readouterr().err
 
 
 def test_info_unknown_name(capsys):
-    assert main(["info", "nosuch"]) == 2
+    assert main(["info", "nosuch"]) == 1
     out, err = capsys.readouterr()
     assert out == ""
     assert err.startswith("pai-zoo: error: unknown model 'nosuch'")
@@ -150,7 +150,7 @@ def test_info_unknown_name(capsys):
 
 
 def test_conformance_unknown_name(capsys):
-    assert main(["conformance", "nosuch"]) == 2
+    assert main(["conformance", "nosuch"]) == 1
     out, err = capsys.readouterr()
     assert out == "" and "unknown model 'nosuch'" in err
 
@@ -176,11 +176,11 @@ def test_console_script_info_and_errors():
     assert proc.returncode == 0, proc.stderr
     assert "family:        llama" in proc.stdout and "self_attention.linear_qkv.weight" in proc.stdout
     proc = run_script("info", "nosuch")
-    assert proc.returncode == 2
+    assert proc.returncode == 1  # a user error; 2 is argparse's usage error
     assert proc.stdout == "" and "pai-zoo: error: unknown model 'nosuch'" in proc.stderr
     assert "Traceback" not in proc.stderr
     proc = run_script("conformance", "nosuch")
-    assert proc.returncode == 2 and "'nosuch'" in proc.stderr
+    assert proc.returncode == 1 and "'nosuch'" in proc.stderr
 
 
 def test_console_script_list_json_with_a_broken_plugin(tmp_path):

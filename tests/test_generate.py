@@ -293,7 +293,7 @@ def test_too_long_prompt_names_the_context_and_truncate_left_fits_it(folder, mco
 def test_unknown_checkpoint_is_a_clear_error(tmp_path, capsys):
     prompts = _write(tmp_path / "in.jsonl", [{"prompt": "hi"}])
     code = main(["generate", "--model", str(tmp_path / "nowhere"), "--prompts", str(prompts), "--output", str(tmp_path / "o.jsonl")])
-    assert code == 2
+    assert code == 1
     assert "nowhere" in capsys.readouterr().err
     assert not (tmp_path / "o.jsonl").exists()
 

@@ -60,8 +60,8 @@ def test_plugin_trainer_runs_by_name_from_the_cli(tmp_path):
 
 def test_deselected_plugin_trainer_is_unknown(tmp_path):
     proc = pai_zoo("rl", "best-of-n", "--model", "llama3-tiny", plugins="llama")
-    assert proc.returncode == 2
-    assert "unknown RL trainer 'best-of-n'; registered: ppo, reward" in proc.stderr, proc.stderr
+    assert proc.returncode == 2  # a usage error: trainers are subcommands of `pai-zoo rl`
+    assert "invalid choice: 'best-of-n' (choose from 'list', 'ppo', 'reward', 'run')" in proc.stderr, proc.stderr
 
 
 @pytest.fixture

@@ -70,7 +70,8 @@ class PPOTrainer(RLTrainer):
         a("--seed", type=int, default=DEFAULTS["seed"])
         a("--save-every", type=int, default=DEFAULTS["save_every"], help="checkpoint every N steps (0: at the end)")
         a("--no-resume", dest="resume", action="store_false", help="start over even if SAVE holds a checkpoint")
-        a("--tp", dest="tensor_parallel_size", type=int, default=1, help="tensor-parallel size (under torchrun)")
+        a("--tp", dest="tensor_parallel_size", type=int, default=DEFAULTS["tensor_parallel_size"],
+          help="tensor-parallel size (under torchrun)")
 
     def run(self) -> dict:
         return _PPORun({**DEFAULTS, **self.settings}).train()

@@ -39,7 +39,8 @@ class RewardTrainer(RLTrainer):
         parser.add_argument("--eval-fraction", type=float, default=DEFAULTS["eval_fraction"], help="held-out share")
         parser.add_argument("--max-grad-norm", type=float, default=DEFAULTS["max_grad_norm"])
         parser.add_argument("--seed", type=int, default=DEFAULTS["seed"])
-        parser.add_argument("--tp", dest="tensor_parallel_size", type=int, default=1, help="tensor-parallel size (torchrun)")
+        parser.add_argument("--tp", dest="tensor_parallel_size", type=int,
+                            default=DEFAULTS["tensor_parallel_size"], help="tensor-parallel size (torchrun)")
         parser.add_argument("--log-every", type=int, default=DEFAULTS["log_every"])
 
     def run(self) -> dict:

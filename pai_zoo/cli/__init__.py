@@ -1,0 +1,94 @@
+"""The ``pai-zoo`` command line: one module per command, each with ``add_parser(subparsers)`` and its
+run function (``pai-zoo list`` imports neither torch nor megatron-core).
+
+    pai-zoo list                 plugins, versions, families, broken plugins
+    pai-zoo info NAME            a family (or preset): names, presets, config translation, weight table
+    pai-zoo conformance NAME     run the conformance suite on an installed family
+    pai-zoo convert SRC DST --to mcore|hf   Hugging Face folder <-> Megatron-Core checkpoint
+    pai-zoo preprocess --input PATH... --output-prefix PREFIX --tokenizer T   text -> .bin/.idx
+    pai-zoo dataset inspect PREFIX | dataset merge --output-prefix OUT PREFIX...
+    pai-zoo generate --model M --prompts IN.jsonl --output OUT.jsonl | --prompt TEXT   text generation
+    pai-zoo train [CONFIG.yaml] --model M --data PREFIX --save DIR [flags]   (torchrun for several processes)
+    pai-zoo rl list | rl reward --model M --data PAIRS.jsonl --save RM | rl ppo --actor M --reward RM ...   RL
+
+A user error (a :class:`~pai_zoo.errors.PaiZooError`, or a file the system cannot open) is printed as
+one ``pai-zoo: error: ...`` line, plus ``hint: ...`` where the error carries one; ``--debug`` shows
+the traceback instead.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import traceback
+import warnings
+
+from ..errors import PaiZooError, PaiZooWarning
+from ._common import HelpFormatter
+
+#: the command modules, in the order ``pai-zoo --help`` lists them
+COMMANDS = ("list", "info", "conformance", "convert", "preprocess", "dataset", "generate", "train", "rl")
+
+#: exit codes (also in ``pai-zoo --help`` and README's CLI section)
+OK, USER_ERROR, USAGE, VERIFY_FAILED, INTERRUPTED = 0, 1, 2, 3, 130
+
+EPILOG = f"""exit codes:
+  {OK}    success
+  {USER_ERROR}    user error: a missing file or folder, an unknown name, malformed input (one line: pai-zoo: error: ...)
+  {USAGE}    usage error: unknown command or flag, missing or invalid argument (argparse)
+  {VERIFY_FAILED}    failed verification: convert --verify found different logits, conformance checks failed
+  {INTERRUPTED}  interrupted (Ctrl-C)
+--debug shows the traceback of an error."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pai-zoo", description="A plugin-based model zoo for Megatron-Core.",
+                                     epilog=EPILOG, formatter_class=HelpFormatter)
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in COMMANDS:
+        importlib.import_module(f"{__name__}.{name}").add_parser(sub)
+    return parser
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None, _default=warnings.showwarning):
+    """pai-zoo's own warnings as one ``pai-zoo: warning:`` line; others as Python shows them."""
+    if issubclass(category, PaiZooWarning):
+        print(f"pai-zoo: warning: {message}", file=sys.stderr if file is None else file)
+    else:
+        _default(message, category, filename, lineno, file, line)
+
+
+def describe(exc: BaseException) -> tuple[str, str | None]:
+    """The ``error:`` line and the hint (or None) for a user error."""
+    if isinstance(exc, PaiZooError):
+        return str(exc), exc.hint
+    name = getattr(exc, "filename", None)
+    what = {FileNotFoundError: "no such file or folder", NotADirectoryError: "not a folder",
+            IsADirectoryError: "a folder, not a file", PermissionError: "permission denied"}.get(type(exc))
+    if name is not None:
+        return f"{what or exc.strerror or exc}: {name}", None
+    return str(exc), None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``pai-zoo ARGV``; returns the exit code (argparse exits 2 itself on a usage error)."""
+    argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
+    debug = "--debug" in argv[:next((i for i, a in enumerate(argv) if a in COMMANDS), len(argv))]
+    warnings.showwarning = _show_warning
+    try:
+        args = build_parser().parse_args(argv)
+        return args.func(args)
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print("pai-zoo: interrupted", file=sys.stderr)
+        return INTERRUPTED
+    except (PaiZooError, OSError) as exc:
+        if debug:
+            traceback.print_exc()
+        message, hint = describe(exc)
+        print(f"pai-zoo: error: {message}", file=sys.stderr)
+        if hint:
+            print(f"hint: {hint}", file=sys.stderr)
+        return USER_ERROR

@@ -1,0 +1,43 @@
+"""What the command modules share: the help formatter, defaults read from settings, the registry."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Shows ``(default: X)`` after a flag's help, except for switches and flags without a default."""
+
+    def _get_help_string(self, action):
+        if action.default in (None, False, True, argparse.SUPPRESS) or "%(default)" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
+def add_command(subparsers, name: str, help: str, **kwargs) -> argparse.ArgumentParser:
+    """A subcommand parser with pai-zoo's help formatter (``description`` defaults to ``help``)."""
+    kwargs.setdefault("description", help)
+    return subparsers.add_parser(name, help=help, formatter_class=HelpFormatter, **kwargs)
+
+
+def defaults(settings) -> dict:
+    """The defaults of a settings dataclass's fields, or of a function's keyword parameters."""
+    if dataclasses.is_dataclass(settings):
+        return {f.name: f.default for f in dataclasses.fields(settings) if f.default is not dataclasses.MISSING}
+    return {name: p.default for name, p in inspect.signature(settings).parameters.items()
+            if p.default is not inspect.Parameter.empty}
+
+
+def registry():
+    from ..registry import get_registry
+
+    return get_registry()
+
+
+def family_or_preset(name: str):
+    """The family a family name, alias or preset names (:class:`~pai_zoo.errors.UnknownModelError` if none)."""
+    reg = registry()
+    if reg.is_preset(name):
+        return reg.preset(name)[0]
+    return reg.family(name)

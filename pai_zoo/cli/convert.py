@@ -1,0 +1,42 @@
+"""``pai-zoo convert SRC DST --to mcore|hf``: Hugging Face folder <-> Megatron-Core checkpoint."""
+from __future__ import annotations
+
+from ._common import add_command
+
+#: exit code of a conversion whose ``--verify`` comparison failed
+VERIFY_FAILED = 3
+
+
+def add_parser(subparsers) -> None:
+    p = add_command(subparsers, "convert", "convert a Hugging Face folder <-> a Megatron-Core checkpoint")
+    p.add_argument("src", help="Hugging Face folder (--to mcore) or Megatron-Core checkpoint (--to hf)")
+    p.add_argument("dst", help="output folder (must not exist unless --force)")
+    p.add_argument("--to", required=True, choices=("mcore", "hf"))
+    p.add_argument("--family", help="family name (default: detected from config.json / pai_zoo.json)")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size the checkpoint is laid out for")
+    p.add_argument("--pp", type=int, default=1, help="pipeline-parallel size the checkpoint is laid out for")
+    p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"),
+                   help="store tensors in this dtype (default: as the source)")
+    p.add_argument("--max-shard-size", default="5GB", help="largest safetensors shard (--to hf), e.g. 5GB, 500MB")
+    p.add_argument("--force", action="store_true", help="replace DST if it exists")
+    p.add_argument("--verify", action="store_true",
+                   help=f"compare both sides' logits on a sample prompt (exit {VERIFY_FAILED} if they differ)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ..conversion import convert
+
+    report = convert(
+        args.src, args.dst, args.to, family=args.family, tp=args.tp, pp=args.pp, dtype=args.dtype,
+        force=args.force, max_shard_size=args.max_shard_size, verify=args.verify, progress=None,
+    )
+    rate = report.bytes / report.seconds / 1e9 if report.seconds else 0.0
+    print(f"converted {report.src} -> {report.dst} ({report.family}, to {report.to}): {report.tensors} tensors, "
+          f"{report.bytes / 1e9:.3f} GB in {report.seconds:.1f} s ({rate:.2f} GB/s)")
+    if report.verification is not None:
+        v = report.verification
+        print(f"verify: max |delta logits| = {v['max_abs_delta']:.3g} (tolerance {v['tolerance']:g}), "
+              f"cosine = {v['cosine']:.6f}, next-token agreement = {v['next_token_agreement']:.1%}: "
+              f"{'OK' if v['ok'] else 'FAILED'}")
+    return 0 if report.ok else VERIFY_FAILED

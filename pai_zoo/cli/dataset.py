@@ -1,0 +1,51 @@
+"""``pai-zoo dataset inspect PREFIX`` and ``pai-zoo dataset merge PREFIX... --output-prefix OUT``."""
+from __future__ import annotations
+
+from ..errors import PaiZooError
+from ._common import add_command
+
+
+def add_parser(subparsers) -> None:
+    p = add_command(subparsers, "dataset", "inspect or merge indexed datasets")
+    dsub = p.add_subparsers(dest="dataset_command", required=True)
+    q = add_command(dsub, "inspect", "counts and token statistics; decode a document")
+    q.add_argument("prefix", help="PREFIX of PREFIX.bin/PREFIX.idx")
+    q.add_argument("--document", type=int, help="show this document")
+    q.add_argument("--tokenizer", help="decode the document with this tokenizer")
+    q.set_defaults(func=run_inspect)
+    q = add_command(dsub, "merge", "concatenate datasets")
+    q.add_argument("prefixes", nargs="+", help="PREFIX of each input PREFIX.bin/PREFIX.idx")
+    q.add_argument("--output-prefix", required=True, help="writes OUT.bin/OUT.idx")
+    q.set_defaults(func=run_merge)
+
+
+def run_inspect(args) -> int:
+    from ..data.indexed import IndexedDatasetReader, statistics
+
+    stats = statistics(args.prefix)
+    for key, value in stats.items():
+        print(f"{key + ':':<22} {value:.2f}" if isinstance(value, float) else f"{key + ':':<22} {value}")
+    if args.document is not None:
+        reader = IndexedDatasetReader(args.prefix)
+        if not 0 <= args.document < reader.num_documents:
+            raise PaiZooError(f"{args.prefix}: document {args.document} is out of range "
+                              f"(0..{reader.num_documents - 1})")
+        ids = reader.document(args.document).tolist()
+        print(f"document {args.document}: {len(ids)} tokens")
+        if args.tokenizer:
+            from ..tokenizers.names import resolve_tokenizer
+
+            print(resolve_tokenizer(args.tokenizer).load().decode(ids))
+        else:
+            print(ids)
+    return 0
+
+
+def run_merge(args) -> int:
+    from ..data.indexed import merge, statistics
+
+    merge(args.prefixes, args.output_prefix)
+    stats = statistics(args.output_prefix)
+    print(f"merged {len(args.prefixes)} datasets -> {args.output_prefix}: {stats['documents']} documents, "
+          f"{stats['tokens']} tokens")
+    return 0

@@ -1,0 +1,94 @@
+"""``pai-zoo generate``: complete prompts from JSON Lines into JSON Lines, or stream one ``--prompt``."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from ._common import add_command, defaults
+
+#: prompts per forward pass when the command line does not say
+BATCH_SIZE = 8
+
+
+def add_parser(subparsers) -> None:
+    from ..generation import SamplingParams
+
+    sampling = defaults(SamplingParams)
+    p = add_command(subparsers, "generate", "complete prompts (JSON Lines in and out, or one streamed --prompt)")
+    p.add_argument("--model", required=True, help="Megatron-Core checkpoint, Hugging Face folder or preset")
+    p.add_argument("--prompts", help='JSON Lines: {"prompt": ...} (or {"messages": [...]} with --chat) per line')
+    p.add_argument("--output", help="JSON Lines: each input record plus completion, token_ids, stop_reason")
+    p.add_argument("--prompt", help="one prompt; the completion is streamed to stdout")
+    p.add_argument("--max-new-tokens", type=int, default=sampling["max_new_tokens"])
+    p.add_argument("--temperature", type=float, default=sampling["temperature"], help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=sampling["top_k"],
+                   help="sample from the k most likely tokens (0 = all)")
+    p.add_argument("--top-p", type=float, default=sampling["top_p"],
+                   help="nucleus sampling probability mass (1.0 = all)")
+    p.add_argument("--seed", type=int, default=sampling["seed"], help="seed for reproducible sampling")
+    p.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template (ChatML if it has none)")
+    p.add_argument("--batch-size", type=int, default=BATCH_SIZE, help="prompts per forward pass")
+    p.add_argument("--stop", nargs="+", metavar="S", help="strings that end a completion")
+    p.add_argument("--truncate", choices=("left",), help="drop the oldest prompt tokens that do not fit the context")
+    p.add_argument("--backend", choices=("mcore", "hf"), default="mcore")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size (run under torchrun)")
+    p.add_argument("--threads", type=int, help="torch CPU threads")
+    p.set_defaults(func=run)
+
+
+def run(args, out=None) -> int:
+    """Prompts from JSON Lines to JSON Lines, or one ``--prompt`` streamed to ``out`` (stdout). The
+    output file appears only when every prompt is done (written to a temporary name, renamed at the
+    end). Under ``torchrun`` with ``--tp N`` rank 0 writes."""
+    from ..generation import GenerationError, generate, read_prompts
+
+    out = out or sys.stdout
+    if (args.prompt is None) == (args.prompts is None):
+        raise GenerationError("give either --prompt TEXT or --prompts FILE.jsonl --output OUT.jsonl")
+    if args.prompts is not None and args.output is None:
+        raise GenerationError("--prompts needs --output OUT.jsonl")
+    if args.prompt is not None:
+        chat = [{"role": "user", "content": args.prompt}]
+        records = [("--prompt", {"prompt": args.prompt}, chat if args.chat else args.prompt)]
+    else:
+        records = read_prompts(args.prompts, chat=args.chat)
+    labels = [where for where, _, _ in records]
+    prompts = [prompt for _, _, prompt in records]
+    import torch
+
+    from ..handle import load
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    handle = load(args.model, backend=args.backend, tensor_parallel_size=args.tp if args.tp > 1 else None)
+    rank0 = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
+    options = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                   top_p=args.top_p, seed=args.seed, stop=tuple(args.stop or ()), chat=args.chat,
+                   truncate=args.truncate, batch_size=args.batch_size)
+    if args.prompt is not None:
+        def stream(_index, delta):
+            if rank0:
+                out.write(delta)
+                out.flush()
+
+        [result] = generate(handle, prompts, on_text=stream, labels=labels, **options)
+        if rank0:
+            out.write("\n")
+            print(f"[{result.stop_reason}: {len(result.token_ids)} tokens]", file=sys.stderr)
+        return 0
+    results = generate(handle, prompts, labels=labels, **options)
+    if rank0:
+        target = Path(args.output)
+        temporary = target.with_name(f".{target.name}.pai-zoo-tmp-{os.getpid()}")
+        try:
+            with open(temporary, "w", encoding="utf-8") as sink:
+                for (_, record, _), result in zip(records, results):
+                    sink.write(json.dumps({**record, **result.to_json()}, ensure_ascii=False) + "\n")
+            os.replace(temporary, target)
+        finally:
+            temporary.unlink(missing_ok=True)
+        print(f"generated {len(results)} completions ({sum(len(r.token_ids) for r in results)} tokens) -> {target}",
+              file=sys.stderr)
+    return 0

@@ -1,0 +1,74 @@
+"""``pai-zoo rl``: the registered RL trainers, each a subcommand with the flags it declares.
+
+    pai-zoo rl list                      every trainer (core and plugins) with its description
+    pai-zoo rl NAME [FLAGS]              run trainer NAME (``pai-zoo rl NAME --help`` for its flags)
+    pai-zoo rl run NAME [FLAGS]          the same
+
+A trainer's flags come from its :meth:`~pai_zoo.rl.RLTrainer.add_arguments` (their defaults are its
+settings' defaults); the parsed values are its settings. The summary ``run()`` returns is printed as JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+from ..errors import PaiZooError
+from ._common import add_command
+
+RESERVED = ("list", "run")  # subcommands of ``rl`` that a trainer's name cannot shadow
+
+
+def add_parser(subparsers) -> None:
+    from ..rl import list_trainers
+
+    p = add_command(subparsers, "rl", "RL trainers: rl list | rl NAME [flags] (ppo, reward, plugins')")
+    try:
+        trainers = list_trainers()
+    except PaiZooError as exc:  # a broken plugin trainer breaks ``rl`` only, not the other commands
+        p.add_argument("rl_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+        p.set_defaults(func=_raiser(exc))
+        return
+    names = "{list,run," + ",".join(sorted(n for n in trainers if n not in RESERVED)) + "}"
+    rsub = p.add_subparsers(dest="rl_command", required=True, metavar=names)
+    add_command(rsub, "list", "every registered trainer with its description").set_defaults(func=run_list)
+    _add_trainers(rsub, {n: cls for n, cls in trainers.items() if n not in RESERVED})
+    q = add_command(rsub, "run", "run trainer NAME, the same as `pai-zoo rl NAME`")
+    _add_trainers(q.add_subparsers(dest="rl_trainer", required=True, metavar="NAME"), trainers)
+
+
+def _add_trainers(subparsers, trainers: dict) -> None:
+    for name in sorted(trainers):
+        cls = trainers[name]
+        q = add_command(subparsers, name, cls.description or f"the {name} trainer")
+        before = {a.dest for a in q._actions}
+        cls.add_arguments(q)
+        q.set_defaults(func=run_trainer, rl_class=cls,
+                       rl_settings=tuple(a.dest for a in q._actions if a.dest not in before))
+
+
+def _raiser(exc: PaiZooError):
+    def run(args) -> int:
+        raise exc
+
+    return run
+
+
+def run_list(args) -> int:
+    from ..rl import list_trainers
+
+    trainers = list_trainers()
+    if not trainers:
+        print("no RL trainers registered")
+        return 0
+    width = max(len(n) for n in trainers)
+    for name in sorted(trainers):
+        cls = trainers[name]
+        print(f"{name:<{width}}  {cls.__module__}.{cls.__qualname__}  {cls.description}".rstrip())
+    return 0
+
+
+def run_trainer(args) -> int:
+    settings = {dest: getattr(args, dest) for dest in args.rl_settings if hasattr(args, dest)}
+    summary = args.rl_class(**settings).run()
+    print(json.dumps(summary, indent=2, default=str))
+    return 0
