@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     from pai_zoo.conversion import convert
     from pai_zoo.data import toy
     from pai_zoo.data.preprocess import preprocess
-    from pai_zoo.tokenizer import load_tokenizer
+    from pai_zoo.tokenizers import load_tokenizer
     from pai_zoo.training import TrainConfig, train
 
     torch.set_num_threads(min(2, torch.get_num_threads()))

@@ -22,7 +22,7 @@ class ModelHandle:
     (``"hf"``); ``config`` is that backend's own config (``TransformerConfig`` or the
     transformers config); ``hf_config`` and ``mcore_config`` are both translations, always
     present; ``tokenizer`` is set when the checkpoint carries one, and for a test preset
-    (``llama3-tiny``) it is the family's test tokenizer (see :func:`pai_zoo.tokenizer_names.model_tokenizer`).
+    (``llama3-tiny``) it is the family's test tokenizer (see :func:`pai_zoo.tokenizers.names.model_tokenizer`).
     """
 
     model: Any
@@ -181,7 +181,7 @@ def load(name_or_path, backend: str = "mcore", checkpoint=None, *, dtype=None, s
         model = _load_hf(source, hf_config, dtype)
     else:
         model = _load_mcore(source, mcore_config, dtype, seed, tensor_parallel_size, pipeline_parallel_size)
-    from .tokenizer_names import model_tokenizer
+    from .tokenizers.names import model_tokenizer
 
     tokenizer = model_tokenizer(source, mcore_config["vocab_size"])
     return ModelHandle(model, family, backend, hf_config, mcore_config, tokenizer, source.path)

@@ -49,7 +49,7 @@ def pai_zoo_weight_map(family, config):
 
 @hookspec(firstresult=True)
 def pai_zoo_tokenizer(family, path):
-    """Tokenizers: return a :class:`pai_zoo.tokenizer.Tokenizer` for the checkpoint folder or
+    """Tokenizers: return a :class:`pai_zoo.tokenizers.Tokenizer` for the checkpoint folder or
     tokenizer file ``path`` of ``family``, or ``None`` to leave it to others.
 
     The core answers last: it loads a Hugging Face ``tokenizer.json``, a SentencePiece

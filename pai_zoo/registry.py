@@ -173,7 +173,7 @@ class Registry:
 
     def plugin_tokenizer(self, family: Family, path):
         """The first plugin's answer to ``pai_zoo_tokenizer`` for ``path``, or None (the core's own reader is
-        :func:`pai_zoo.tokenizer_names.family_tokenizer`)."""
+        :func:`pai_zoo.tokenizers.names.family_tokenizer`)."""
         return self.pm.hook.pai_zoo_tokenizer(family=family, path=Path(path))
 
     def _unknown(self, name: str) -> str:

@@ -12,7 +12,7 @@ from pai_zoo.data.indexed import IndexedDatasetReader
 from pai_zoo.data.preprocess import ordered_parallel_map, output_prefix, preprocess
 from pai_zoo.data.sources import BadRecord
 from pai_zoo.errors import PaiZooError
-from pai_zoo.tokenizer import load_tokenizer
+from pai_zoo.tokenizers import load_tokenizer
 
 PAI_ZOO = str(Path(sys.executable).parent / "pai-zoo")
 WORDS = "the of and to in is was for on that with as by at from his an were are which this be or has".split()

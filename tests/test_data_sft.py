@@ -27,7 +27,7 @@ from pai_zoo.data.sft import (
     pack,
     pad_to_multiple,
 )
-from pai_zoo.tokenizer import load_tokenizer
+from pai_zoo.tokenizers import load_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 TOKENIZER_FILES = REPO / "plugins" / "pai-zoo-llama" / "pai_zoo_llama" / "tokenizer_files.py"
@@ -142,7 +142,7 @@ def llama_tok(tmp_path_factory):
 @pytest.fixture(scope="module")
 def tiktoken_tok(tmp_path_factory):
     """256 byte tokens + a few merges; ChatML specials; no BOS; EOS appended by the tokenizer."""
-    from pai_zoo.tokenizer import TiktokenTokenizer
+    from pai_zoo.tokenizers import TiktokenTokenizer
 
     merges = [b" t", b"he", b" the", b"in", b"ing", b" q", b"ui", b" qui", b"ck", b" quick", b"\n\n"]
     tokens = [bytes([b]) for b in range(256)] + merges

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from pai_zoo.testing.tokenizers import SAMPLE_TEXT, ByteLevelBPE, SentencePieceBPE, TiktokenBPE, write_json
-from pai_zoo.tokenizer import QWEN_PAT_STR, read_tiktoken_ranks
+from pai_zoo.tokenizers import QWEN_PAT_STR, read_tiktoken_ranks
 
 SPECIALS = ("<|endoftext|>", "<a>", "<b>")
 CONFIG = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>", "chat_template": "{{ 1 }}"}

@@ -19,7 +19,7 @@ from pai_zoo.data.preprocess import output_prefix, preprocess
 from pai_zoo.errors import PaiZooWarning
 from pai_zoo.registry import get_registry
 from pai_zoo.testing.tokenizers import SAMPLE_TEXT
-from pai_zoo.tokenizer_names import family_tokenizer, resolve_tokenizer
+from pai_zoo.tokenizers.names import family_tokenizer, resolve_tokenizer
 
 TEXTS = ["Hello world, the quick brown fox.", "def forward(self, x):\n    return x + 12345", "你好，世界 🙂"]
 

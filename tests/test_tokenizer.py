@@ -1,4 +1,4 @@
-"""Tests of pai_zoo.tokenizer on small real tokenizers built here (no network).
+"""Tests of pai_zoo.tokenizers on small real tokenizers built here (no network).
 
 * a byte-level BPE trained with ``tokenizers`` (tokenizer.json + tokenizer_config.json),
 * a SentencePiece BPE trained with ``sentencepiece`` (byte fallback, CJK),
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from pai_zoo.tokenizer import (
+from pai_zoo.tokenizers import (
     CL100K_PAT_STR,
     HFTokenizer,
     SentencePieceTokenizer,
@@ -820,14 +820,16 @@ def test_load_tokenizer_errors(tmp_path, hf_folder):
 
 
 def test_module_imports_only_stdlib():
-    """Importing pai_zoo/tokenizer.py (on its own, not through the package) pulls in no third-party module."""
+    """Importing pai_zoo.tokenizers (every module of the package) pulls in no third-party module."""
+    modules = sorted(p.stem for p in (REPO / "pai_zoo" / "tokenizers").glob("*.py") if p.stem != "__init__")
+    assert {"base", "chat", "config", "hf", "loader", "names", "sentencepiece", "tiktoken"} <= set(modules)
     code = (
-        "import importlib.util, sys\n"
-        f"spec = importlib.util.spec_from_file_location('tok', {str(REPO / 'pai_zoo' / 'tokenizer.py')!r})\n"
-        "module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module)\n"
-        "heavy = {'torch', 'transformers', 'megatron', 'tokenizers', 'sentencepiece', 'tiktoken', 'jinja2', 'numpy'}\n"
+        "import importlib, sys\n"
+        f"for name in {modules!r}: importlib.import_module('pai_zoo.tokenizers.' + name)\n"
+        "heavy = {'torch', 'transformers', 'megatron', 'tokenizers', 'sentencepiece', 'tiktoken', 'jinja2', 'numpy',\n"
+        "         'google'}\n"
         "print(sorted(heavy & {m.split('.')[0] for m in sys.modules}))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
-    assert importlib.util.find_spec("pai_zoo.tokenizer") is not None
+    assert importlib.util.find_spec("pai_zoo.tokenizer") is None  # no module left behind at the old path

@@ -223,7 +223,7 @@ def check_tokenizer(family: Family, folder: Path, text: str = MIXED_TEXT) -> Non
     """The family's tokenizer adapter encodes like transformers' AutoTokenizer and decodes back."""
     from transformers import AutoTokenizer
 
-    from pai_zoo.tokenizer_names import family_tokenizer
+    from pai_zoo.tokenizers.names import family_tokenizer
 
     if family.test_tokenizer is None:
         _fail("tokenizer", f"family {family.name!r} provides no test tokenizer (Family.test_tokenizer)")

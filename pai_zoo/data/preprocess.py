@@ -21,7 +21,7 @@ from typing import Callable, Iterable, Iterator
 
 from ..errors import PaiZooError
 from ..progress import Progress
-from ..tokenizer_names import TokenizerRef, resolve_tokenizer
+from ..tokenizers.names import TokenizerRef, resolve_tokenizer
 from .sources import BadRecord, iter_raw_records
 
 
@@ -52,7 +52,7 @@ def output_prefix(prefix, key: str) -> str:
     return f"{prefix}_{key}_document"
 
 
-# -- tokenizers by name: pai_zoo.tokenizer_names.resolve_tokenizer ---------------------------------
+# -- tokenizers by name: pai_zoo.tokenizers.names.resolve_tokenizer ---------------------------------
 def family_tokenizer(path: str, family: str | None):
     """The tokenizer adapter of a resolved ``--tokenizer`` (``TokenizerRef(path, family).load()``)."""
     return TokenizerRef(path, family).load()

@@ -7,7 +7,7 @@
 
 ``loss_mask[i]`` says whether token ``i`` is a training target; when labels are formed as ``tokens[1:]``, shift the
 mask with them (``loss_mask[1:]``). Only numpy is imported here (no torch, transformers or megatron); the tokenizer
-is any :class:`pai_zoo.tokenizer.Tokenizer`.
+is any :class:`pai_zoo.tokenizers.Tokenizer`.
 
 How the mask is computed (:func:`build_example`): the chat template is rendered for the whole conversation and for
 its prefixes ``messages[:k]``: before each assistant turn with ``add_generation_prompt=True`` (where the response

@@ -163,7 +163,7 @@ class Trainer:
                 if (origin / name).is_file():
                     shutil.copy2(origin / name, hf_dir / name)
         else:  # a test preset's test tokenizer comes along, so the checkpoint reads text as the data did
-            from ..tokenizer_names import model_tokenizer
+            from ..tokenizers.names import model_tokenizer
 
             tokenizer = model_tokenizer(source, self.mcore_config["vocab_size"])
             origin = None if tokenizer is None else Path(tokenizer.path).parent

@@ -4,7 +4,7 @@ THUDM's ``ChatGLMTokenizer`` (``tokenization_chatglm.py``) runs the SentencePiec
 SentencePiece itself does, numbers its own special tokens after the model's pieces (``[MASK]``, ``[gMASK]``,
 ``[sMASK]``, ``sop``, ``eop``, then ChatGLM3's ``<|system|>``, ``<|user|>``, ``<|assistant|>``,
 ``<|observation|>``) and starts every encoded text with ``[gMASK] sop``. :class:`ChatGLMTokenizer` does the same
-on top of pai-zoo's :class:`~pai_zoo.tokenizer.SentencePieceTokenizer`; special-token strings inside the text are
+on top of pai-zoo's :class:`~pai_zoo.tokenizers.SentencePieceTokenizer`; special-token strings inside the text are
 encoded as their ids. Imports ``sentencepiece`` (and, for the test files, ``transformers``) inside functions.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from pai_zoo.testing.tokenizers import SAMPLE_TEXT, SentencePieceBPE
-from pai_zoo.tokenizer import SentencePieceTokenizer
+from pai_zoo.tokenizers import SentencePieceTokenizer
 
 __all__ = ["CHATGLM3_CHAT_TEMPLATE", "SPECIAL_TOKENS", "ChatGLMTokenizer", "write_test_tokenizer"]
 

@@ -8,7 +8,7 @@ sequence with ``[gMASK]<sop>``.
 from __future__ import annotations
 
 from pai_zoo.testing.tokenizers import SAMPLE_TEXT, ByteLevelBPE
-from pai_zoo.tokenizer import CL100K_PAT_STR
+from pai_zoo.tokenizers import CL100K_PAT_STR
 
 __all__ = ["GLM4_CHAT_TEMPLATE", "GLM4_SPECIAL_TOKENS", "write_glm4_tokenizer"]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pai_zoo.testing.tokenizers import SAMPLE_TEXT, ByteLevelBPE, TiktokenBPE
-from pai_zoo.tokenizer import QWEN_PAT_STR
+from pai_zoo.tokenizers import QWEN_PAT_STR
 
 __all__ = [
     "QWEN_SPECIAL_TOKENS", "QWEN_TIKTOKEN", "CHATML_TEMPLATE", "load_qwen_tiktoken", "qwen_tiktoken_file",
@@ -43,10 +43,10 @@ def qwen_tiktoken_file(path) -> Path | None:
 
 
 def load_qwen_tiktoken(path):
-    """A :class:`pai_zoo.tokenizer.TiktokenTokenizer` for a Qwen (v1) rank file, as ``QWenTokenizer`` reads it:
+    """A :class:`pai_zoo.tokenizers.TiktokenTokenizer` for a Qwen (v1) rank file, as ``QWenTokenizer`` reads it:
     Qwen's split pattern, ``<|endoftext|>`` (end of text and of document), ``<|im_start|>``, ``<|im_end|>`` and
     ``<|extra_0..204|>`` numbered from the end of the rank file; no BOS."""
-    from pai_zoo.tokenizer import TiktokenTokenizer, read_tiktoken_ranks
+    from pai_zoo.tokenizers import TiktokenTokenizer, read_tiktoken_ranks
 
     path = Path(path)
     first = len(read_tiktoken_ranks(path))

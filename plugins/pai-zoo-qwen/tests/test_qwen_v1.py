@@ -7,8 +7,8 @@ import torch
 
 import pai_zoo
 from pai_zoo.registry import get_registry
-from pai_zoo.tokenizer import TiktokenTokenizer, read_tiktoken_ranks
-from pai_zoo.tokenizer_names import family_tokenizer
+from pai_zoo.tokenizers import TiktokenTokenizer, read_tiktoken_ranks
+from pai_zoo.tokenizers.names import family_tokenizer
 from pai_zoo_conformance import checks
 from pai_zoo_qwen.tokenizer_files import QWEN_SPECIAL_TOKENS, write_qwen_tiktoken_tokenizer
 

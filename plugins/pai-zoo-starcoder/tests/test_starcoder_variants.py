@@ -4,7 +4,7 @@ import pytest
 
 from pai_zoo import ConfigTranslationError
 from pai_zoo.registry import get_registry
-from pai_zoo.tokenizer_names import family_tokenizer
+from pai_zoo.tokenizers.names import family_tokenizer
 from pai_zoo_conformance import checks
 
 REGISTRY = get_registry()

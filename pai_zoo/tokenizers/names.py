@@ -1,0 +1,184 @@
+"""What a tokenizer name or path means, decided in one place for ``preprocess``, ``dataset inspect``,
+:func:`pai_zoo.load` (and so ``generate`` and ``rl``) and ``train``.
+
+* a folder or a file: the tokenizer files there (a Megatron-Core checkpoint's ``hf/`` side), read through the
+  ``pai_zoo_tokenizer`` hook of the family its ``config.json`` names;
+* a test preset (``llama3-tiny``, see :attr:`pai_zoo.Family.test_presets`): the family's toy
+  ``test_tokenizer``, whose ids all lie below the preset's ``vocab_size``;
+* a family name or a published preset (``llama``, ``llama3-8b``): the family's ``published_tokenizer``; a family
+  that ships none falls back to its toy tokenizer with a :class:`~pai_zoo.errors.PaiZooWarning`.
+
+Bundled tokenizers are written once under pai-zoo's cache folder (``$PAI_ZOO_CACHE``, default
+``~/.cache/pai-zoo``; :func:`pai_zoo.conformance_record.cache_dir`) and read from there. This module imports no
+third-party package.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import warnings
+from pathlib import Path
+from typing import NamedTuple
+
+from ..errors import PaiZooError, PaiZooWarning
+
+__all__ = ["TokenizerRef", "resolve_tokenizer", "model_tokenizer", "bundled_tokenizer_folder", "family_tokenizer"]
+
+# pai_zoo.mcore.dist_ckpt's names (not imported here: that module imports torch).
+_MCORE_TRACKER = "latest_checkpointed_iteration.txt"
+_HF_DIR = "hf"
+
+
+class TokenizerRef(NamedTuple):
+    """A resolved tokenizer: its folder or file, and the name of the family whose hook reads it (picklable,
+    for preprocessing workers)."""
+
+    path: str
+    family: str | None = None
+
+    def load(self):
+        """The :class:`pai_zoo.tokenizers.Tokenizer` (through the family's ``pai_zoo_tokenizer`` hook if known)."""
+        from ..registry import get_registry
+        from .loader import load_tokenizer
+
+        if self.family is None:
+            return load_tokenizer(self.path)
+        return family_tokenizer(get_registry().family(self.family), self.path)
+
+
+def family_tokenizer(family, path, registry=None):
+    """The tokenizer of ``family``'s checkpoint folder or tokenizer file ``path``: the first plugin's answer to the
+    ``pai_zoo_tokenizer`` hook, else the core's reader (:func:`pai_zoo.tokenizers.load_tokenizer`)."""
+    from ..registry import get_registry
+    from .loader import load_tokenizer
+
+    found = (registry or get_registry()).plugin_tokenizer(family, path)
+    return found if found is not None else load_tokenizer(path)
+
+
+def bundled_tokenizer_folder(family, kind: str = "test") -> Path:
+    """The folder of a family's bundled tokenizer, ``kind`` ``"test"`` (``Family.test_tokenizer``) or
+    ``"published"`` (``Family.published_tokenizer``), written under pai-zoo's cache folder on first use
+    (through a temporary folder, so concurrent processes never see half a tokenizer)."""
+    from ..conformance_record import cache_dir
+    from ..registry import get_registry
+
+    root = cache_dir()
+    if kind == "test":
+        writer, parent = family.test_tokenizer, root / "test-tokenizers"
+    elif kind == "published":
+        writer, parent = family.published_tokenizer, root / "tokenizers"
+    else:
+        raise ValueError(f"kind must be 'test' or 'published', not {kind!r}")
+    folder = parent / f"{family.name}-{_writer_digest(writer, get_registry().plugins.get(family.plugin))}"
+    if folder.is_dir():
+        return folder
+    if writer is None:
+        attribute = "test_tokenizer" if kind == "test" else "published_tokenizer"
+        raise PaiZooError(f"family {family.name!r} bundles no {kind} tokenizer (Family.{attribute}); "
+                          "pass a checkpoint folder or a tokenizer file")
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = folder.with_name(f".{folder.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+    try:
+        tmp.mkdir()
+        writer(tmp)
+        try:
+            os.rename(tmp, folder)
+        except OSError:
+            if not folder.is_dir():  # else another process wrote it first: use theirs
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return folder
+
+
+def _writer_digest(writer, plugin) -> str:
+    """A short digest of what a tokenizer writer writes: the writer (a data-driven callable's
+    parameters), the source file that defines it and the plugin's version, so that a changed writer
+    (an editable install, a new release) never reads an older cached folder."""
+    import hashlib
+    import inspect
+
+    described = repr(writer)
+    if " at 0x" in described:  # a plain function: its name, not its address
+        described = f"{getattr(writer, '__module__', '')}.{getattr(writer, '__qualname__', '')}"
+    parts = [described, getattr(plugin, "version", "") or ""]
+    for target in (writer, type(writer)):
+        try:
+            parts.append(Path(inspect.getfile(target)).read_text(errors="replace"))
+            break
+        except (TypeError, OSError):
+            continue
+    return hashlib.sha1("\0".join(parts).encode()).hexdigest()[:12]
+
+
+def _checkpoint_side(path: Path) -> Path:
+    """Where a folder keeps its tokenizer files: ``hf/`` of a Megatron-Core checkpoint, else itself."""
+    if path.is_dir() and (path / _MCORE_TRACKER).is_file() and (path / _HF_DIR).is_dir():
+        return path / _HF_DIR
+    return path
+
+
+def _path_ref(path: Path) -> TokenizerRef:
+    import contextlib
+
+    from ..checkpoint import read_config
+    from ..registry import get_registry
+
+    path = _checkpoint_side(path)
+    family = None
+    if path.is_dir() and (path / "config.json").is_file():
+        with contextlib.suppress(PaiZooError):
+            family = get_registry().family_for_hf_config(read_config(path)).name
+    return TokenizerRef(str(path), family)
+
+
+def resolve_tokenizer(spec) -> TokenizerRef:
+    """The tokenizer ``spec`` names: a checkpoint folder, a tokenizer file, a test preset, a family or a
+    published preset (see the module docstring). Unknown names raise :class:`PaiZooError`."""
+    from ..registry import get_registry
+
+    path = Path(str(spec)).expanduser()
+    if path.exists():
+        return _path_ref(path)
+    registry = get_registry()
+    name = str(spec)
+    if registry.is_preset(name):
+        family = registry.preset(name)[0]
+    elif registry.is_family(name):
+        family = registry.family(name)
+    else:
+        raise PaiZooError(f"--tokenizer {name}: not a file, a folder, a family or a preset")
+    if family.is_test_preset(name):
+        if family.test_tokenizer is None:
+            raise PaiZooError(f"--tokenizer {name}: family {family.name!r} has no test tokenizer "
+                              "(Family.test_tokenizer); pass a folder or file")
+        return TokenizerRef(str(bundled_tokenizer_folder(family, "test")), family.name)
+    if family.published_tokenizer is not None:
+        return TokenizerRef(str(bundled_tokenizer_folder(family, "published")), family.name)
+    if family.test_tokenizer is None:
+        raise PaiZooError(f"--tokenizer {name}: family {family.name!r} bundles no tokenizer; pass a folder or file")
+    warnings.warn(f"--tokenizer {name}: the {family.name} plugin ships no real tokenizer, so this is its toy test "
+                  f"tokenizer, not the one of published {family.name} checkpoints; pass a checkpoint folder or a "
+                  "tokenizer file for real data", PaiZooWarning, stacklevel=2)
+    return TokenizerRef(str(bundled_tokenizer_folder(family, "test")), family.name)
+
+
+def model_tokenizer(source, vocab_size: int | None = None):
+    """The tokenizer that belongs with a model (a :class:`pai_zoo.handle.Source`), or None: a checkpoint's own
+    files, or a test preset's test tokenizer when its ids fit ``vocab_size`` (the model's, overrides
+    included). Family names and published presets have none."""
+    if source.path is not None:
+        folder = Path(source.path) / _HF_DIR if source.kind == "mcore" else Path(source.path)
+        try:
+            return TokenizerRef(str(folder), source.family.name).load()
+        except FileNotFoundError:
+            return None
+    preset = getattr(source, "preset", None)
+    if not preset or not source.family.is_test_preset(preset) or source.family.test_tokenizer is None:
+        return None
+    tokenizer = TokenizerRef(str(bundled_tokenizer_folder(source.family, "test")), source.family.name).load()
+    if vocab_size is not None and tokenizer.vocab_size > vocab_size:
+        return None  # a vocab_size override left no room for it
+    return tokenizer
