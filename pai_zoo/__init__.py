@@ -8,6 +8,9 @@ Importing this package does not import torch or megatron-core; they load on firs
 """
 from __future__ import annotations
 
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _version
+
 from .config_map import ConfigMap, Field, Fixed, McoreConfig, Require, Rope
 from .errors import ConfigTranslationError, MappingError, PaiZooError, PluginError, UnknownModelError
 from .family import Family
@@ -15,7 +18,10 @@ from .hookspecs import hookimpl
 from .mapping import QKV, Copy, Dropped, FusedQKV, GateUp, MappingContext, Output, Row, Vocab, WeightMap
 from .registry import get_registry
 
-__version__ = "0.1.0"
+try:  # the one version number is pyproject.toml's
+    __version__ = _version("pai-zoo")
+except PackageNotFoundError:  # a source tree that is not installed
+    __version__ = "0+unknown"
 
 
 def convert(src, dst, to: str, **kwargs):

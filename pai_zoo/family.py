@@ -112,8 +112,6 @@ class Family:
     test_tokenizer: Callable[[Any], None] | None = None
     published_tokenizer: Callable[[Any], None] | None = None
     description: str = ""
-    #: Max |logits delta| between the HF and megatron-core models in float32 (``--verify``, conformance).
-    logits_atol: float = 1e-4
     mcore_versions: str = ">=0.16.1"
     backends: tuple[str, ...] = ("local",)
     plugin: str = field(default="", compare=False)

@@ -205,6 +205,9 @@ def _load_hf(source: Source, hf_config, dtype):
 
 
 def _load_mcore(source: Source, config: McoreConfig, dtype, seed: int, tp: int | None, pp: int | None):
+    from .mcore import import_megatron
+
+    import_megatron()  # megatron-core's CPU notices silenced
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 

@@ -60,20 +60,3 @@ def build_hf_model(family: Family, config, dtype=None):
     build = cls.from_config if hasattr(cls, "from_config") else cls._from_config
     return build(config, dtype=dtype).eval()
 
-
-def load_hf_model(family: Family, path, dtype=None):
-    """A transformers model from a checkpoint folder (no remote code: the plugin's class is used)."""
-    import torch
-
-    from transformers import AutoConfig
-
-    cfg = family.hf_config_class and hf_config(family, _read_config(path)) or AutoConfig.from_pretrained(path)
-    cls = model_class(family, cfg.model_type)
-    return cls.from_pretrained(path, config=cfg, dtype=dtype or torch.float32).eval()
-
-
-def _read_config(path) -> dict:
-    import json
-    from pathlib import Path
-
-    return json.loads((Path(path) / "config.json").read_text())

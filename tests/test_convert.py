@@ -149,7 +149,7 @@ def test_force_replaces_and_verify_fails_past_tolerance(hf_folder, tmp_path, mon
         convert(hf_folder, dst, "mcore")
     convert(hf_folder, dst, "mcore", force=True)
     assert not (dst / "stale.txt").exists() and (dst / "pai_zoo.json").is_file()
-    monkeypatch.setattr(pai_zoo.get_registry().family("llama"), "logits_atol", 0.0)
+    monkeypatch.setattr(pai_zoo.conversion, "LOGITS_ATOL", 0.0)
     report = convert(hf_folder, tmp_path / "m2", "mcore", verify=True)
     assert not report.ok and report.verification["max_abs_delta"] > 0.0
 

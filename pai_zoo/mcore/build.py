@@ -12,7 +12,10 @@ import torch.nn.functional as F
 from ..config_map import CORE_KEY_PREFIX, FAMILY_KEY_PREFIX, GPT_MODEL_ARGS, McoreConfig
 from ..family import Family
 from .alibi import ALIBI, with_alibi
+from . import import_megatron, quiet_megatron
 from .rope import set_inverse_frequencies, softmax_scale
+
+import_megatron()
 
 #: Activation names usable in ``McoreConfig.arch["activation_func"]``.
 ACTIVATIONS = {
@@ -56,7 +59,8 @@ def transformer_config(config: McoreConfig, dtype: torch.dtype = torch.float32, 
         kwargs["use_cpu_initialization"] = True
         kwargs.update({name: False for name in _CPU_OFF})
     kwargs.update(overrides)
-    return TransformerConfig(**kwargs)
+    with quiet_megatron():  # "full scope is deprecated" (cuda_graph_scope's default)
+        return TransformerConfig(**kwargs)
 
 
 def default_layer_spec(config: McoreConfig):

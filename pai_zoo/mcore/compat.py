@@ -29,6 +29,10 @@ import socket
 
 import torch
 
+from . import import_megatron
+
+import_megatron()
+
 #: megatron-core modules whose ``device="cuda"`` literals are redirected to the CPU.
 CUDA_LITERAL_MODULES = (
     "megatron.core.transformer.utils",
