@@ -123,6 +123,20 @@ def _hf_dict(family: Family, preset: str) -> dict:
     return hf.config_dict(hf.hf_config(family, family.presets[preset]))
 
 
+def check_preset_matches_published(family: Family, preset: str, published: dict) -> None:
+    """``preset`` is the architecture of a published ``config.json`` (``published``, as its repository has it):
+    both translate to the same megatron-core config, field by field."""
+    ours = family.to_mcore_config(_hf_dict(family, preset)).arch
+    from pai_zoo import hf
+
+    theirs = family.to_mcore_config(hf.config_dict(hf.hf_config(family, published))).arch
+    absent = "<absent>"
+    diff = {k: (ours.get(k, absent), theirs.get(k, absent)) for k in sorted(ours.keys() | theirs.keys())
+            if ours.get(k, absent) != theirs.get(k, absent)}
+    if diff:
+        _fail("preset", f"{preset}: fields differ from the published config.json (preset, published): {diff}")
+
+
 def check_config_round_trip(family: Family, preset: str) -> None:
     """HF -> mcore -> HF keeps every field; every architecture field is translated, not carried."""
     from pai_zoo import hf

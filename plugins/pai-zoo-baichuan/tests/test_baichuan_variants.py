@@ -136,7 +136,6 @@ def test_published_configs_pick_rope_or_alibi_and_the_norm_head():
         config = BAICHUAN.to_mcore_config(hf.config_dict(hf.hf_config(BAICHUAN, BAICHUAN.presets[preset])))
         assert config["position_embedding_type"] == position, preset
         assert bool(config.get(NORM_HEAD)) is norm_head, preset
-        assert config["max_sequence_length"] == 4096
 
 
 def test_norm_head_is_inferred_from_baichuan2s_z_loss_weight():
@@ -170,24 +169,30 @@ def test_a_checkpoints_rotary_inv_freq_buffer_is_accepted_and_dropped():
     assert not any("inv_freq" in name for name in converted)
 
 
-def test_a_published_baichuan2_config_json_translates_completely():
-    """baichuan-inc/Baichuan2-7B-Base's config.json: no norm_head key, NormHead inferred."""
-    from pai_zoo import hf
+#: baichuan-inc/Baichuan2-7B-Base's config.json as published.
+BAICHUAN2_7B_BASE_CONFIG = {
+    "architectures": ["BaichuanForCausalLM"],
+    "auto_map": {"AutoConfig": "configuration_baichuan.BaichuanConfig",
+                 "AutoModelForCausalLM": "modeling_baichuan.BaichuanForCausalLM"},
+    "tokenizer_class": "BaichuanTokenizer", "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu",
+    "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 11008, "max_position_embeddings": 4096,
+    "model_max_length": 4096, "model_type": "baichuan", "num_attention_heads": 32, "num_hidden_layers": 32,
+    "pad_token_id": 0, "rms_norm_eps": 1e-06, "_from_model_config": True, "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16", "transformers_version": "4.29.2", "use_cache": True, "vocab_size": 125696,
+    "z_loss_weight": 0,
+}
 
-    published = {
-        "architectures": ["BaichuanForCausalLM"],
-        "auto_map": {"AutoConfig": "configuration_baichuan.BaichuanConfig",
-                     "AutoModelForCausalLM": "modeling_baichuan.BaichuanForCausalLM"},
-        "tokenizer_class": "BaichuanTokenizer", "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu",
-        "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 11008, "max_position_embeddings": 4096,
-        "model_max_length": 4096, "model_type": "baichuan", "num_attention_heads": 32, "num_hidden_layers": 32,
-        "pad_token_id": 0, "rms_norm_eps": 1e-06, "_from_model_config": True, "tie_word_embeddings": False,
-        "torch_dtype": "bfloat16", "transformers_version": "4.29.2", "use_cache": True, "vocab_size": 125696,
-        "z_loss_weight": 0,
-    }
+
+def test_baichuan2_7b_preset_is_the_published_config():
+    checks.check_preset_matches_published(BAICHUAN, "baichuan2-7b-base", BAICHUAN2_7B_BASE_CONFIG)
+
+
+def test_a_published_baichuan2_config_json_translates_completely():
+    """No norm_head key in Baichuan2-7B-Base's config.json: NormHead inferred."""
+    from pai_zoo import hf
     from pai_zoo_baichuan import MODEL_MAX_LENGTH, NORM_HEAD
 
-    as_loaded = hf.config_dict(hf.hf_config(BAICHUAN, published))
+    as_loaded = hf.config_dict(hf.hf_config(BAICHUAN, BAICHUAN2_7B_BASE_CONFIG))
     assert BAICHUAN.config_map.untranslated_architecture_keys(as_loaded) == []
     config = BAICHUAN.to_mcore_config(as_loaded)
     assert config[NORM_HEAD] is True and config["position_embedding_type"] == "rope"

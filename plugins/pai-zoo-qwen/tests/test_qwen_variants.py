@@ -90,18 +90,6 @@ def test_every_embedding_row_is_kept_and_padding_trimmed_exactly():
     assert hf_rows.shape[0] == 1000 and torch.equal(hf_rows, mcore_rows[:1000])
 
 
-def test_published_qwen2_config_translates():
-    family = REGISTRY.family("qwen2")
-    from pai_zoo import hf
-
-    config = family.to_mcore_config(hf.config_dict(hf.hf_config(family, family.presets["qwen2.5-7b"])))
-    assert config["vocab_size"] == 152064 and config["num_query_groups"] == 4 and config["rotary_base"] == 1e6
-    assert "window_size" not in config.arch  # use_sliding_window is false in every published Qwen2 config
-    v1 = REGISTRY.family("qwen")
-    config = v1.to_mcore_config(hf.config_dict(hf.hf_config(v1, v1.presets["qwen-7b"])))
-    assert config["ffn_hidden_size"] == 11008 and config["max_sequence_length"] == 8192
-
-
 def test_qwen2_head_dim_reaches_megatron_and_is_written_back_only_when_given():
     """Qwen2Config declares no head_dim, yet transformers' Qwen2 reads one from config.json: it must become
     kv_channels (it used to be dropped, so a 20-channel head was built as 72 / 6 = 12 channels)."""
@@ -145,7 +133,8 @@ def test_bad_layer_types_are_refused():
         family.to_mcore_config(hf)
 
 
-# config.json files as published (transformers 4.x layout: rope_theta at the top level, torch_dtype, remote-code keys).
+# config.json files as published (transformers 4.x layout: rope_theta at the top level, torch_dtype, remote-code keys)
+# in Qwen/Qwen2.5-0.5B and Qwen/Qwen-7B.
 QWEN25_05B_CONFIG = {
     "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643, "eos_token_id": 151643,
     "hidden_act": "silu", "hidden_size": 896, "initializer_range": 0.02, "intermediate_size": 4864,
@@ -165,6 +154,24 @@ QWEN_7B_CONFIG = {
     "tokenizer_class": "QWenTokenizer", "transformers_version": "4.32.0", "use_cache": True, "use_dynamic_ntk": True,
     "use_flash_attn": "auto", "use_logn_attn": True, "vocab_size": 151936,
 }
+
+
+@pytest.mark.parametrize("family, preset, raw", [("qwen2", "qwen2.5-0.5b", QWEN25_05B_CONFIG),
+                                                 ("qwen", "qwen-7b", QWEN_7B_CONFIG)])
+def test_preset_is_the_published_config(family, preset, raw):
+    checks.check_preset_matches_published(REGISTRY.family(family), preset, raw)
+
+
+def test_published_qwen_configs_translate():
+    from pai_zoo import hf
+
+    qwen2 = REGISTRY.family("qwen2")
+    config = qwen2.to_mcore_config(hf.config_dict(hf.hf_config(qwen2, QWEN25_05B_CONFIG)))
+    assert "window_size" not in config.arch  # use_sliding_window is false: sliding_window 32768 is not used
+    v1 = REGISTRY.family("qwen")
+    config = v1.to_mcore_config(hf.config_dict(hf.hf_config(v1, QWEN_7B_CONFIG)))
+    assert config["ffn_hidden_size"] == 22016 // 2  # QWenMLP's width is intermediate_size // 2
+    assert config["max_sequence_length"] == 8192  # seq_length; max_position_embeddings 32768 is unused
 
 
 @pytest.mark.parametrize("family, raw", [("qwen2", QWEN25_05B_CONFIG), ("qwen", QWEN_7B_CONFIG)])
