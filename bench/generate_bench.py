@@ -40,6 +40,7 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(args.threads)
     import pai_zoo
+    from pai_zoo.generation import generate
     from pai_zoo.weights import hf_model_to_mcore
 
     shape = dict(hidden_size=args.hidden, intermediate_size=args.hidden * 11 // 4, num_hidden_layers=args.layers,
@@ -65,11 +66,11 @@ def main(argv=None) -> int:
         walls, cpus, outputs = {"mcore": [], "hf": []}, {"mcore": [], "hf": []}, {}
         backends = [("mcore", mcore), ("hf", hf)]
         for _name, handle in backends:
-            handle.generate(prompts, max_new_tokens=2, eos_token_id=[])  # warm-up
+            generate(handle, prompts, max_new_tokens=2, eos_token_id=[])  # warm-up
         for _ in range(args.repeats):  # interleaved, the order swapped each round: fair on a shared machine
             for name, handle in backends:
                 start, start_cpu = time.perf_counter(), time.process_time()
-                out = handle.generate(prompts, max_new_tokens=args.new_tokens, eos_token_id=[])
+                out = generate(handle, prompts, max_new_tokens=args.new_tokens, eos_token_id=[])
                 walls[name].append(time.perf_counter() - start)
                 cpus[name].append(time.process_time() - start_cpu)
                 outputs[name] = [r.token_ids for r in out]

@@ -3,6 +3,7 @@
     import pai_zoo
     handle = pai_zoo.load("llama3-tiny", backend="mcore")
     logits = handle.logits([[1, 2, 3]])
+    [out] = pai_zoo.generate(handle, ["Hello"], max_new_tokens=8)
 
 Importing this package does not import torch or megatron-core; they load on first use.
 """
@@ -38,8 +39,15 @@ def load(name_or_path, backend: str = "mcore", checkpoint=None, **kwargs):
     return _load(name_or_path, backend=backend, checkpoint=checkpoint, **kwargs)
 
 
+def generate(handle, prompts, **kwargs):
+    """Complete ``prompts`` with a loaded model's handle; see :func:`pai_zoo.generation.generate`."""
+    from .generation import generate as _generate
+
+    return _generate(handle, prompts, **kwargs)
+
+
 __all__ = [
     "ConfigMap", "ConfigTranslationError", "Copy", "Dropped", "Family", "Field", "Fixed", "FusedQKV", "GateUp", "MappingContext",
     "MappingError", "McoreConfig", "Output", "PaiZooError", "PluginError", "QKV", "Require", "Rope", "Row",
-    "UnknownModelError", "Vocab", "WeightMap", "convert", "get_registry", "hookimpl", "load",
+    "UnknownModelError", "Vocab", "WeightMap", "convert", "generate", "get_registry", "hookimpl", "load",
 ]

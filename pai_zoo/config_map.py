@@ -315,6 +315,23 @@ _UNSUPPORTED_ROPE = {
 }
 
 
+def attention_factor(scaling: dict[str, Any]) -> float:
+    """The factor transformers multiplies into cos and sin: YaRN's ``attention_factor``, given or
+    derived from ``factor``, ``mscale`` and ``mscale_all_dim`` (as ``_compute_yarn_parameters``); 1 otherwise."""
+    if scaling.get("rope_type", scaling.get("type")) != "yarn":
+        return 1.0
+    if scaling.get("attention_factor") is not None:
+        return float(scaling["attention_factor"])
+    factor, mscale, mscale_all_dim = scaling["factor"], scaling.get("mscale"), scaling.get("mscale_all_dim")
+
+    def get_mscale(scale, m=1):
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    if mscale and mscale_all_dim:
+        return float(get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim))
+    return get_mscale(factor)
+
+
 @dataclass
 class Rope(Rule):
     """Rotary embeddings from transformers' ``rope_parameters`` (theta, type, scaling, partial rotary).
@@ -353,8 +370,6 @@ class Rope(Rule):
                 raise ConfigTranslationError(f"rope_parameters.{key} is missing: rope_type {rope_type!r} needs it")
         scaling = {k: v for k, v in params.items() if k not in ("rope_theta", "partial_rotary_factor")}
         if rope_type == "yarn" and partial is not None and float(partial) < 1.0:
-            from .mcore.rope import attention_factor
-
             factor = attention_factor(scaling)
             if factor != 1.0:
                 raise ConfigTranslationError(

@@ -49,6 +49,8 @@ class ModelHandle:
         """
         import torch
 
+        from .mcore.forward import causal_mask
+
         input_ids = torch.as_tensor(input_ids)
         if input_ids.dim() == 1:
             input_ids = input_ids.unsqueeze(0)
@@ -62,15 +64,6 @@ class ModelHandle:
                 out = forward_logits(self.model, input_ids, attention_mask)
         return out[..., : self.vocab_size]
 
-    def generate(self, prompts, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0,
-                 top_p: float = 1.0, seed: int | None = None, stop=(), **kwargs):
-        """Complete prompts (strings, token-id lists or chats); a list of
-        :class:`pai_zoo.generation.Generation`. Greedy unless ``temperature > 0``; see
-        :func:`pai_zoo.generation.generate` for the other options."""
-        from .generation import generate
-
-        return generate(self, prompts, max_new_tokens, temperature, top_k, top_p, seed, stop, **kwargs)
-
     def hf_state_dict(self) -> dict:
         """The weights under Hugging Face names (converted when the backend is megatron-core)."""
         if self.backend == "hf":
@@ -78,27 +71,6 @@ class ModelHandle:
         from .weights import mcore_tensors, mcore_to_hf
 
         return mcore_to_hf(self.family, self.mcore_config, mcore_tensors(self.model))
-
-
-def causal_mask(input_ids, attention_mask=None):
-    """megatron-core's boolean mask ``[b, 1, s, s]`` (True = masked) and position ids for a batch."""
-    import torch
-
-    b, s = input_ids.shape
-    mask = torch.triu(torch.ones(s, s, dtype=torch.bool), diagonal=1).expand(b, 1, s, s)
-    if attention_mask is None:
-        positions = torch.arange(s).unsqueeze(0).expand(b, s)
-        return mask, positions
-    keep = torch.as_tensor(attention_mask).bool()
-    mask = mask | ~keep[:, None, None, :]
-    positions = (keep.long().cumsum(-1) - 1).clamp(min=0)
-    return mask, positions
-
-
-def mcore_forward(model, input_ids, attention_mask=None, position_ids=None):
-    """Run a ``GPTModel`` on ``input_ids`` with an explicit causal mask; logits ``[b, s, padded vocab]``."""
-    mask, positions = causal_mask(input_ids, attention_mask)
-    return model(input_ids, positions if position_ids is None else position_ids, mask)
 
 
 @dataclass

@@ -17,7 +17,8 @@ from pai_zoo_conformance import checks
 import pai_zoo
 from pai_zoo import generation
 from pai_zoo.cli import main
-from pai_zoo.generation import Finisher, GenerationError, SamplingParams, filter_logits
+from pai_zoo.generation import Finisher, GenerationError, SamplingParams, filter_logits, generate
+from pai_zoo.mcore import forward
 from pai_zoo.registry import get_registry
 
 LLAMA = get_registry().family("llama")
@@ -47,8 +48,8 @@ def hf(folder):
 
 # -- equivalence ------------------------------------------------------------------------------
 def test_greedy_equals_transformers_generate_for_a_batch_of_different_lengths(mcore, hf):
-    ours = mcore.generate(PROMPTS, max_new_tokens=12, eos_token_id=[])
-    theirs = hf.generate(PROMPTS, max_new_tokens=12, eos_token_id=[])
+    ours = generate(mcore, PROMPTS, max_new_tokens=12, eos_token_id=[])
+    theirs = generate(hf, PROMPTS, max_new_tokens=12, eos_token_id=[])
     assert len({len(r.prompt_ids) for r in ours}) == 3  # the batch really is padded
     assert [r.token_ids for r in ours] == [r.token_ids for r in theirs]
     assert all(len(r.token_ids) == 12 and r.stop_reason == "length" for r in ours)
@@ -60,7 +61,7 @@ def test_conformance_generation_check_passes_and_catches_unmasked_padding(monkey
     report = checks.check_generation(case)
     assert report["rows"] == 4 and report["max_gap"] <= checks.GENERATION_TIE_TOL
     # Break the cache path: new tokens attend to the left padding too.
-    monkeypatch.setattr(generation, "_decode_mask", lambda keep: torch.zeros(keep.shape[0], 1, 1, keep.shape[1], dtype=torch.bool))
+    monkeypatch.setattr(forward, "decode_mask", lambda keep: torch.zeros(keep.shape[0], 1, 1, keep.shape[1], dtype=torch.bool))
     with pytest.raises(checks.ConformanceFailure, match=r"(?s)\[generation\].*step 1 is no near-tie"):
         checks.check_generation(case)
 
@@ -73,8 +74,8 @@ def test_sliding_window_model_matches_transformers_for_a_batch_of_different_leng
 
 def test_kv_cache_gives_the_same_tokens_as_full_recompute(mcore):
     for options in (dict(), dict(temperature=0.8, top_k=50, seed=3)):
-        cached = mcore.generate(PROMPTS, max_new_tokens=10, eos_token_id=[], **options)
-        full = mcore.generate(PROMPTS, max_new_tokens=10, eos_token_id=[], use_cache=False, **options)
+        cached = generate(mcore, PROMPTS, max_new_tokens=10, eos_token_id=[], **options)
+        full = generate(mcore, PROMPTS, max_new_tokens=10, eos_token_id=[], use_cache=False, **options)
         assert [r.token_ids for r in cached] == [r.token_ids for r in full]
 
 
@@ -86,7 +87,7 @@ def test_model_trains_after_generation(mcore):
 
     buffers = parallel_state.get_global_memory_buffer().buffer
     buffers.clear()  # the generation below allocates them afresh
-    out = mcore.generate([[1, 450, 4996], [1, 15043]], max_new_tokens=5, eos_token_id=[])
+    out = generate(mcore, [[1, 450, 4996], [1, 15043]], max_new_tokens=5, eos_token_id=[])
     for tensor in buffers.values():
         tensor.zero_()  # raises for an inference tensor
     total = 3 + 5
@@ -109,8 +110,8 @@ def test_right_padded_input_with_attention_mask_equals_unpadded_prompts(mcore):
     prompts = [[1, 450, 4996], [1, 15043]]
     ids = torch.tensor([[1, 450, 4996], [1, 15043, 0]])
     mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
-    padded = mcore.generate(ids, attention_mask=mask, max_new_tokens=6, eos_token_id=[])
-    single = [mcore.generate([p], max_new_tokens=6, eos_token_id=[])[0] for p in prompts]
+    padded = generate(mcore, ids, attention_mask=mask, max_new_tokens=6, eos_token_id=[])
+    single = [generate(mcore, [p], max_new_tokens=6, eos_token_id=[])[0] for p in prompts]
     assert [r.prompt_ids for r in padded] == prompts
     assert [r.token_ids for r in padded] == [r.token_ids for r in single]
 
@@ -118,12 +119,12 @@ def test_right_padded_input_with_attention_mask_equals_unpadded_prompts(mcore):
 # -- sampling ---------------------------------------------------------------------------------
 def test_sampling_is_reproducible_with_a_seed_and_differs_across_seeds(mcore, hf):
     for handle in (mcore, hf):
-        runs = [handle.generate(PROMPTS[:2], max_new_tokens=12, temperature=1.0, seed=s, eos_token_id=[]) for s in (7, 7, 8)]
+        runs = [generate(handle, PROMPTS[:2], max_new_tokens=12, temperature=1.0, seed=s, eos_token_id=[]) for s in (7, 7, 8)]
         ids = [[r.token_ids for r in run] for run in runs]
         assert ids[0] == ids[1]
         assert ids[0] != ids[2]
-    greedy = mcore.generate(PROMPTS[:2], max_new_tokens=12, eos_token_id=[])
-    top1 = mcore.generate(PROMPTS[:2], max_new_tokens=12, temperature=1.0, top_k=1, seed=9, eos_token_id=[])
+    greedy = generate(mcore, PROMPTS[:2], max_new_tokens=12, eos_token_id=[])
+    top1 = generate(mcore, PROMPTS[:2], max_new_tokens=12, temperature=1.0, top_k=1, seed=9, eos_token_id=[])
     assert [r.token_ids for r in top1] == [r.token_ids for r in greedy]
 
 
@@ -162,12 +163,12 @@ def test_top_k_and_top_p_match_transformers_warpers():
 
 # -- stopping ---------------------------------------------------------------------------------
 def test_stop_strings_cut_the_text_and_stop_early(mcore, hf):
-    full = mcore.generate(PROMPTS[1], max_new_tokens=12, eos_token_id=[])[0]
+    full = generate(mcore, PROMPTS[1], max_new_tokens=12, eos_token_id=[])[0]
     prefix = mcore.tokenizer.decode(full.token_ids[:4])
     stop = mcore.tokenizer.decode(full.token_ids[:6])[len(prefix) + 1:][:3]  # text inside tokens 5-6
     assert stop and stop not in prefix
     for handle in (mcore, hf):
-        [cut] = handle.generate(PROMPTS[1], max_new_tokens=12, eos_token_id=[], stop=["never there", stop])
+        [cut] = generate(handle, PROMPTS[1], max_new_tokens=12, eos_token_id=[], stop=["never there", stop])
         assert cut.stop_reason == "stop"
         assert cut.text == full.text[: full.text.index(stop)]
         assert full.token_ids[: len(cut.token_ids)] == cut.token_ids
@@ -176,11 +177,11 @@ def test_stop_strings_cut_the_text_and_stop_early(mcore, hf):
 
 
 def test_eos_ends_the_completion(mcore, hf):
-    full = mcore.generate(PROMPTS[0], max_new_tokens=10, eos_token_id=[])[0]
+    full = generate(mcore, PROMPTS[0], max_new_tokens=10, eos_token_id=[])[0]
     eos = full.token_ids[5]
     first = full.token_ids.index(eos)
     for handle in (mcore, hf):
-        [out] = handle.generate(PROMPTS[0], max_new_tokens=10, eos_token_id=eos)
+        [out] = generate(handle, PROMPTS[0], max_new_tokens=10, eos_token_id=eos)
         assert out.stop_reason == "eos"
         assert out.token_ids == full.token_ids[: first + 1]
         assert out.text == mcore.tokenizer.decode(full.token_ids[:first])
@@ -190,11 +191,11 @@ def test_eos_ends_the_completion(mcore, hf):
 
 def test_streamed_text_arrives_in_pieces_and_adds_up_to_the_completion(mcore):
     pieces = []
-    [out] = mcore.generate(PROMPTS[0], max_new_tokens=12, eos_token_id=[], on_text=lambda i, d: pieces.append(d))
+    [out] = generate(mcore, PROMPTS[0], max_new_tokens=12, eos_token_id=[], on_text=lambda i, d: pieces.append(d))
     assert len(pieces) > 3 and "".join(pieces) == out.text
     stop = out.text[len(out.text) // 2:][:2]
     pieces = []
-    [cut] = mcore.generate(PROMPTS[0], max_new_tokens=12, eos_token_id=[], stop=stop, on_text=lambda i, d: pieces.append(d))
+    [cut] = generate(mcore, PROMPTS[0], max_new_tokens=12, eos_token_id=[], stop=stop, on_text=lambda i, d: pieces.append(d))
     assert "".join(pieces) == cut.text and stop not in "".join(pieces)
 
 
@@ -220,7 +221,7 @@ def test_cli_jsonl_in_and_out(folder, mcore, tmp_path):
     assert main(["generate", "--model", str(folder), "--prompts", str(prompts), "--output", str(out),
                  "--max-new-tokens", "7", "--batch-size", "2"]) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    expected = mcore.generate([PROMPTS[0], PROMPTS[1], [1, 15043]], max_new_tokens=7)
+    expected = generate(mcore, [PROMPTS[0], PROMPTS[1], [1, 15043]], max_new_tokens=7)
     assert [r["token_ids"] for r in rows] == [e.token_ids for e in expected]
     assert [r["completion"] for r in rows] == [e.text for e in expected]
     assert [r["stop_reason"] for r in rows] == [e.stop_reason for e in expected]
@@ -231,7 +232,7 @@ def test_cli_jsonl_in_and_out(folder, mcore, tmp_path):
 def test_cli_prompt_is_streamed_to_stdout(folder, mcore, capsys):
     assert main(["generate", "--model", str(folder), "--prompt", PROMPTS[0], "--max-new-tokens", "9"]) == 0
     captured = capsys.readouterr()
-    expected = mcore.generate(PROMPTS[0], max_new_tokens=9)[0]
+    expected = generate(mcore, PROMPTS[0], max_new_tokens=9)[0]
     assert captured.out == expected.text + "\n"
     assert f"[{expected.stop_reason}: {len(expected.token_ids)} tokens]" in captured.err
 
@@ -247,7 +248,7 @@ def test_cli_chat_uses_the_chat_template_like_transformers(folder, mcore, tmp_pa
     [row] = [json.loads(line) for line in out.read_text().splitlines()]
     reference = AutoTokenizer.from_pretrained(folder).apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     reference = list(reference["input_ids"] if hasattr(reference, "keys") else reference)
-    [expected] = mcore.generate([reference], max_new_tokens=4)
+    [expected] = generate(mcore, [reference], max_new_tokens=4)
     assert row["prompt_tokens"] == len(reference) and row["token_ids"] == expected.token_ids
     assert row["messages"] == messages
 
@@ -267,7 +268,7 @@ def test_empty_prompt_names_the_line(folder, tmp_path, capsys):
     err = _fails(folder, tmp_path, [{"prompt": "ok"}, {"prompt": ""}], capsys=capsys)
     assert "bad.jsonl:2: the prompt is empty" in err
     with pytest.raises(GenerationError, match=r"prompt 1: the prompt is empty \(no tokens\)"):
-        pai_zoo.load("llama3-tiny").generate([[1, 2], []])
+        generate(pai_zoo.load("llama3-tiny"), [[1, 2], []])
 
 
 def test_malformed_json_names_file_and_line(folder, tmp_path, capsys):
@@ -284,9 +285,9 @@ def test_too_long_prompt_names_the_context_and_truncate_left_fits_it(folder, mco
     long_ids = list(range(100, 160))  # 60 tokens + 8 new > 64
     err = _fails(folder, tmp_path, [{"prompt": "short"}, {"prompt": long_ids}], "--max-new-tokens", "8", capsys=capsys)
     assert "bad.jsonl:2: 60 prompt tokens + max_new_tokens=8 exceed the model's context of 64 tokens" in err
-    [out] = mcore.generate([long_ids], max_new_tokens=8, truncate="left", eos_token_id=[])
+    [out] = generate(mcore, [long_ids], max_new_tokens=8, truncate="left", eos_token_id=[])
     assert out.prompt_ids == long_ids[4:] and out.truncated == 4 and len(out.token_ids) == 8
-    [direct] = mcore.generate([long_ids[4:]], max_new_tokens=8, eos_token_id=[])
+    [direct] = generate(mcore, [long_ids[4:]], max_new_tokens=8, eos_token_id=[])
     assert direct.token_ids == out.token_ids
 
 
@@ -301,8 +302,8 @@ def test_unknown_checkpoint_is_a_clear_error(tmp_path, capsys):
 def test_text_prompt_without_tokenizer_is_refused():
     handle = pai_zoo.load("llama")  # the family's name builds its tiny preset, without a tokenizer
     with pytest.raises(GenerationError, match="needs a tokenizer"):
-        handle.generate("hello")
-    [one] = handle.generate([1, 2, 3], max_new_tokens=3, eos_token_id=[])  # one prompt of ids
+        generate(handle, "hello")
+    [one] = generate(handle, [1, 2, 3], max_new_tokens=3, eos_token_id=[])  # one prompt of ids
     assert one.prompt_ids == [1, 2, 3] and len(one.token_ids) == 3 and one.text is None
 
 
@@ -323,6 +324,6 @@ def test_tensor_parallel_2_generates_the_same_tokens_as_one_process(folder, tmp_
     proc = subprocess.run(command, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    single = pai_zoo.load(ckpt).generate(PROMPTS, max_new_tokens=10)
+    single = generate(pai_zoo.load(ckpt), PROMPTS, max_new_tokens=10)
     assert [r["token_ids"] for r in rows] == [s.token_ids for s in single]
     assert len(rows) == 3 and all(len(r["token_ids"]) >= 1 for r in rows)

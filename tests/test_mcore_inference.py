@@ -10,9 +10,10 @@ from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinea
 from megatron.core.transformer.attention import SelfAttention
 from pai_zoo_conformance import checks
 
-from pai_zoo.generation import _decode_mask, _prefill_mask, left_pad
+from pai_zoo.generation import left_pad
+from pai_zoo.mcore.forward import decode_mask, prefill_mask
 from pai_zoo.mcore import inference
-from pai_zoo.mcore.build import default_layer_spec
+from pai_zoo.mcore.specs import default_layer_spec
 from pai_zoo.mcore.inference import (
     CachedSelfAttention,
     InferenceColumnParallelLinear,
@@ -54,14 +55,14 @@ def _run(model, prompts, continuation, context):
     positions = (keep.long().cumsum(-1) - 1).clamp(min=0)
     out = []
     with torch.inference_mode(), megatron_inference_mode():  # as pai_zoo.generation runs it
-        logits = model(ids, positions[:, :length], _prefill_mask(keep[:, :length]), inference_context=context,
+        logits = model(ids, positions[:, :length], prefill_mask(keep[:, :length]), inference_context=context,
                        runtime_gather_output=True)
         out.append(logits[:, -1])
         for step in range(STEPS):
             seen = length + step + 1
             context.sequence_len_offset = seen - 1
             context.enable_decode_mode()
-            logits = model(continuation[:, step:step + 1], positions[:, seen - 1:seen], _decode_mask(keep)[..., :seen],
+            logits = model(continuation[:, step:step + 1], positions[:, seen - 1:seen], decode_mask(keep)[..., :seen],
                            inference_context=context, runtime_gather_output=True)
             out.append(logits[:, -1])
     return torch.stack(out)
@@ -155,11 +156,11 @@ def test_kv_cache_refuses_to_write_past_its_end():
 def test_queries_on_left_padding_get_a_finite_attention_row():
     cache = KVCache(2, 4)
     keep = torch.tensor([[False, False, True, True], [True, True, True, True]])
-    mask = cache.sdpa_mask(_prefill_mask(keep), torch.float32)
+    mask = cache.sdpa_mask(prefill_mask(keep), torch.float32)
     assert torch.isfinite(mask[0, 0, 0]).all()  # the first query of row 0 sees only padding: unmasked
     assert mask[0, 0, 3, :2].eq(float("-inf")).all()  # real queries never see the padding
     assert mask[1, 0, 3].eq(0).all() and mask[1, 0, 0, 1:].eq(float("-inf")).all()  # causal
-    given = _prefill_mask(keep)
+    given = prefill_mask(keep)
     assert cache.sdpa_mask(given, torch.float32) is cache.sdpa_mask(given, torch.float32)  # once per forward
 
 

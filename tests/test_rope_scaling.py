@@ -8,9 +8,8 @@ import torch
 
 import pai_zoo
 from pai_zoo import ConfigTranslationError
-from pai_zoo.config_map import ROPE_SCALING
+from pai_zoo.config_map import ROPE_SCALING, attention_factor
 from pai_zoo.conversion import convert
-from pai_zoo.mcore.rope import attention_factor
 from pai_zoo.registry import get_registry
 from pai_zoo_conformance import checks
 

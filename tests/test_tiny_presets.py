@@ -17,6 +17,7 @@ from pai_zoo.cli import main as cli
 from pai_zoo.data.indexed import sidecar_path
 from pai_zoo.data.preprocess import output_prefix, preprocess
 from pai_zoo.errors import PaiZooWarning
+from pai_zoo.generation import generate
 from pai_zoo.registry import get_registry
 from pai_zoo.testing.tokenizers import SAMPLE_TEXT
 from pai_zoo.tokenizers.names import family_tokenizer, resolve_tokenizer
@@ -106,7 +107,7 @@ def test_published_names_are_not_silently_the_toy_tokenizer(home):
 def test_generate_decodes_a_tiny_presets_ids_past_its_toy_vocabulary(home):
     handle = pai_zoo.load("llama3-tiny")
     size = handle.tokenizer.vocab_size
-    [out] = handle.generate("Hello world", max_new_tokens=24, temperature=1.0, seed=0, eos_token_id=[])
+    [out] = generate(handle, "Hello world", max_new_tokens=24, temperature=1.0, seed=0, eos_token_id=[])
     assert any(i >= size for i in out.token_ids)  # the model's padding rows past the tokenizer were sampled
     assert out.text == handle.tokenizer.decode([i for i in out.token_ids if i < size])
 

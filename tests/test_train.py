@@ -197,7 +197,7 @@ def baseline(setup):
 def test_training_loss_is_the_hf_models_cross_entropy(setup):
     """Megatron's padded vocabulary (300 -> 384 rows) must not enter the softmax."""
     import pai_zoo
-    from pai_zoo.handle import causal_mask
+    from pai_zoo.mcore.forward import causal_mask
     from pai_zoo.mcore.build import mask_padded_vocab
 
     ids = torch.randint(0, 300, (2, 17), generator=torch.Generator().manual_seed(1))

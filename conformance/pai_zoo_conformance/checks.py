@@ -194,7 +194,7 @@ def check_forward_equivalence(case: Case, batch: int = 2, seq_len: int = 16, ato
     long-range position handling show). Returns max |delta|."""
     import torch
 
-    from pai_zoo.handle import mcore_forward
+    from pai_zoo.mcore.forward import mcore_forward
 
     vocab = case.mcore_config["vocab_size"]
     gen = torch.Generator().manual_seed(1234)
@@ -264,7 +264,7 @@ def check_training(case: Case, steps: int = 8, lr: float = 3e-3) -> tuple[float,
     fixed batch. Returns (first loss, last loss)."""
     import torch
 
-    from pai_zoo.handle import causal_mask
+    from pai_zoo.mcore.forward import causal_mask
     from pai_zoo.mcore.build import build_gpt_model
 
     model = build_gpt_model(case.family, case.mcore_config)

@@ -23,6 +23,8 @@ from __future__ import annotations
 import copy
 import math
 
+from .specs import default_layer_spec, layer_specs
+
 #: The ``position_embedding_type`` value in ``McoreConfig.arch`` that means ALiBi.
 ALIBI = "alibi"
 
@@ -126,8 +128,6 @@ def __getattr__(name):  # ALiBiDotProductAttention is built on first use, so imp
 def with_alibi(spec):
     """A copy of a layer ``ModuleSpec`` (or a ``TransformerBlockSubmodules`` of layer specs) whose
     self-attention uses :class:`ALiBiDotProductAttention` as its core attention."""
-    from .specs import layer_specs
-
     cls = __getattr__("ALiBiDotProductAttention")
     spec = copy.deepcopy(spec)
     for layer in layer_specs(spec):
@@ -140,6 +140,4 @@ def with_alibi(spec):
 
 def alibi_layer_spec(config):
     """megatron-core's local GPT layer spec (the config's normalization and qk-norm) with ALiBi."""
-    from .build import default_layer_spec
-
     return with_alibi(default_layer_spec(config))

@@ -14,6 +14,7 @@ from ..family import Family
 from .alibi import ALIBI, with_alibi
 from . import import_megatron, quiet_megatron
 from .rope import set_inverse_frequencies, softmax_scale
+from .specs import default_layer_spec
 
 import_megatron()
 
@@ -61,18 +62,6 @@ def transformer_config(config: McoreConfig, dtype: torch.dtype = torch.float32, 
     kwargs.update(overrides)
     with quiet_megatron():  # "full scope is deprecated" (cuda_graph_scope's default)
         return TransformerConfig(**kwargs)
-
-
-def default_layer_spec(config: McoreConfig):
-    """megatron-core's local GPT layer spec with the config's normalization and qk-norm."""
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # "Apex is not installed. Falling back to Torch Norm"
-        return get_gpt_layer_local_spec(
-            qk_layernorm=bool(config.get("qk_layernorm", False)),
-            normalization=config.get("normalization", "LayerNorm"),
-        )
 
 
 @contextlib.contextmanager

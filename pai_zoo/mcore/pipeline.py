@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import torch
 
+from .forward import causal_mask
+
 
 def forward_logits(model, input_ids, attention_mask=None, position_ids=None):
     """Logits ``[b, s, padded vocab]`` of a (possibly pipeline-split) ``GPTModel``, on every rank.
@@ -12,8 +14,6 @@ def forward_logits(model, input_ids, attention_mask=None, position_ids=None):
     must be built with ``parallel_output=False`` so that the logits are gathered.
     """
     from megatron.core import parallel_state as ps
-
-    from ..handle import causal_mask
 
     mask, positions = causal_mask(input_ids, attention_mask)
     positions = positions if position_ids is None else position_ids

@@ -27,10 +27,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..config_map import MCORE_LLAMA3_SCALING, ROPE_SCALING, McoreConfig
+from ..config_map import MCORE_LLAMA3_SCALING, ROPE_SCALING, McoreConfig, attention_factor
 
 __all__ = [
-    "attention_factor", "inverse_frequencies", "megatron_lm_rope_scaling", "set_inverse_frequencies", "softmax_scale",
+    "inverse_frequencies", "megatron_lm_rope_scaling", "set_inverse_frequencies", "softmax_scale",
 ]
 
 
@@ -38,23 +38,6 @@ def rotary_dim(config: McoreConfig) -> int:
     """The number of rotated channels per head, as megatron-core and transformers count them."""
     percent = config.get("rotary_percent", 1.0)
     return int(config.kv_channels * percent) if percent < 1.0 else config.kv_channels
-
-
-def attention_factor(scaling: dict[str, Any]) -> float:
-    """The factor transformers multiplies into cos and sin: YaRN's ``attention_factor``, given or
-    derived from ``factor``, ``mscale`` and ``mscale_all_dim`` (as ``_compute_yarn_parameters``); 1 otherwise."""
-    if scaling.get("rope_type", scaling.get("type")) != "yarn":
-        return 1.0
-    if scaling.get("attention_factor") is not None:
-        return float(scaling["attention_factor"])
-    factor, mscale, mscale_all_dim = scaling["factor"], scaling.get("mscale"), scaling.get("mscale_all_dim")
-
-    def get_mscale(scale, m=1):
-        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
-
-    if mscale and mscale_all_dim:
-        return float(get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim))
-    return get_mscale(factor)
 
 
 def inverse_frequencies(config: McoreConfig):

@@ -2,8 +2,22 @@
 from __future__ import annotations
 
 import functools
+import warnings
 
-__all__ = ["layer_specs", "submodules_of"]
+__all__ = ["default_layer_spec", "layer_specs", "submodules_of"]
+
+
+def default_layer_spec(config):
+    """megatron-core's local GPT layer spec with the config's normalization and qk-norm (``config``: an
+    :class:`~pai_zoo.config_map.McoreConfig` or a dict of its ``arch`` keys)."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "Apex is not installed. Falling back to Torch Norm"
+        return get_gpt_layer_local_spec(
+            qk_layernorm=bool(config.get("qk_layernorm", False)),
+            normalization=config.get("normalization", "LayerNorm"),
+        )
 
 
 def layer_specs(spec) -> list:

@@ -7,17 +7,16 @@ from collections.abc import Sequence
 import torch
 
 from ..errors import PaiZooError
+from ..handle import load
 from ..mcore.heads import attach_score_head, has_score_head
 
 
 def load_model(spec, tensor_parallel_size: int = 1, seed: int = 0, **overrides):
     """A :class:`~pai_zoo.handle.ModelHandle` (megatron-core backend) for a preset, HF folder or
     Megatron-Core checkpoint; an existing handle is returned as is."""
-    import pai_zoo
-
     if hasattr(spec, "model") and hasattr(spec, "mcore_config"):
         return spec
-    return pai_zoo.load(str(spec), backend="mcore", seed=seed, tensor_parallel_size=tensor_parallel_size, **overrides)
+    return load(str(spec), backend="mcore", seed=seed, tensor_parallel_size=tensor_parallel_size, **overrides)
 
 
 def value_model(spec, tensor_parallel_size: int = 1, seed: int = 0, init_std: float = 0.02):

@@ -42,7 +42,7 @@ def test_norm_head_ignores_the_scale_of_each_output_row_in_both_backends():
     (HF and megatron-core), while the stored weights round-trip un-normalised."""
     import torch
 
-    from pai_zoo.handle import mcore_forward
+    from pai_zoo.mcore.forward import mcore_forward
     from pai_zoo.weights import hf_model_to_mcore
 
     case = checks.build_case(BAICHUAN)  # baichuan-tiny: NormHead

@@ -43,7 +43,7 @@ def test_query_key_value_layout_is_megatrons_multi_head_layout():
 def test_embedding_layernorm_is_in_the_model_and_matters():
     import torch
 
-    from pai_zoo.handle import mcore_forward
+    from pai_zoo.mcore.forward import mcore_forward
 
     case = checks.build_case(BLOOM)
     names = set(case.mcore_model.state_dict())

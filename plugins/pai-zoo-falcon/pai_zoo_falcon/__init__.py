@@ -147,7 +147,7 @@ def weights(config) -> WeightMap:
 def layer_spec(config):
     """Parallel attention + MLP (one or two layer norms) or megatron's sequential local layer;
     with ALiBi, pai-zoo's ALiBi core attention scaled as Falcon scales it."""
-    from pai_zoo.mcore.build import default_layer_spec
+    from pai_zoo.mcore.specs import default_layer_spec
     from pai_zoo.mcore.parallel_layer import parallel_layer_spec
 
     norms = config[LAYERNORMS]

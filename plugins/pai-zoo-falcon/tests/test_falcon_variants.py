@@ -93,7 +93,7 @@ def test_odd_preset_model_adds_transformers_alibi_bias_per_head():
     import torch
     from transformers.models.falcon.modeling_falcon import build_alibi_tensor
 
-    from pai_zoo.handle import causal_mask
+    from pai_zoo.mcore.forward import causal_mask
 
     case = checks.build_case(FALCON, FALCON.odd)
     heads, head_dim = case.hf_config.num_attention_heads, case.hf_config.head_dim

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from pai_zoo import ConfigTranslationError, hf
-from pai_zoo.handle import mcore_forward
+from pai_zoo.mcore.forward import mcore_forward
 from pai_zoo.registry import get_registry
 from pai_zoo_conformance import checks
 

@@ -64,7 +64,7 @@ def weights(config) -> WeightMap:
 
 def layer_spec(config):
     """megatron-core's local spec; with the core's post-sublayer norms for Glm4."""
-    from pai_zoo.mcore.build import default_layer_spec
+    from pai_zoo.mcore.specs import default_layer_spec
 
     spec = default_layer_spec(config)
     if config.get(POST_NORMS):

@@ -36,7 +36,7 @@ def test_glm_tiny_generates_like_transformers():
 
 
 def test_glm4_layers_have_post_norms_and_they_matter():
-    from pai_zoo.handle import mcore_forward
+    from pai_zoo.mcore.forward import mcore_forward
 
     case = checks.build_case(GLM)
     assert type(case.hf_model).__name__ == "Glm4ForCausalLM" and case.mcore_config[POST_NORMS]

@@ -47,7 +47,7 @@ def test_sliding_window_is_not_ignored():
     """The window changes the logits (so the variant test above compares something)."""
     import torch
 
-    from pai_zoo.handle import mcore_forward
+    from pai_zoo.mcore.forward import mcore_forward
 
     family = REGISTRY.family("qwen2")
     windowed = checks.build_case(family, use_sliding_window=True, sliding_window=4, max_window_layers=0)

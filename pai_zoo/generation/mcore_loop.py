@@ -1,0 +1,103 @@
+"""The megatron-core decode loop: a left-padded batch, KV-cached, with explicit masks and positions (see
+:mod:`pai_zoo.generation`)."""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+
+from .params import GenerationError, SamplingParams
+from .prompts import left_pad
+from .sampling import choose_tokens
+from .stopping import Finisher
+
+
+def mcore_generate(model, prompts: Sequence[Sequence[int]], params: SamplingParams, finishers: Sequence[Finisher],
+                   vocab_size: int | None = None, use_cache: bool = True) -> None:
+    """Run a megatron-core ``GPTModel`` on a batch of prompts (lists of ids), feeding each
+    :class:`Finisher` its row's tokens until all are done. ``use_cache=False`` recomputes the
+    whole sequence for every token (slow; a reference for the cache). See the module docstring."""
+    import torch
+    from megatron.core import parallel_state as ps
+
+    from ..mcore.arena import pack_parameters
+    from ..mcore.forward import decode_mask, positions_of, prefill_mask
+    from ..mcore.inference import KVCache
+
+    if ps.model_parallel_is_initialized() and ps.get_pipeline_model_parallel_world_size() > 1:
+        raise GenerationError("generation with pipeline parallelism is not supported; load the model with pp=1")
+    if getattr(model.config, "window_size", None) is not None and len({len(p) for p in prompts}) > 1:
+        # megatron's sliding-window attention builds its own mask and would attend to padding:
+        # run prompts of equal length together instead.
+        for length in sorted({len(p) for p in prompts}):
+            rows = [i for i, p in enumerate(prompts) if len(p) == length]
+            mcore_generate(model, [prompts[i] for i in rows], params, [finishers[i] for i in rows], vocab_size, use_cache)
+        return
+    ids, keep = left_pad(prompts)
+    batch, length = ids.shape
+    vocab_size = vocab_size or model.vocab_size
+    total = length + params.max_new_tokens
+    context = KVCache(batch, total) if use_cache else None
+    generator = params.generator()
+    tp_group = ps.get_tensor_model_parallel_group() if ps.model_parallel_is_initialized() else None
+    tp_src = ps.get_tensor_model_parallel_src_rank() if tp_group is not None else 0
+    tp = ps.get_tensor_model_parallel_world_size() if tp_group is not None else 1
+    # the whole run's padding and positions, built once: step t uses the first length + t columns
+    keep = torch.cat([keep, torch.ones(batch, params.max_new_tokens, dtype=torch.bool)], dim=1)
+    positions = positions_of(keep)
+    hidden = decode_mask(keep)  # step t's mask: its first length + t + 1 columns
+    pack_parameters(model)  # weights in one arena: decoding streams them faster (pai_zoo.mcore.arena)
+    model_was_training = model.training
+    model.eval()
+    try:
+        with _inference_mode():
+            logits = model(ids, positions[:, :length], prefill_mask(keep[:, :length]), inference_context=context,
+                           runtime_gather_output=True)[:, -1, :vocab_size]
+            for step in range(params.max_new_tokens):
+                token = choose_tokens(logits.float(), params, generator)
+                if tp > 1:
+                    torch.distributed.broadcast(token, src=tp_src, group=tp_group)
+                done = [f.add(t) for f, t in zip(finishers, token.tolist())]
+                if all(done):
+                    break
+                seen = length + step + 1  # tokens in the sequence after this one
+                if use_cache:
+                    context.sequence_len_offset = seen - 1
+                    context.enable_decode_mode()
+                    out = model(token[:, None], positions[:, seen - 1:seen], hidden[..., :seen],
+                                inference_context=context, runtime_gather_output=True)
+                else:
+                    ids = torch.cat([ids, token[:, None]], dim=1)
+                    out = model(ids, positions[:, :seen], prefill_mask(keep[:, :seen]), runtime_gather_output=True)
+                logits = out[:, -1, :vocab_size]
+    finally:
+        model.train(model_was_training)
+
+
+
+@contextlib.contextmanager
+def _inference_mode():
+    """``torch.inference_mode()`` for a generation run (less autograd bookkeeping per op), then
+    drop the inference tensors megatron-core keeps between calls -- its global memory buffer and
+    the RoPE frequencies ``RotaryEmbedding.forward`` caches -- so a later training step (RL
+    trains the model that generated) never receives one (autograd refuses inference tensors)."""
+    import torch
+    from megatron.core import parallel_state as ps
+    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+
+    from ..mcore.inference import megatron_inference_mode
+
+    buffers = ps.get_global_memory_buffer().buffer if ps._GLOBAL_MEMORY_BUFFER is not None else {}
+    before = dict(buffers)
+    try:
+        with torch.inference_mode(), megatron_inference_mode():
+            yield
+    finally:
+        for key, tensor in list(buffers.items()):
+            if isinstance(tensor, torch.Tensor) and tensor.is_inference():
+                if key in before:
+                    buffers[key] = before[key]
+                else:
+                    del buffers[key]
+        cache_clear = getattr(RotaryEmbedding.forward, "cache_clear", None)
+        if cache_clear is not None:
+            cache_clear()

@@ -1,0 +1,184 @@
+"""The core's one-way layers (docs/architecture.md, "Layers").
+
+Every module of ``pai_zoo/`` is read with :mod:`ast`; imports inside functions count, ``if TYPE_CHECKING:`` blocks
+do not. A module may import only from its own layer or below, and pai-zoo's modules must not import each other in a
+cycle (neither across layers nor within one).
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "pai_zoo"
+
+# Layers, bottom (0) to top (5). A module's layer is that of the longest name here that it equals or lies under.
+LAYERS = {
+    0: ("errors", "config_map", "mapping", "layouts", "family", "hookspecs", "registry", "defaults"),
+    1: ("util", "background", "progress"),
+    2: ("tokenizer", "tokenizers", "tokenizer_names", "hf", "hf_reference", "weights", "checkpoint", "mcore",
+        "conformance_record", "testing"),
+    3: ("handle", "conversion", "run_checkpoint"),
+    4: ("data", "generation", "training", "rl"),
+    5: ("cli", "demo"),
+}
+PACKAGE_LAYER = 5  # ``pai_zoo/__init__.py`` re-exports the API (``load``, ``convert``) on top of everything
+LAYER_NAMES = {0: "L0 spec & registry", 1: "L1 utilities", 2: "L2 backends", 3: "L3 API", 4: "L4 workflows",
+               5: "L5 cli"}
+
+
+def _modules() -> dict[str, Path]:
+    mods = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        mods[".".join(parts)] = path
+    return mods
+
+
+def layer_of(module: str) -> int:
+    """The layer of ``module`` (``pai_zoo.x.y``); fails on a module the table does not place."""
+    if module == "pai_zoo":
+        return PACKAGE_LAYER
+    rest = module.split(".")[1:]
+    for n in range(len(rest), 0, -1):
+        prefix = ".".join(rest[:n])
+        for layer, names in LAYERS.items():
+            if prefix in names:
+                return layer
+    raise AssertionError(f"{module} is in no layer: add it to LAYERS in {__file__}")
+
+
+def _targets(module: str, node: ast.Import | ast.ImportFrom, is_package: bool) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    base = node.module or ""
+    if node.level:
+        parts = module.split(".")
+        if not is_package:
+            parts = parts[:-1]
+        parts = parts[: len(parts) - (node.level - 1)]
+        base = ".".join(parts + ([base] if base else []))
+    return [f"{base}.{a.name}" for a in node.names]  # a name that is no module resolves to ``base`` below
+
+
+def import_graph(mods: dict[str, Path]) -> dict[str, dict[str, int]]:
+    """``{module: {imported pai_zoo module: line}}``, counting function-level imports, not TYPE_CHECKING ones."""
+    graph = {}
+    for name, path in mods.items():
+        deps: dict[str, int] = {}
+        is_package = path.name == "__init__.py"
+
+        class Visitor(ast.NodeVisitor):
+            def visit_If(self, node):
+                if "TYPE_CHECKING" in ast.unparse(node.test):
+                    for child in node.orelse:
+                        self.visit(child)
+                    return
+                self.generic_visit(node)
+
+            def _import(self, node):
+                for target in _targets(name, node, is_package):
+                    if target.split(".")[0] != "pai_zoo":
+                        continue
+                    while target and target not in mods:  # ``from pai_zoo.x import name``: the module pai_zoo.x
+                        target = target.rpartition(".")[0]
+                    if target and target != name:
+                        deps.setdefault(target, node.lineno)
+
+            visit_Import = visit_ImportFrom = _import
+
+        Visitor().visit(ast.parse(path.read_text(), str(path)))
+        graph[name] = deps
+    return graph
+
+
+def cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on_stack, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def upward_imports(graph: dict[str, dict[str, int]], mods: dict[str, Path]) -> list[str]:
+    out = []
+    for importer, deps in sorted(graph.items()):
+        for imported, line in sorted(deps.items()):
+            if layer_of(imported) > layer_of(importer):
+                where = f"{mods[importer].relative_to(PACKAGE.parent)}:{line}"
+                out.append(f"{importer} ({LAYER_NAMES[layer_of(importer)]}) -> {imported} "
+                           f"({LAYER_NAMES[layer_of(imported)]}) at {where}")
+    return out
+
+
+@pytest.fixture(scope="module")
+def graph():
+    mods = _modules()
+    return mods, import_graph(mods)
+
+
+def test_every_module_has_a_layer(graph):
+    mods, _ = graph
+    for name in mods:
+        layer_of(name)
+
+
+def test_no_import_cycle(graph):
+    _, g = graph
+    found = cycles(g)
+    assert not found, "import cycles among pai_zoo's modules:\n" + "\n".join("  " + " <-> ".join(c) for c in found)
+
+
+def test_no_import_from_a_higher_layer(graph):
+    mods, g = graph
+    found = upward_imports(g, mods)
+    assert not found, "imports from a higher layer (importer -> imported):\n" + "\n".join("  " + f for f in found)
+
+
+# -- the checker itself can fail ---------------------------------------------------------------------------------
+def test_checker_finds_a_cycle_and_an_upward_import():
+    graph = {"pai_zoo.registry": {"pai_zoo.defaults": 1}, "pai_zoo.defaults": {"pai_zoo.rl.ppo": 2},
+             "pai_zoo.rl.ppo": {"pai_zoo.registry": 3}, "pai_zoo.errors": {}}
+    assert cycles(graph) == [["pai_zoo.defaults", "pai_zoo.registry", "pai_zoo.rl.ppo"]]
+    mods = {name: PACKAGE / "x.py" for name in graph}
+    assert upward_imports(graph, mods) == [
+        "pai_zoo.defaults (L0 spec & registry) -> pai_zoo.rl.ppo (L4 workflows) at pai_zoo/x.py:2"]
+
+
+def test_function_level_imports_count_and_type_checking_ones_do_not(tmp_path):
+    pkg = tmp_path / "pai_zoo"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "errors.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .handle import x\n"
+                                   "def f():\n    from . import cli\n")
+    (pkg / "handle.py").write_text("")
+    (pkg / "cli.py").write_text("")
+    mods = {"pai_zoo": pkg / "__init__.py", "pai_zoo.errors": pkg / "errors.py", "pai_zoo.handle": pkg / "handle.py",
+            "pai_zoo.cli": pkg / "cli.py"}
+    assert import_graph(mods)["pai_zoo.errors"] == {"pai_zoo.cli": 5}
