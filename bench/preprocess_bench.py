@@ -8,8 +8,9 @@ worker count, measures in the same run:
 * ``preprocess`` (reading, tokenizing, writing ``.bin``/``.idx``) with that many workers,
 
 and prints tokens/s for both and their ratio (issue #4 target: at least 0.8 with 2 workers,
-and linear scaling in workers up to the cores). The tokenizer is the Llama family's bundled
-Llama-2 SentencePiece model (32,000 pieces). Run: ``python bench/preprocess_bench.py``.
+and linear scaling in workers up to the cores). The tokenizer is the Llama plugin's bundled
+Mistral-7B-v0.1 SentencePiece model (``--tokenizer mistral-7b``, 32,000 pieces). Run:
+``python bench/preprocess_bench.py``.
 """
 from __future__ import annotations
 
@@ -70,7 +71,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--megabytes", type=int, default=60)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--tokenizer", default="llama", help="family, preset, folder or file")
+    parser.add_argument("--tokenizer", default="mistral-7b", help="preset, folder or file")
     args = parser.parse_args()
 
     from pai_zoo.data.preprocess import preprocess, resolve_tokenizer

@@ -85,10 +85,13 @@ class Family:
             ``folder`` (files a real checkpoint would carry, a vocabulary of a few hundred tokens), for
             the conformance suite and as the tokenizer of the :attr:`test_presets`: its ids must all be
             below their ``vocab_size``.
-        published_tokenizer: ``(folder) -> None`` writes a real tokenizer of the family's published
-            checkpoints that the plugin ships, the tokenizer of the family's name and published presets
-            (``--tokenizer llama``); ``None`` when it ships none (those names then fall back to the toy
-            ``test_tokenizer``, with a :class:`~pai_zoo.errors.PaiZooWarning`).
+        published_tokenizer: ``(folder) -> None`` writes a real tokenizer of published checkpoints that the
+            plugin may ship under its licence (the same files, checked against transformers in a test), or
+            ``None``. It is the tokenizer of the presets in :attr:`published_tokenizer_presets`, and of the
+            family's name when those are all its published presets. Other published names get none: pai-zoo
+            refuses them (pass the checkpoint's folder), never falling back to the toy ``test_tokenizer``.
+        published_tokenizer_presets: the published presets whose checkpoints carry exactly
+            :attr:`published_tokenizer` (its ids must fit their ``vocab_size``).
         mcore_versions: PEP 440 specifier of the megatron-core versions the family supports
             (``">=0.16.1"``); building its model under another version is an error.
         backends: the layer-spec backends its layers work with: ``"local"`` (megatron-core's
@@ -111,6 +114,7 @@ class Family:
     hf_config_class: Callable[[str], Any] | None = None
     test_tokenizer: Callable[[Any], None] | None = None
     published_tokenizer: Callable[[Any], None] | None = None
+    published_tokenizer_presets: tuple[str, ...] = ()
     description: str = ""
     mcore_versions: str = ">=0.16.1"
     backends: tuple[str, ...] = ("local",)
@@ -121,6 +125,12 @@ class Family:
             raise PluginError(f"family {self.name!r}: tiny preset {self.tiny!r} is not among its presets {sorted(self.presets)}")
         if self.odd is not None and self.odd not in self.presets:
             raise PluginError(f"family {self.name!r}: odd preset {self.odd!r} is not among its presets {sorted(self.presets)}")
+        wrong = [p for p in self.published_tokenizer_presets if p not in self.presets or self.is_test_preset(p)]
+        if wrong:
+            raise PluginError(f"family {self.name!r}: published_tokenizer_presets {wrong} are not published presets "
+                              "of the family (test presets get test_tokenizer)")
+        if self.published_tokenizer_presets and self.published_tokenizer is None:
+            raise PluginError(f"family {self.name!r}: published_tokenizer_presets without a published_tokenizer")
         for preset, cfg in self.presets.items():
             if "model_type" not in cfg:
                 raise PluginError(f"family {self.name!r}: preset {preset!r} has no 'model_type'")

@@ -173,7 +173,7 @@ def test_interrupted_run_leaves_no_dataset(tmp_path, bpe, monkeypatch):
 
 
 def test_missing_inputs_are_errors(tmp_path, bpe):
-    with pytest.raises(PaiZooError, match="no such file or folder: .*nope.jsonl"):
+    with pytest.raises(PaiZooError, match="nope.jsonl: no such file"):
         preprocess([tmp_path / "nope.jsonl"], tmp_path / "out", bpe)
     with pytest.raises(PaiZooError, match="no file matches"):
         preprocess([str(tmp_path / "*.jsonl")], tmp_path / "out", bpe)
@@ -214,14 +214,16 @@ def test_family_tokenizer_and_cli(tmp_path, monkeypatch):
     src = write_jsonl(tmp_path / "in.jsonl", ["Hello world", "你好，世界 🙂", "The end."])
     env = {**__import__("os").environ, "HOME": str(tmp_path / "home")}
     proc = subprocess.run([PAI_ZOO, "preprocess", "--input", str(src), "--output-prefix", str(tmp_path / "ds"),
-                           "--tokenizer", "llama", "--append-eod", "--workers", "2"], capture_output=True, text=True, env=env)
+                           "--tokenizer", "mistral-7b", "--append-eod", "--workers", "2"],
+                          capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr
     assert "3 documents" in proc.stdout and "ds_text_document" in proc.stdout
     prefix = output_prefix(tmp_path / "ds", "text")
     got, _ = megatron_read(prefix)
-    llama = load_tokenizer(tmp_path / "home" / ".cache" / "pai-zoo" / "tokenizers" / "llama")
+    [written] = (tmp_path / "home" / ".cache" / "pai-zoo" / "tokenizers").glob("llama-*")  # the bundled one
+    llama = load_tokenizer(written)
     assert got[1] == llama.encode("你好，世界 🙂") + [llama.eod_id] and got[1][0] == llama.bos_id
-    proc = subprocess.run([PAI_ZOO, "dataset", "inspect", prefix, "--document", "1", "--tokenizer", "llama"],
+    proc = subprocess.run([PAI_ZOO, "dataset", "inspect", prefix, "--document", "1", "--tokenizer", "mistral-7b"],
                           capture_output=True, text=True, env=env)
     assert proc.returncode == 0 and "你好，世界 🙂" in proc.stdout and "documents:" in proc.stdout, proc.stderr
     proc = subprocess.run([PAI_ZOO, "dataset", "merge", prefix, prefix, "--output-prefix", str(tmp_path / "merged")],
@@ -231,6 +233,12 @@ def test_family_tokenizer_and_cli(tmp_path, monkeypatch):
     assert merged == got + got
     proc = subprocess.run([PAI_ZOO, "dataset", "inspect", prefix, "--document", "9"], capture_output=True, text=True, env=env)
     assert proc.returncode == 1 and "document 9 is out of range" in proc.stderr
+    proc = subprocess.run([PAI_ZOO, "preprocess", "--input", str(src), "--output-prefix", str(tmp_path / "qwen"),
+                           "--tokenizer", "qwen2"], capture_output=True, text=True, env=env)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "--tokenizer qwen2: family 'qwen2' bundles no published tokenizer; pass the checkpoint's folder" \
+        in proc.stderr
+    assert not list(tmp_path.glob("qwen*"))  # nothing written, no toy tokenizer used
 
 
 SFT_RECORDS = [

@@ -16,11 +16,10 @@ import pai_zoo
 from pai_zoo.cli import main as cli
 from pai_zoo.data.indexed import sidecar_path
 from pai_zoo.data.preprocess import output_prefix, preprocess
-from pai_zoo.errors import PaiZooWarning
 from pai_zoo.generation import generate
 from pai_zoo.registry import get_registry
 from pai_zoo.testing.tokenizers import SAMPLE_TEXT
-from pai_zoo.tokenizers.names import family_tokenizer, resolve_tokenizer
+from pai_zoo.tokenizers.names import NoBundledTokenizerError, family_tokenizer, resolve_tokenizer
 
 TEXTS = ["Hello world, the quick brown fox.", "def forward(self, x):\n    return x + 12345", "你好，世界 🙂"]
 
@@ -93,15 +92,16 @@ def test_load_of_a_tiny_preset_carries_the_same_tokenizer_as_preprocess(home, co
     assert pai_zoo.load("llama").tokenizer is None  # a family name is not a test preset
 
 
-def test_published_names_are_not_silently_the_toy_tokenizer(home):
+def test_published_names_are_never_the_toy_tokenizer(home):
+    # the real published tokenizer where the plugin bundles one for the preset, else a refusal (no toy, no warning)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        llama = resolve_tokenizer("llama").load()  # the Llama plugin ships a real one: no warning
-        assert resolve_tokenizer("llama3-8b") == resolve_tokenizer("llama")
-    assert llama.vocab_size == 32000
-    with pytest.warns(PaiZooWarning, match="--tokenizer qwen2: the qwen2 plugin ships no real tokenizer"):
-        qwen2 = resolve_tokenizer("qwen2")
-    assert qwen2 == resolve_tokenizer("qwen2-tiny")  # the toy, as before, but said
+        assert resolve_tokenizer("mistral-7b").load().vocab_size == 32000
+        for name in ("qwen2", "llama3-8b", "llama"):
+            with pytest.raises(NoBundledTokenizerError, match=f"--tokenizer {name}: .*bundles no published tokenizer"):
+                resolve_tokenizer(name)
+    qwen2 = get_registry().family("qwen2")
+    assert resolve_tokenizer("qwen2-tiny").load().vocab_size <= model_vocab(qwen2, "qwen2-tiny")  # its toy still
 
 
 def test_generate_decodes_a_tiny_presets_ids_past_its_toy_vocabulary(home):
@@ -137,7 +137,7 @@ def test_rl_reward_on_a_tiny_preset_uses_the_tokenizer_preprocess_used(home, tmp
 # -- the sidecar and merge -------------------------------------------------------------------------
 def test_preprocess_writes_a_sidecar_that_merge_keeps_correct(home, corpus, tmp_path):
     preprocess([corpus], tmp_path / "small", "llama3-tiny", progress=False)
-    preprocess([corpus], tmp_path / "big", "llama", progress=False)
+    preprocess([corpus], tmp_path / "big", "mistral-7b", progress=False)
     small, big = output_prefix(tmp_path / "small", "text"), output_prefix(tmp_path / "big", "text")
     record = json.loads(Path(sidecar_path(small)).read_text())
     assert record["max_token_id"] == int(bin_ids(small).max()) and record["tokenizer"]["name"] == "llama3-tiny"
@@ -173,7 +173,7 @@ def train_cli(data, save, *extra):
 
 
 def test_train_refuses_data_from_a_bigger_tokenizer_with_or_without_the_sidecar(home, corpus, tmp_path, capsys):
-    preprocess([corpus], tmp_path / "big", "llama", append_eod=True, progress=False)
+    preprocess([corpus], tmp_path / "big", "mistral-7b", append_eod=True, progress=False)
     prefix = output_prefix(tmp_path / "big", "text")
     largest = int(bin_ids(prefix).max())
     assert largest >= 1000
@@ -185,13 +185,13 @@ def test_train_refuses_data_from_a_bigger_tokenizer_with_or_without_the_sidecar(
         assert code == 1 and err.startswith("pai-zoo: error: ") and err.count("\n") == 1, err
         assert f"--data {prefix}:" in err and f"largest id {largest}," in err and "vocabulary size 1000" in err, err
         assert "different tokenizer" in err and "Traceback" not in err
-        assert ("--tokenizer llama," in err) == sidecar  # the sidecar names the tokenizer the data was made with
+        assert ("--tokenizer mistral-7b," in err) == sidecar  # the sidecar names the tokenizer the data was made with
         assert not (tmp_path / "out").exists()  # nothing trained or written
     sft = tmp_path / "sft.jsonl"
     sft.write_text(json.dumps({"instruction": "Say hello", "output": "Hello world " * 20}) + "\n")
     from pai_zoo.data.preprocess import preprocess_sft
 
-    preprocess_sft([sft], tmp_path / "sft", "llama", seq_length=64, progress=False)
+    preprocess_sft([sft], tmp_path / "sft", "mistral-7b", seq_length=64, progress=False)
     code = cli(train_cli(tmp_path / "sft", tmp_path / "out", "--sft"))
     err = capsys.readouterr().err
     assert code == 1 and f"--data {tmp_path / 'sft'}_text_document:" in err and "vocabulary size 1000" in err, err

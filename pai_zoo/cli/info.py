@@ -1,6 +1,7 @@
 """``pai-zoo info NAME``: a family's presets, config translation, weight table and recorded conformance."""
 from __future__ import annotations
 
+from ..tokenizers.names import describe_tokenizer
 from ._common import add_command, family_or_preset, registry
 
 
@@ -26,6 +27,7 @@ def run(args) -> int:
     print(f"architectures: {', '.join(family.hf_architectures)}")
     print(f"model types:   {', '.join(family.model_types)}")
     print(f"tiny preset:   {family.tiny}")
+    print(f"tokenizer:     {describe_tokenizer(family, args.name)}")
     print(f"megatron-core: {family.mcore_versions}")
     print(f"backends:      {', '.join(family.backends)}")
     print("presets:")

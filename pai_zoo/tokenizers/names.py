@@ -5,8 +5,11 @@
   ``pai_zoo_tokenizer`` hook of the family its ``config.json`` names;
 * a test preset (``llama3-tiny``, see :attr:`pai_zoo.Family.test_presets`): the family's toy
   ``test_tokenizer``, whose ids all lie below the preset's ``vocab_size``;
-* a family name or a published preset (``llama``, ``llama3-8b``): the family's ``published_tokenizer``; a family
-  that ships none falls back to its toy tokenizer with a :class:`~pai_zoo.errors.PaiZooWarning`.
+* a published preset (``mistral-7b``): the family's real ``published_tokenizer`` when the plugin lists the preset
+  in ``published_tokenizer_presets`` and the tokenizer fits its ``vocab_size``; a family name (``qwen2``) means it
+  only when it is the tokenizer of every published preset. Anything else is refused
+  (:class:`NoBundledTokenizerError`: pass the checkpoint's folder): a toy tokenizer is never given for a published
+  model.
 
 Bundled tokenizers are written once under pai-zoo's cache folder (``$PAI_ZOO_CACHE``, default
 ``~/.cache/pai-zoo``; :func:`pai_zoo.conformance_record.cache_dir`) and read from there. This module imports no
@@ -17,13 +20,13 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-import warnings
 from pathlib import Path
 from typing import NamedTuple
 
-from ..errors import PaiZooError, PaiZooWarning
+from ..errors import PaiZooError
 
-__all__ = ["TokenizerRef", "resolve_tokenizer", "model_tokenizer", "bundled_tokenizer_folder", "family_tokenizer"]
+__all__ = ["NoBundledTokenizerError", "TokenizerRef", "bundled_tokenizer_folder", "describe_tokenizer",
+           "family_tokenizer", "model_tokenizer", "resolve_tokenizer"]
 
 # pai_zoo.mcore.dist_ckpt's names (not imported here: that module imports torch).
 _MCORE_TRACKER = "latest_checkpointed_iteration.txt"
@@ -134,9 +137,60 @@ def _path_ref(path: Path) -> TokenizerRef:
     return TokenizerRef(str(path), family)
 
 
+class NoBundledTokenizerError(PaiZooError):
+    """A family name or published preset whose plugin ships no real tokenizer that fits it."""
+
+
+def _published_presets(family) -> list[str]:
+    return [p for p in family.presets if not family.is_test_preset(p)]
+
+
+def _bundled_for(family, name: str) -> bool:
+    """Whether ``family``'s :attr:`~pai_zoo.Family.published_tokenizer` is the tokenizer of ``name``: a preset it
+    lists in ``published_tokenizer_presets``, or the family's name when it lists every published preset."""
+    if family.published_tokenizer is None:
+        return False
+    listed = {p.lower() for p in family.published_tokenizer_presets}
+    if name.lower() in {p.lower() for p in family.presets}:
+        return name.lower() in listed
+    return all(p.lower() in listed for p in _published_presets(family))
+
+
+def _example(family, name: str) -> str:
+    """A checkpoint folder name for the hint: the preset asked for, else the family's first published preset."""
+    if name.lower() in {p.lower() for p in family.presets}:
+        return name
+    return next(iter(_published_presets(family)), family.name)
+
+
+def _refusal(family, name: str) -> NoBundledTokenizerError:
+    example = _example(family, name)
+    is_preset = name.lower() in {p.lower() for p in family.presets}
+    where = f"preset {name!r} of family {family.name!r}" if is_preset else f"family {family.name!r}"
+    listed = list(family.published_tokenizer_presets) if family.published_tokenizer is not None else []
+    others = f" (it bundles one for {', '.join(listed)})" if listed else ""
+    return NoBundledTokenizerError(
+        f"--tokenizer {name}: {where} bundles no published tokenizer{others}; pass the checkpoint's folder "
+        f"(--tokenizer /path/to/{example}) or a tokenizer.json")
+
+
+def _published_ref(family, name: str) -> TokenizerRef:
+    """The bundled published tokenizer of ``name``, checked to fit the preset's vocabulary."""
+    ref = TokenizerRef(str(bundled_tokenizer_folder(family, "published")), family.name)
+    vocab = family.presets[name].get("vocab_size") if name in family.presets else None
+    if vocab is not None:
+        size = ref.load().vocab_size
+        if size > vocab:
+            raise NoBundledTokenizerError(
+                f"--tokenizer {name}: the {family.name} plugin's published tokenizer has {size} tokens, more than "
+                f"the preset's vocab_size {vocab}; pass the checkpoint's folder or a tokenizer.json")
+    return ref
+
+
 def resolve_tokenizer(spec) -> TokenizerRef:
-    """The tokenizer ``spec`` names: a checkpoint folder, a tokenizer file, a test preset, a family or a
-    published preset (see the module docstring). Unknown names raise :class:`PaiZooError`."""
+    """The tokenizer ``spec`` names: a checkpoint folder, a tokenizer file, a test preset (its toy test
+    tokenizer), or a family or published preset (its real published tokenizer where the plugin bundles one,
+    else :class:`NoBundledTokenizerError`). Unknown names raise :class:`PaiZooError`."""
     from ..registry import get_registry
 
     path = Path(str(spec)).expanduser()
@@ -155,20 +209,38 @@ def resolve_tokenizer(spec) -> TokenizerRef:
             raise PaiZooError(f"--tokenizer {name}: family {family.name!r} has no test tokenizer "
                               "(Family.test_tokenizer); pass a folder or file")
         return TokenizerRef(str(bundled_tokenizer_folder(family, "test")), family.name)
-    if family.published_tokenizer is not None:
-        return TokenizerRef(str(bundled_tokenizer_folder(family, "published")), family.name)
-    if family.test_tokenizer is None:
-        raise PaiZooError(f"--tokenizer {name}: family {family.name!r} bundles no tokenizer; pass a folder or file")
-    warnings.warn(f"--tokenizer {name}: the {family.name} plugin ships no real tokenizer, so this is its toy test "
-                  f"tokenizer, not the one of published {family.name} checkpoints; pass a checkpoint folder or a "
-                  "tokenizer file for real data", PaiZooWarning, stacklevel=2)
-    return TokenizerRef(str(bundled_tokenizer_folder(family, "test")), family.name)
+    if not _bundled_for(family, name):
+        raise _refusal(family, name)
+    return _published_ref(family, _preset_key(family, name))
+
+
+def _preset_key(family, name: str) -> str:
+    """``name`` as the family spells its preset (presets are matched case-insensitively), else ``name``."""
+    return next((p for p in family.presets if p.lower() == name.lower()), name)
+
+
+def describe_tokenizer(family, name: str | None = None) -> str:
+    """What ``--tokenizer NAME`` gives (``name`` a preset of ``family``, default the family name), in words for
+    ``pai-zoo info``: a test vocabulary, a bundled published tokenizer, or none bundled."""
+    name = name or family.name
+    if family.is_test_preset(name):
+        if family.test_tokenizer is None:
+            return "none (the plugin has no test tokenizer)"
+        size = TokenizerRef(str(bundled_tokenizer_folder(family, "test")), family.name).load().vocab_size
+        return f"test vocabulary ({size} pieces), not a published model's"
+    if _bundled_for(family, name):
+        size = TokenizerRef(str(bundled_tokenizer_folder(family, "published")), family.name).load().vocab_size
+        return f"published tokenizer, bundled by the plugin ({size} pieces)"
+    example = _example(family, name)
+    listed = f" (bundled for {', '.join(family.published_tokenizer_presets)})" \
+        if family.published_tokenizer is not None and family.published_tokenizer_presets else ""
+    return f"none bundled{listed}: pass a checkpoint folder (--tokenizer /path/to/{example})"
 
 
 def model_tokenizer(source, vocab_size: int | None = None):
     """The tokenizer that belongs with a model (a :class:`pai_zoo.handle.Source`), or None: a checkpoint's own
-    files, or a test preset's test tokenizer when its ids fit ``vocab_size`` (the model's, overrides
-    included). Family names and published presets have none."""
+    files, a test preset's test tokenizer, or a published preset's bundled published tokenizer, when its ids fit
+    ``vocab_size`` (the model's, overrides included). Family names and other presets have none."""
     if source.path is not None:
         folder = Path(source.path) / _HF_DIR if source.kind == "mcore" else Path(source.path)
         try:
@@ -176,9 +248,19 @@ def model_tokenizer(source, vocab_size: int | None = None):
         except FileNotFoundError:
             return None
     preset = getattr(source, "preset", None)
-    if not preset or not source.family.is_test_preset(preset) or source.family.test_tokenizer is None:
+    family = source.family
+    if not preset:
         return None
-    tokenizer = TokenizerRef(str(bundled_tokenizer_folder(source.family, "test")), source.family.name).load()
+    if family.is_test_preset(preset):
+        if family.test_tokenizer is None:
+            return None
+        kind = "test"
+    elif family.published_tokenizer is not None and preset.lower() in {
+            p.lower() for p in family.published_tokenizer_presets}:
+        kind = "published"
+    else:
+        return None
+    tokenizer = TokenizerRef(str(bundled_tokenizer_folder(family, kind)), family.name).load()
     if vocab_size is not None and tokenizer.vocab_size > vocab_size:
         return None  # a vocab_size override left no room for it
     return tokenizer

@@ -53,7 +53,9 @@ def _write_toy_tokenizer(folder) -> None:
     write_toy_tokenizer(folder)
 
 
-def _write_llama2_tokenizer(folder) -> None:
+def _write_mistral_tokenizer(folder) -> None:
+    # Mistral-7B-v0.1's own tokenizer.model (from mistral-common): the tokenizer of the mistral-7b preset only.
+    # Llama-2's 32000 pieces are other pieces, Llama-3's are 128256 tiktoken ranks: none bundled for those.
     from .tokenizer_files import write_test_tokenizer
 
     write_test_tokenizer(folder)
@@ -70,7 +72,8 @@ LLAMA = Family(
     config_map=CONFIG,
     weight_map=weights,
     test_tokenizer=_write_toy_tokenizer,
-    published_tokenizer=_write_llama2_tokenizer,
+    published_tokenizer=_write_mistral_tokenizer,
+    published_tokenizer_presets=("mistral-7b",),
     description="Llama 1/2/3.x and Mistral",
 )
 

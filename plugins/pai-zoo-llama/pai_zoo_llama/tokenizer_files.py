@@ -3,7 +3,8 @@
 ``write_test_tokenizer`` writes a real one: Mistral-7B-v0.1's ``tokenizer.model``, shipped inside the PyPI package
 ``mistral-common`` as ``mistral_common/data/tokenizer.model.v1``: a 32000-piece BPE model built like Llama-2's
 (``<unk>``/``<s>``/``</s>`` = 0/1/2, 256 byte-fallback pieces, identity normalization, dummy prefix, whitespace-only
-pieces ``"▁▁"``... scored -1e9). It is the family's ``published_tokenizer``.
+pieces ``"▁▁"``... scored -1e9). It is the family's ``published_tokenizer``, for the ``mistral-7b`` preset only
+(Llama-2's own 32000 pieces are different ones).
 
 ``write_toy_tokenizer`` trains a few-hundred-piece SentencePiece BPE of the same make (same special ids, byte
 fallback, whitespace-only pieces, the same ``tokenizer_config.json``): the family's ``test_tokenizer``, whose
