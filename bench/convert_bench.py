@@ -156,7 +156,10 @@ def main() -> None:
             runs["hf"].append(run_conversion(work / "mcore", work / "hf-back", "hf"))
         copy, user_copy = statistics.median(copies), statistics.median(user_copies)
         print(f"plain copy:    {copy:6.2f} s  {size / copy / 1e9:5.2f} GB/s  (shutil.copyfile; runs: {_fmt(copies)} s)")
-        print(f"user copy:     {user_copy:6.2f} s  {size / user_copy / 1e9:5.2f} GB/s  (read + write; runs: {_fmt(user_copies)} s)")
+        print(
+            f"user copy:     {user_copy:6.2f} s  {size / user_copy / 1e9:5.2f} GB/s  "
+            f"(read + write; runs: {_fmt(user_copies)} s)"
+        )
         results = {}
         for to, rs in runs.items():
             seconds = statistics.median(r["seconds"] for r in rs)

@@ -80,9 +80,12 @@ def main(argv=None) -> int:
         results[batch] = rate["mcore"] / rate["hf"]
         best = min(walls["hf"]) / min(walls["mcore"])
         cpu = statistics.median(cpus["hf"]) / statistics.median(cpus["mcore"])
-        print(f"batch {batch} (prompts of {min(lengths)}-{max(lengths)} tokens): megatron-core {rate['mcore']:.1f} tok/s, "
-              f"transformers {rate['hf']:.1f} tok/s (medians of {args.repeats}), ratio {results[batch]:.2f} "
-              f"(best runs {best:.2f}, CPU time {cpu:.2f}); same tokens: {same}")
+        print(
+            f"batch {batch} (prompts of {min(lengths)}-{max(lengths)} tokens): "
+            f"megatron-core {rate['mcore']:.1f} tok/s, "
+            f"transformers {rate['hf']:.1f} tok/s (medians of {args.repeats}), ratio {results[batch]:.2f} "
+            f"(best runs {best:.2f}, CPU time {cpu:.2f}); same tokens: {same}"
+        )
     print("ratio (megatron-core / transformers): " + ", ".join(f"batch {b}: {r:.2f}" for b, r in results.items()))
     return 0
 

@@ -80,7 +80,9 @@ def main() -> None:
     try:
         init_args = resolve_tokenizer(args.tokenizer)
         texts, size = make_corpus(work / "corpus.jsonl", args.megabytes)
-        print(f"corpus: {len(texts)} documents, {size / 1e6:.1f} MB; tokenizer {args.tokenizer}; {os.cpu_count()} cores")
+        print(
+            f"corpus: {len(texts)} documents, {size / 1e6:.1f} MB; tokenizer {args.tokenizer}; {os.cpu_count()} cores"
+        )
         rates = {}
         for workers in args.workers:
             tokens, seconds = tokenizer_only(texts, workers, init_args)
@@ -96,8 +98,11 @@ def main() -> None:
             for workers, rate in sorted(rates.items()):
                 print(f"scaling: {workers} workers = {rate / rates[base]:.2f}x of {base} worker(s) "
                       f"(linear would be {workers / base:.1f}x)")
-        same = all(Path(f"{work}/out{w}_text_document.bin").read_bytes() == Path(f"{work}/out{args.workers[0]}_text_document.bin").read_bytes()
-                   for w in args.workers)
+        same = all(
+            Path(f"{work}/out{w}_text_document.bin").read_bytes()
+            == Path(f"{work}/out{args.workers[0]}_text_document.bin").read_bytes()
+            for w in args.workers
+        )
         print(f"outputs identical across worker counts: {same}")
     finally:
         shutil.rmtree(work, ignore_errors=True)

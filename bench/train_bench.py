@@ -15,6 +15,7 @@ import statistics
 import tempfile
 import time
 from functools import partial
+
 import numpy as np
 import torch
 
@@ -62,7 +63,10 @@ def bare_loop(trainer, steps_done: int):
     def batches(step):
         for m in range(trainer.microbatches):
             items = [dataset[step * cfg.global_batch_size + m * cfg.batch_size + k] for k in range(cfg.batch_size)]
-            yield {k: torch.stack([it[k] for it in items]).to(device) for k in ("tokens", "labels", "loss_mask", "position_ids")}
+            yield {
+                k: torch.stack([it[k] for it in items]).to(device)
+                for k in ("tokens", "labels", "loss_mask", "position_ids")
+            }
 
     def loss_func(mask, output):
         loss = (output.float().view(-1) * mask.view(-1)).sum() / mask.sum()
@@ -108,16 +112,31 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         vocab = 32000 if not gpu else 128256
         write_corpus(f"{tmp}/corpus", vocab, args.global_batch * seq * (args.steps * args.rounds + 4) * 2)
-        overrides = dict(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, intermediate_size=hidden * 3 if not gpu else 8192,
-                         num_attention_heads=8 if not gpu else 32, num_key_value_heads=4 if not gpu else 8,
-                         max_position_embeddings=max(seq, 2048))
+        overrides = dict(
+            vocab_size=vocab,
+            hidden_size=hidden,
+            num_hidden_layers=layers,
+            intermediate_size=hidden * 3 if not gpu else 8192,
+            num_attention_heads=8 if not gpu else 32,
+            num_key_value_heads=4 if not gpu else 8,
+            max_position_embeddings=max(seq, 2048),
+        )
         from pai_zoo.registry import get_registry
 
         family, preset = get_registry().preset("llama3-tiny")
-        cfg = TrainConfig(model="llama3-tiny", data=[f"{tmp}/corpus"], save=f"{tmp}/run", global_batch_size=args.global_batch,
-                          batch_size=1 if not gpu else 2, sequence_length=seq,
-                          train_tokens=args.global_batch * seq * (args.steps * args.rounds + 2), warmup_tokens=0,
-                          save_interval=10**9, bf16=gpu, progress=False)
+        cfg = TrainConfig(
+            model="llama3-tiny",
+            data=[f"{tmp}/corpus"],
+            save=f"{tmp}/run",
+            global_batch_size=args.global_batch,
+            batch_size=1 if not gpu else 2,
+            sequence_length=seq,
+            train_tokens=args.global_batch * seq * (args.steps * args.rounds + 2),
+            warmup_tokens=0,
+            save_interval=10**9,
+            bf16=gpu,
+            progress=False,
+        )
         trainer = Trainer(cfg, echo=lambda *a: None)
         # The model comes from the preset with the benchmark's sizes (random weights).
         from pai_zoo.handle import Source
@@ -142,10 +161,17 @@ def main() -> None:
             step_no += args.steps
         o, b = statistics.median(ours), statistics.median(bare)
         tokens = args.global_batch * seq
-        print(f"model: Llama architecture, {n_params / 1e6:.1f}M parameters, hidden {hidden}, {layers} layers, "
-              f"sequence {seq}, global batch {args.global_batch}, {'GPU bf16' if gpu else f'CPU fp32, {args.threads} threads'}")
-        print(f"pai-zoo train step: median {o:.3f} s ({tokens / o:,.0f} tokens/s); rounds {[round(x, 3) for x in ours]}")
-        print(f"bare megatron-core: median {b:.3f} s ({tokens / b:,.0f} tokens/s); rounds {[round(x, 3) for x in bare]}")
+        print(
+            f"model: Llama architecture, {n_params / 1e6:.1f}M parameters, hidden {hidden}, {layers} layers, "
+            f"sequence {seq}, global batch {args.global_batch}, "
+            f"{'GPU bf16' if gpu else f'CPU fp32, {args.threads} threads'}"
+        )
+        print(
+            f"pai-zoo train step: median {o:.3f} s ({tokens / o:,.0f} tokens/s); rounds {[round(x, 3) for x in ours]}"
+        )
+        print(
+            f"bare megatron-core: median {b:.3f} s ({tokens / b:,.0f} tokens/s); rounds {[round(x, 3) for x in bare]}"
+        )
         print(f"ratio pai-zoo / bare = {o / b:.3f} (target <= 1.05)")
         if gpu:
             from pai_zoo.mcore.flops import model_flops_per_token, peak_flops

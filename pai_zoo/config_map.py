@@ -218,7 +218,9 @@ class Fixed(Rule):
         return tuple(self.hf)
 
     def describe(self) -> str:
-        show = lambda d: ", ".join(f"{k}={v!r}" for k, v in d.items()) or "-"
+        def show(values: dict) -> str:
+            return ", ".join(f"{k}={v!r}" for k, v in values.items()) or "-"
+
         return f"fixed: {show(self.hf)} -> {show(self.mcore)}"
 
     def to_mcore(self, hf: dict, arch: dict) -> None:

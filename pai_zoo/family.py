@@ -122,9 +122,13 @@ class Family:
 
     def __post_init__(self) -> None:
         if self.tiny not in self.presets:
-            raise PluginError(f"family {self.name!r}: tiny preset {self.tiny!r} is not among its presets {sorted(self.presets)}")
+            raise PluginError(
+                f"family {self.name!r}: tiny preset {self.tiny!r} is not among its presets {sorted(self.presets)}"
+            )
         if self.odd is not None and self.odd not in self.presets:
-            raise PluginError(f"family {self.name!r}: odd preset {self.odd!r} is not among its presets {sorted(self.presets)}")
+            raise PluginError(
+                f"family {self.name!r}: odd preset {self.odd!r} is not among its presets {sorted(self.presets)}"
+            )
         wrong = [p for p in self.published_tokenizer_presets if p not in self.presets or self.is_test_preset(p)]
         if wrong:
             raise PluginError(f"family {self.name!r}: published_tokenizer_presets {wrong} are not published presets "
@@ -143,7 +147,9 @@ class Family:
                               "version specifier (like '>=0.16.1,<0.20')") from None
         unknown = sorted(set(self.backends) - set(BACKENDS))
         if unknown or not self.backends:
-            raise PluginError(f"family {self.name!r}: backends {list(self.backends)} must name some of {list(BACKENDS)}")
+            raise PluginError(
+                f"family {self.name!r}: backends {list(self.backends)} must name some of {list(BACKENDS)}"
+            )
 
     def check_mcore_version(self, version: str | None = None) -> None:
         """Raise :class:`PaiZooError` unless megatron-core ``version`` (default: the installed one, read

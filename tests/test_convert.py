@@ -50,18 +50,29 @@ def test_round_trip_is_bit_identical_and_megatron_loads_it(hf_folder, tmp_path):
     assert report.tensors == 15 and report.family == "llama"
     mcore = tmp_path / "mcore"
     assert (mcore / "latest_checkpointed_iteration.txt").read_text() == "release"
-    assert {p.name for p in (mcore / "release").iterdir()} >= {".metadata", "common.pt", "metadata.json", "__0_0.distcp"}
+    assert {p.name for p in (mcore / "release").iterdir()} >= {
+        ".metadata",
+        "common.pt",
+        "metadata.json",
+        "__0_0.distcp",
+    }
     assert (mcore / "hf" / "config.json").is_file()
     convert(mcore, tmp_path / "back", "hf", max_shard_size="300KB")
     assert_identical(tensors(hf_folder), tensors(tmp_path / "back"))
-    assert (tmp_path / "back" / SAFETENSORS_INDEX).is_file() and (tmp_path / "back" / "generation_config.json").is_file()
+    assert (tmp_path / "back" / SAFETENSORS_INDEX).is_file() and (
+        tmp_path / "back" / "generation_config.json"
+    ).is_file()
     # transformers loads the result, pai_zoo.load reads both outputs (mcore through megatron-core's loader).
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "back")
     ids = torch.randint(0, 1000, (2, 9), generator=torch.Generator().manual_seed(1))
     expected = model(input_ids=ids).logits
-    for handle in (pai_zoo.load(mcore), pai_zoo.load(mcore, backend="hf"), pai_zoo.load(tmp_path / "back", backend="mcore")):
+    for handle in (
+        pai_zoo.load(mcore),
+        pai_zoo.load(mcore, backend="hf"),
+        pai_zoo.load(tmp_path / "back", backend="mcore"),
+    ):
         assert (handle.logits(ids) - expected).abs().max() <= 1e-4
 
 
@@ -134,7 +145,9 @@ def test_cli_convert_verify_and_force(hf_folder, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "15 tensors" in proc.stdout and "next-token agreement = 100.0%: OK" in proc.stdout
     assert "\r" not in proc.stderr  # no progress bar in a pipe
-    proc = subprocess.run([PAI_ZOO, "convert", str(hf_folder), str(dst), "--to", "mcore"], capture_output=True, text=True)
+    proc = subprocess.run(
+        [PAI_ZOO, "convert", str(hf_folder), str(dst), "--to", "mcore"], capture_output=True, text=True
+    )
     assert proc.returncode == 1 and "exists; pass --force" in proc.stderr
     proc = subprocess.run([PAI_ZOO, "convert", str(dst), str(tmp_path / "h"), "--to", "hf", "--verify"],
                           capture_output=True, text=True, timeout=600)
@@ -213,7 +226,10 @@ def test_tensor_of_the_wrong_shape(hf_folder, tmp_path):
         state["model.layers.1.mlp.down_proj.weight"] = torch.zeros(64, 100)
 
     src = _rewrite_single(hf_folder, tmp_path / "src", edit)
-    with pytest.raises(MappingError, match=r"linear_fc2.weight: made from model.layers.1.mlp.down_proj.weight \(64, 100\).*needs \(64, 192\)"):
+    with pytest.raises(
+        MappingError,
+        match=r"linear_fc2.weight: made from model.layers.1.mlp.down_proj.weight \(64, 100\).*needs \(64, 192\)",
+    ):
         convert(src, tmp_path / "dst", "mcore")
     assert_nothing_written(tmp_path, tmp_path / "dst")
 
@@ -233,7 +249,9 @@ def test_unexpected_and_missing_names(hf_folder, tmp_path):
 
 def test_unknown_architecture_names_installed_families(tmp_path):
     (tmp_path / "src").mkdir()
-    (tmp_path / "src" / "config.json").write_text(json.dumps({"architectures": ["MambaForCausalLM"], "model_type": "mamba"}))
+    (tmp_path / "src" / "config.json").write_text(
+        json.dumps({"architectures": ["MambaForCausalLM"], "model_type": "mamba"})
+    )
     from pai_zoo.registry import get_registry
 
     installed = ", ".join(sorted(get_registry().families))

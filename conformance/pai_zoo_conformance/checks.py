@@ -14,7 +14,9 @@ from pai_zoo.family import Family
 from pai_zoo.mapping import TO_HF, TO_MCORE, MappingContext
 
 #: Mixed text for the tokenizer check: ASCII, CJK, emoji, whitespace runs, leading space.
-MIXED_TEXT = " Hello, world! The quick brown fox.\n\n  Indented\tline\t\twith tabs\n你好，世界。日本語のテキスト🙂🚀   end  "
+MIXED_TEXT = (
+    " Hello, world! The quick brown fox.\n\n  Indented\tline\t\twith tabs\n你好，世界。日本語のテキスト🙂🚀   end  "
+)
 
 #: Forward equivalence tolerance (float32, CPU), as the foundation issue names it.
 LOGITS_ATOL = 1e-4
@@ -182,7 +184,10 @@ def check_weight_round_trip(case: Case) -> None:
     there = hf_to_mcore(case.family, case.mcore_config, original)
     back = mcore_to_hf(case.family, case.mcore_config, there)
     if set(back) != set(original):
-        _fail("weights", f"names differ: missing {sorted(set(original) - set(back))}, extra {sorted(set(back) - set(original))}")
+        _fail(
+            "weights",
+            f"names differ: missing {sorted(set(original) - set(back))}, extra {sorted(set(back) - set(original))}",
+        )
     changed = [k for k in original if original[k].shape != back[k].shape or not original[k].equal(back[k])]
     if changed:
         _fail("weights", f"HF -> mcore -> HF changed tensors: {changed}")
@@ -256,7 +261,9 @@ def check_tokenizer(family: Family, folder: Path, text: str = MIXED_TEXT) -> Non
     # SentencePiece's dummy prefix makes a leading space unrecoverable; everything else must come back.
     body = text.lstrip(" ")
     if ours.decode(ours.encode(body, add_special_tokens=False)) != body:
-        _fail("tokenizer", f"decode(encode(text)) != text: {ours.decode(ours.encode(body, add_special_tokens=False))!r}")
+        _fail(
+            "tokenizer", f"decode(encode(text)) != text: {ours.decode(ours.encode(body, add_special_tokens=False))!r}"
+        )
 
 
 def check_training(case: Case, steps: int = 8, lr: float = 3e-3) -> tuple[float, float]:
@@ -264,8 +271,8 @@ def check_training(case: Case, steps: int = 8, lr: float = 3e-3) -> tuple[float,
     fixed batch. Returns (first loss, last loss)."""
     import torch
 
-    from pai_zoo.mcore.forward import causal_mask
     from pai_zoo.mcore.build import build_gpt_model
+    from pai_zoo.mcore.forward import causal_mask
 
     model = build_gpt_model(case.family, case.mcore_config)
     model.load_state_dict(case.mcore_model.state_dict())
@@ -324,7 +331,11 @@ def check_disk_round_trip(case: Case, folder: Path) -> None:
         _fail("disk", f"HF -> mcore -> HF on disk changed tensors: {changed}")
     ignore = {"transformers_version", "_name_or_path"}
     configs = [
-        {k: v for k, v in hf.config_dict(hf.hf_config(case.family, _read_json(f / "config.json"))).items() if k not in ignore}
+        {
+            k: v
+            for k, v in hf.config_dict(hf.hf_config(case.family, _read_json(f / "config.json"))).items()
+            if k not in ignore
+        }
         for f in (folder / "hf", folder / "hf-again")
     ]
     diff = {k: (configs[0].get(k), configs[1].get(k)) for k in configs[0].keys() | configs[1].keys()

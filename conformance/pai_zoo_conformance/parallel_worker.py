@@ -22,7 +22,9 @@ def main(argv=None) -> None:
     import pai_zoo
 
     torch.set_num_threads(1)
-    handle = pai_zoo.load(args.checkpoint, backend="mcore", tensor_parallel_size=args.tp, pipeline_parallel_size=args.pp)
+    handle = pai_zoo.load(
+        args.checkpoint, backend="mcore", tensor_parallel_size=args.tp, pipeline_parallel_size=args.pp
+    )
     logits = handle.logits(torch.load(args.ids))
     if torch.distributed.get_rank() == 0:
         torch.save(logits, args.out)

@@ -35,7 +35,9 @@ def test_the_real_table_passes():
 
 
 def test_swapped_key_and_value_heads_fail_forward_equivalence():
-    family = broken_table({index_of(QKV, "q_proj"): QKV(L + "self_attn.{q,v,k}_proj.weight", M + "self_attention.linear_qkv.weight")})
+    family = broken_table(
+        {index_of(QKV, "q_proj"): QKV(L + "self_attn.{q,v,k}_proj.weight", M + "self_attention.linear_qkv.weight")}
+    )
     case = checks.build_case(family)
     checks.check_weight_round_trip(case)  # a swap is its own inverse: only the forward pass can tell
     with pytest.raises(ConformanceFailure, match=r"\[forward\]"):
@@ -43,7 +45,9 @@ def test_swapped_key_and_value_heads_fail_forward_equivalence():
 
 
 def test_swapped_gate_and_up_fail_forward_equivalence():
-    family = broken_table({index_of(GateUp, "gate_proj"): GateUp(L + "mlp.{up,gate}_proj.weight", M + "mlp.linear_fc1.weight")})
+    family = broken_table(
+        {index_of(GateUp, "gate_proj"): GateUp(L + "mlp.{up,gate}_proj.weight", M + "mlp.linear_fc1.weight")}
+    )
     with pytest.raises(ConformanceFailure, match=r"\[forward\]"):
         checks.check_forward_equivalence(checks.build_case(family))
 
@@ -77,7 +81,9 @@ class LossyCopy(Copy):
 
 
 def test_lossy_row_fails_weight_round_trip():
-    family = broken_table({index_of(Copy, "o_proj"): LossyCopy(L + "self_attn.o_proj.weight", M + "self_attention.linear_proj.weight")})
+    family = broken_table(
+        {index_of(Copy, "o_proj"): LossyCopy(L + "self_attn.o_proj.weight", M + "self_attention.linear_proj.weight")}
+    )
     case = checks.build_case(family)
     with pytest.raises(ConformanceFailure, match=r"\[weights\].*o_proj"):
         checks.check_weight_round_trip(case)
@@ -88,7 +94,9 @@ def broken_config(drop: str | None = None, replace: dict | None = None):
         return rule.hf if isinstance(getattr(rule, "hf", None), str) else type(rule).__name__
 
     rules = [replace.get(key(r), r) if replace else r for r in LLAMA.config_map.rules if key(r) != drop]
-    return dataclasses.replace(LLAMA, name="llama-broken", config_map=ConfigMap(*rules, passthrough=tuple(LLAMA.config_map.passthrough)))
+    return dataclasses.replace(
+        LLAMA, name="llama-broken", config_map=ConfigMap(*rules, passthrough=tuple(LLAMA.config_map.passthrough))
+    )
 
 
 def test_untranslated_field_fails_config_check():
@@ -114,7 +122,13 @@ def test_lossy_rope_translation_fails_config_and_forward_checks():
 
 
 def test_wrong_norm_epsilon_field_fails_forward_equivalence():
-    family = broken_config(replace={"rms_norm_eps": Field("rms_norm_eps", "layernorm_epsilon", encode=lambda e: e * 1e5, decode=lambda e: e / 1e5)})
+    family = broken_config(
+        replace={
+            "rms_norm_eps": Field(
+                "rms_norm_eps", "layernorm_epsilon", encode=lambda e: e * 1e5, decode=lambda e: e / 1e5
+            )
+        }
+    )
     checks.check_config_round_trip(family, family.tiny)  # lossless, yet wrong: only the forward pass can tell
     with pytest.raises(ConformanceFailure, match=r"\[forward\]"):
         checks.check_forward_equivalence(checks.build_case(family))

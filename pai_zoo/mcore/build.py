@@ -11,8 +11,8 @@ import torch.nn.functional as F
 
 from ..config_map import CORE_KEY_PREFIX, FAMILY_KEY_PREFIX, GPT_MODEL_ARGS, McoreConfig
 from ..family import Family
-from .alibi import ALIBI, with_alibi
 from . import import_megatron, quiet_megatron
+from .alibi import ALIBI, with_alibi
 from .rope import set_inverse_frequencies, softmax_scale
 from .specs import default_layer_spec
 
@@ -118,7 +118,9 @@ def build_gpt_model(
     model_class = family.model_class(config) if family.model_class else model_base()
     tp = parallel_state.get_tensor_model_parallel_world_size()
     pp = parallel_state.get_pipeline_model_parallel_world_size()
-    tconfig = transformer_config(config, dtype, **{"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp, **overrides})
+    tconfig = transformer_config(
+        config, dtype, **{"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp, **overrides}
+    )
     spec = (family.layer_spec or default_layer_spec)(config)
     gpt_args = {k: v for k, v in config.arch.items() if k in GPT_MODEL_ARGS}
     gpt_args["vocab_size"] = padded_vocab_size or config.padded_vocab_size(tp)
@@ -127,7 +129,10 @@ def build_gpt_model(
         gpt_args["position_embedding_type"] = "none"
         spec = with_alibi(spec)
     spec = with_inference_path(spec)  # pai-zoo's KV cache and inference linears (pai_zoo.mcore.inference)
-    with warnings.catch_warnings(), _quiet_logger("megatron.core.models.gpt.gpt_model"):  # 0.19: "GPTModel IS DEPRECATED"
+    with (
+        warnings.catch_warnings(),
+        _quiet_logger("megatron.core.models.gpt.gpt_model"),
+    ):  # 0.19: "GPTModel IS DEPRECATED"
         warnings.simplefilter("ignore")
         model = model_class(
             config=tconfig,

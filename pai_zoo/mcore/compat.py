@@ -43,7 +43,19 @@ CUDA_LITERAL_MODULES = (
     "megatron.core.distributed.param_and_grad_buffer",  # 0.19: start_grad_sync waits on the current stream
 )
 
-_FACTORIES = ("zeros", "ones", "empty", "full", "tensor", "arange", "rand", "randn", "zeros_like", "ones_like", "empty_like")
+_FACTORIES = (
+    "zeros",
+    "ones",
+    "empty",
+    "full",
+    "tensor",
+    "arange",
+    "rand",
+    "randn",
+    "zeros_like",
+    "ones_like",
+    "empty_like",
+)
 _applied = False
 
 

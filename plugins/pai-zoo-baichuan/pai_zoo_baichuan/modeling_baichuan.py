@@ -192,7 +192,9 @@ class BaichuanModel(BaichuanPreTrainedModel):
         s = inputs_embeds.shape[1]
         rotary, bias = None, mask
         if self.config.uses_alibi:
-            slopes = torch.tensor(alibi_slopes(self.config.num_attention_heads), dtype=torch.float32, device=mask.device)
+            slopes = torch.tensor(
+                alibi_slopes(self.config.num_attention_heads), dtype=torch.float32, device=mask.device
+            )
             keys = torch.arange(past + s, device=mask.device, dtype=torch.float32)
             bias = mask + (slopes[:, None, None] * keys).to(mask.dtype)  # slope * key position, per head
         else:

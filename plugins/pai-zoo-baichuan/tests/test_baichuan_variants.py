@@ -125,7 +125,6 @@ def test_alibi_reference_model_matches_a_direct_computation_with_left_padding():
 
 def test_published_configs_pick_rope_or_alibi_and_the_norm_head():
     from pai_zoo import hf
-
     from pai_zoo_baichuan import NORM_HEAD
 
     expected = {

@@ -42,9 +42,15 @@ L, M = "transformer.h.{layer}.", "decoder.layers.{layer}."
 # tests/test_bloom.py checks this against the core QKV row).
 WEIGHTS = WeightMap(
     Vocab("transformer.word_embeddings.weight", "embedding.word_embeddings.weight"),
-    *(Copy(f"transformer.word_embeddings_layernorm.{p}", f"embedding.word_embeddings_layernorm.{p}") for p in ("weight", "bias")),
+    *(
+        Copy(f"transformer.word_embeddings_layernorm.{p}", f"embedding.word_embeddings_layernorm.{p}")
+        for p in ("weight", "bias")
+    ),
     *(Copy(L + f"input_layernorm.{p}", M + f"input_layernorm.{p}") for p in ("weight", "bias")),
-    *(Copy(L + f"self_attention.query_key_value.{p}", M + f"self_attention.linear_qkv.{p}") for p in ("weight", "bias")),
+    *(
+        Copy(L + f"self_attention.query_key_value.{p}", M + f"self_attention.linear_qkv.{p}")
+        for p in ("weight", "bias")
+    ),
     *(Copy(L + f"self_attention.dense.{p}", M + f"self_attention.linear_proj.{p}") for p in ("weight", "bias")),
     *(Copy(L + f"post_attention_layernorm.{p}", M + f"pre_mlp_layernorm.{p}") for p in ("weight", "bias")),
     *(Copy(L + f"mlp.dense_h_to_4h.{p}", M + f"mlp.linear_fc1.{p}") for p in ("weight", "bias")),

@@ -5,7 +5,18 @@ from __future__ import annotations
 from pathlib import Path
 
 from pai_zoo import (
-    ConfigMap, ConfigTranslationError, Copy, Dropped, Family, Field, Fixed, FusedQKV, Output, Vocab, WeightMap, hookimpl,
+    ConfigMap,
+    ConfigTranslationError,
+    Copy,
+    Dropped,
+    Family,
+    Field,
+    Fixed,
+    FusedQKV,
+    Output,
+    Vocab,
+    WeightMap,
+    hookimpl,
 )
 from pai_zoo.config_map import Rule
 from pai_zoo.family import LazyClass
@@ -27,7 +38,9 @@ class QueryGroups(Rule):
         heads = hf["num_attention_heads"]
         groups = hf.get("multi_query_group_num", 1) if hf.get("multi_query_attention", False) else heads
         if heads % groups:
-            raise ConfigTranslationError(f"num_attention_heads={heads} is not a multiple of multi_query_group_num={groups}")
+            raise ConfigTranslationError(
+                f"num_attention_heads={heads} is not a multiple of multi_query_group_num={groups}"
+            )
         arch["num_query_groups"] = groups
 
     def to_hf(self, arch, hf):

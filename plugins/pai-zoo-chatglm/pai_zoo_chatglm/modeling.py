@@ -103,7 +103,9 @@ class RotaryEmbedding(nn.Module):
         self.base = 10000.0 * config.rope_ratio
 
     def forward(self, position_ids):
-        theta = 1.0 / (self.base ** (torch.arange(0, self.dim, 2, dtype=torch.float32, device=position_ids.device) / self.dim))
+        theta = 1.0 / (
+            self.base ** (torch.arange(0, self.dim, 2, dtype=torch.float32, device=position_ids.device) / self.dim)
+        )
         angles = position_ids.float()[..., None] * theta  # [b, s, dim/2]
         return torch.cos(angles), torch.sin(angles)
 

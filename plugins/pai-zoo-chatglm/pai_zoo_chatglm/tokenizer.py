@@ -18,7 +18,17 @@ from pai_zoo.tokenizers import SentencePieceTokenizer
 __all__ = ["CHATGLM3_CHAT_TEMPLATE", "SPECIAL_TOKENS", "ChatGLMTokenizer", "write_test_tokenizer"]
 
 #: ChatGLM's own special tokens, numbered from the SentencePiece model's piece count on.
-SPECIAL_TOKENS = ("[MASK]", "[gMASK]", "[sMASK]", "sop", "eop", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>")
+SPECIAL_TOKENS = (
+    "[MASK]",
+    "[gMASK]",
+    "[sMASK]",
+    "sop",
+    "eop",
+    "<|system|>",
+    "<|user|>",
+    "<|assistant|>",
+    "<|observation|>",
+)
 PREFIX = ("[gMASK]", "sop")
 
 #: ChatGLM3's conversation format: ``[gMASK]sop`` once, then ``<|role|>`` + newline + content per message.
@@ -45,7 +55,9 @@ class ChatGLMTokenizer(SentencePieceTokenizer):
         config_file = path.parent / "tokenizer_config.json"
         config = json.loads(config_file.read_text(encoding="utf-8")) if config_file.is_file() else {}
         count = _piece_count(path)
-        config["added_tokens_decoder"] = {str(count + i): {"content": t, "special": True} for i, t in enumerate(SPECIAL_TOKENS)}
+        config["added_tokens_decoder"] = {
+            str(count + i): {"content": t, "special": True} for i, t in enumerate(SPECIAL_TOKENS)
+        }
         config.update(add_bos_token=False, add_eos_token=False)
         config.pop("tokenizer_class", None)  # SentencePiece's own algorithm, not transformers' Llama pipeline
         kwargs.setdefault("legacy", True)

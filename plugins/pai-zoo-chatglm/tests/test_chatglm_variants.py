@@ -47,9 +47,15 @@ def test_published_checkpoint_folder_loads(tmp_path):
     import pai_zoo
 
     case = checks.build_case(CHATGLM)
-    config = {**CHATGLM.presets["chatglm-tiny"], "auto_map": {
-        "AutoConfig": "configuration_chatglm.ChatGLMConfig", "AutoModel": "modeling_chatglm.ChatGLMForConditionalGeneration",
-        "AutoModelForCausalLM": "modeling_chatglm.ChatGLMForConditionalGeneration"}, "torch_dtype": "float32"}
+    config = {
+        **CHATGLM.presets["chatglm-tiny"],
+        "auto_map": {
+            "AutoConfig": "configuration_chatglm.ChatGLMConfig",
+            "AutoModel": "modeling_chatglm.ChatGLMForConditionalGeneration",
+            "AutoModelForCausalLM": "modeling_chatglm.ChatGLMForConditionalGeneration",
+        },
+        "torch_dtype": "float32",
+    }
     (tmp_path / "config.json").write_text(json.dumps(config))
     state = {k: v.contiguous() for k, v in case.hf_model.state_dict().items()}
     state["transformer.rotary_pos_emb.inv_freq"] = 1.0 / 10000 ** (torch.arange(0, 8, 2).float() / 8)

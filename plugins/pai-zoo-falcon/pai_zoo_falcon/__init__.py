@@ -8,7 +8,20 @@ of its forms: multi-query (Falcon-7B: ``[q_0 .. q_n-1, k, v]`` = one query group
 """
 from __future__ import annotations
 
-from pai_zoo import ConfigMap, ConfigTranslationError, Copy, Family, Field, Fixed, Output, Require, Rope, Vocab, WeightMap, hookimpl
+from pai_zoo import (
+    ConfigMap,
+    ConfigTranslationError,
+    Copy,
+    Family,
+    Field,
+    Fixed,
+    Output,
+    Require,
+    Rope,
+    Vocab,
+    WeightMap,
+    hookimpl,
+)
 from pai_zoo.config_map import FixedIfPresent, Rule
 
 from .presets import PRESETS
@@ -33,8 +46,10 @@ def _layout(hf: dict) -> tuple[int, int]:
     norms = hf.get("num_ln_in_parallel_attn")
     if new:
         if not parallel:
-            raise ConfigTranslationError("new_decoder_architecture=true with parallel_attn=false: transformers' "
-                                         "FalconDecoderLayer cannot run it (it always computes attention and MLP in parallel)")
+            raise ConfigTranslationError(
+                "new_decoder_architecture=true with parallel_attn=false: transformers' "
+                "FalconDecoderLayer cannot run it (it always computes attention and MLP in parallel)"
+            )
         if norms not in (None, 1, 2):
             raise ConfigTranslationError(f"num_ln_in_parallel_attn={norms!r}: Falcon has 1 or 2 layer norms per layer")
         return hf.get("num_kv_heads") or heads, 2 if norms in (None, 2) else 1
@@ -55,14 +70,22 @@ class FalconLayout(Rule):
     hf_keys = _LAYOUT_KEYS
 
     def describe(self) -> str:
-        return "new_decoder_architecture, multi_query, parallel_attn, num_kv_heads, num_ln_in_parallel_attn -> num_query_groups, " + LAYERNORMS
+        return (
+            "new_decoder_architecture, multi_query, parallel_attn, num_kv_heads, num_ln_in_parallel_attn "
+            "-> num_query_groups, "
+            + LAYERNORMS
+        )
 
     def to_mcore(self, hf: dict, arch: dict) -> None:
         arch["num_query_groups"], arch[LAYERNORMS] = _layout(hf)
         arch[HF_LAYOUT] = {k: hf[k] for k in _LAYOUT_KEYS if k in hf}
 
     def to_hf(self, arch: dict, hf: dict) -> None:
-        groups, norms, heads = arch.get("num_query_groups") or arch["num_attention_heads"], arch[LAYERNORMS], arch["num_attention_heads"]
+        groups, norms, heads = (
+            arch.get("num_query_groups") or arch["num_attention_heads"],
+            arch[LAYERNORMS],
+            arch["num_attention_heads"],
+        )
         flags = arch.get(HF_LAYOUT)
         if flags is None:  # a config made on the megatron side: the canonical flags
             if norms == 2 or groups not in (1, heads):
@@ -71,7 +94,9 @@ class FalconLayout(Rule):
             else:
                 flags = {"new_decoder_architecture": False, "parallel_attn": norms == 1, "multi_query": groups == 1}
         if _layout({**flags, "num_attention_heads": heads}) != (groups, norms):
-            raise ConfigTranslationError(f"{HF_LAYOUT} {flags} does not give num_query_groups={groups}, {LAYERNORMS}={norms}")
+            raise ConfigTranslationError(
+                f"{HF_LAYOUT} {flags} does not give num_query_groups={groups}, {LAYERNORMS}={norms}"
+            )
         hf.update(flags)
 
 
@@ -147,8 +172,8 @@ def weights(config) -> WeightMap:
 def layer_spec(config):
     """Parallel attention + MLP (one or two layer norms) or megatron's sequential local layer;
     with ALiBi, pai-zoo's ALiBi core attention scaled as Falcon scales it."""
-    from pai_zoo.mcore.specs import default_layer_spec
     from pai_zoo.mcore.parallel_layer import parallel_layer_spec
+    from pai_zoo.mcore.specs import default_layer_spec
 
     norms = config[LAYERNORMS]
     spec = parallel_layer_spec(norms) if norms else default_layer_spec(config)

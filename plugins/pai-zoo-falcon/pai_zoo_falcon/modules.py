@@ -31,10 +31,16 @@ class FalconALiBiSoftmax(torch.nn.Module):
     def forward(self, scores, mask, *args, **kwargs):
         b, _, _, keys = scores.shape
         # Left padding: the last query row sees every real key, so its masked keys are the padding.
-        pads = mask[:, 0, -1, :].sum(-1) if mask is not None and mask.dtype == torch.bool else torch.zeros(b, dtype=torch.long)
+        pads = (
+            mask[:, 0, -1, :].sum(-1)
+            if mask is not None and mask.dtype == torch.bool
+            else torch.zeros(b, dtype=torch.long)
+        )
         positions = (torch.arange(keys)[None, :] - pads.to(torch.long)[:, None]).clamp(min=0)  # [b, keys]
         slopes = self.slopes.to(scores.device).bfloat16()
-        bias = (slopes[None, :, None] * positions.to(scores.device)[:, None, :]).to(torch.float32)  # bf16 product, as transformers
+        bias = (slopes[None, :, None] * positions.to(scores.device)[:, None, :]).to(
+            torch.float32
+        )  # bf16 product, as transformers
         bias = (bias / math.sqrt(self.head_dim))[:, :, None, :]
         if self.softmax.scale is not None:  # apply_query_key_layer_scaling: the softmax multiplies by it
             bias = bias / self.softmax.scale
@@ -51,6 +57,8 @@ def falcon_alibi_attention():
 
         def __init__(self, config, *args, **kwargs):
             super().__init__(config, *args, **kwargs)
-            self.scale_mask_softmax = FalconALiBiSoftmax(self.scale_mask_softmax.softmax, self.alibi_slopes, config.kv_channels)
+            self.scale_mask_softmax = FalconALiBiSoftmax(
+                self.scale_mask_softmax.softmax, self.alibi_slopes, config.kv_channels
+            )
 
     return FalconALiBiAttention

@@ -39,10 +39,11 @@ def test_variant_conforms(variant):
 def test_layout_flags_give_megatron_query_groups_and_layer_structure(overrides, groups, norms):
     """num_kv_heads is ignored unless new_decoder_architecture (the tiny preset has 2)."""
     from pai_zoo import hf
-
     from pai_zoo_falcon import LAYERNORMS
 
-    config = FALCON.to_mcore_config(hf.config_dict(hf.hf_config(FALCON, {**FALCON.presets["falcon-tiny"], **overrides})))
+    config = FALCON.to_mcore_config(
+        hf.config_dict(hf.hf_config(FALCON, {**FALCON.presets["falcon-tiny"], **overrides}))
+    )
     assert (config.num_query_groups, config[LAYERNORMS]) == (groups, norms)
 
 
@@ -60,11 +61,10 @@ def test_falcon_alibi_reproduces_the_bfloat16_bias_transformers_computes(heads):
     import math
 
     import torch
-
-    from pai_zoo_falcon.modules import FalconALiBiSoftmax
     from transformers.models.falcon.modeling_falcon import build_alibi_tensor
 
     from pai_zoo.mcore.alibi import alibi_slopes
+    from pai_zoo_falcon.modules import FalconALiBiSoftmax
 
     keep = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
     head_dim = 8
@@ -129,7 +129,9 @@ def test_tensor_parallel_split_of_one_layernorm_layer(tmp_path):
 
 def test_tensor_parallel_split_of_alibi_slopes(tmp_path):
     """TP=2 with Falcon-RW's layer: each rank keeps the slopes (and bfloat16 bias) of its 8 of 16 heads."""
-    case = checks.build_case(FALCON, **VARIANTS["falcon-rw: sequential, multi-head, biases, ALiBi (16 heads: slopes that bfloat16 rounds)"])
+    case = checks.build_case(
+        FALCON, **VARIANTS["falcon-rw: sequential, multi-head, biases, ALiBi (16 heads: slopes that bfloat16 rounds)"]
+    )
     checks.check_parallel_equivalence(case, tmp_path, layouts=((2, 1),))
 
 

@@ -34,8 +34,11 @@ class SameAsHidden(Rule):
 
 
 CONFIG = ConfigMap(
-    Require(lambda hf: hf.get("do_layer_norm_before", True),
-            "do_layer_norm_before=false (OPT-350m's post-LayerNorm layers) is not supported: only pre-LayerNorm OPT/Galactica"),
+    Require(
+        lambda hf: hf.get("do_layer_norm_before", True),
+        "do_layer_norm_before=false (OPT-350m's post-LayerNorm layers) is not supported: "
+        "only pre-LayerNorm OPT/Galactica",
+    ),
     SameAsHidden(),
     Field("vocab_size", "vocab_size"),
     Field("hidden_size", "hidden_size"),
@@ -47,13 +50,26 @@ CONFIG = ConfigMap(
     Field("dropout", "hidden_dropout"),
     Field("attention_dropout", "attention_dropout"),
     Field("activation_function", "activation_func"),
-    Require(lambda hf: hf.get("activation_function", "relu") in ACTIVATIONS,
-            f"activation_function must be one of {ACTIVATIONS} (Galactica: gelu, OPT: relu)"),
+    Require(
+        lambda hf: hf.get("activation_function", "relu") in ACTIVATIONS,
+        f"activation_function must be one of {ACTIVATIONS} (Galactica: gelu, OPT: relu)",
+    ),
     Fixed(
-        hf={"do_layer_norm_before": True, "_remove_final_layer_norm": False, "enable_bias": True,
-            "layer_norm_elementwise_affine": True, "layerdrop": 0.0},
-        mcore={"normalization": "LayerNorm", "layernorm_epsilon": 1e-5, "gated_linear_unit": False,
-               "add_bias_linear": True, "add_qkv_bias": True, "position_embedding_type": "learned_absolute"},
+        hf={
+            "do_layer_norm_before": True,
+            "_remove_final_layer_norm": False,
+            "enable_bias": True,
+            "layer_norm_elementwise_affine": True,
+            "layerdrop": 0.0,
+        },
+        mcore={
+            "normalization": "LayerNorm",
+            "layernorm_epsilon": 1e-5,
+            "gated_linear_unit": False,
+            "add_bias_linear": True,
+            "add_qkv_bias": True,
+            "position_embedding_type": "learned_absolute",
+        },
     ),
     # Keys of Galactica's config.json that transformers' OPT ignores; other values would change the model.
     FixedIfPresent("learned_embeddings", True, "Galactica/OPT learn their position embeddings"),

@@ -30,7 +30,9 @@ def test_position_table_keeps_opts_two_extra_rows_and_reads_position_p_at_row_p_
 
     def logits():
         with torch.no_grad():
-            return mcore_forward(case.mcore_model, ids)[..., : case.mcore_config["vocab_size"]], case.hf_model(input_ids=ids).logits
+            return mcore_forward(case.mcore_model, ids)[..., : case.mcore_config["vocab_size"]], case.hf_model(
+                input_ids=ids
+            ).logits
 
     before = logits()
     with torch.no_grad():
@@ -48,7 +50,9 @@ def test_position_table_keeps_opts_two_extra_rows_and_reads_position_p_at_row_p_
 
 
 def _translate(**overrides):
-    return GALACTICA.to_mcore_config(hf.config_dict(hf.hf_config(GALACTICA, {**GALACTICA.presets["galactica-tiny"], **overrides})))
+    return GALACTICA.to_mcore_config(
+        hf.config_dict(hf.hf_config(GALACTICA, {**GALACTICA.presets["galactica-tiny"], **overrides}))
+    )
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -65,7 +69,14 @@ def test_unsupported_configs_are_refused_with_the_reason(overrides, message):
 
 
 def test_opt_350m_published_config_is_refused():
-    opt_350m = {**GALACTICA.presets["opt-125m"], "hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16,
-                "ffn_dim": 4096, "word_embed_proj_dim": 512, "do_layer_norm_before": False}
+    opt_350m = {
+        **GALACTICA.presets["opt-125m"],
+        "hidden_size": 1024,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 16,
+        "ffn_dim": 4096,
+        "word_embed_proj_dim": 512,
+        "do_layer_norm_before": False,
+    }
     with pytest.raises(ConfigTranslationError, match="do_layer_norm_before=false"):
         GALACTICA.to_mcore_config(hf.config_dict(hf.hf_config(GALACTICA, opt_350m)))

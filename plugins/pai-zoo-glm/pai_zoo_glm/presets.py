@@ -33,8 +33,11 @@ PRESETS = {
     # rms_norm_eps 1e-6, rope theta 50000, 300 positions. The variant tests run it as GlmForCausalLM too.
     "glm4-odd": {
         **_glm("glm4", 72, 136, 2, 6, 2, max_pos=300, eps=1e-6, vocab=997),
-        "head_dim": 20, "rope_parameters": {"rope_type": "default", "rope_theta": 50000.0, "partial_rotary_factor": 0.5},
-        "pad_token_id": 0, "eos_token_id": [2, 3], "bos_token_id": 1,
+        "head_dim": 20,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 50000.0, "partial_rotary_factor": 0.5},
+        "pad_token_id": 0,
+        "eos_token_id": [2, 3],
+        "bos_token_id": 1,
     },
     "glm-4-9b": _glm("glm", 4096, 13696, 40, 32, 2, max_pos=8192, eps=1.5625e-07),  # THUDM/glm-4-9b-hf
     "glm-4-9b-chat": _glm("glm", 4096, 13696, 40, 32, 2, max_pos=131072, eps=1.5625e-07),  # THUDM/glm-4-9b-chat-hf

@@ -14,7 +14,10 @@ VARIANTS = {
     "attention and MLP biases": ("llama3-tiny", {"attention_bias": True, "mlp_bias": True}),
     "multi-head (Llama 2 7B)": ("llama3-tiny", {"num_key_value_heads": 4}),
     "multi-query": ("llama3-tiny", {"num_key_value_heads": 1}),
-    "linear RoPE scaling": ("llama3-tiny", {"rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0}}),
+    "linear RoPE scaling": (
+        "llama3-tiny",
+        {"rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0}},
+    ),
     "explicit head_dim != hidden/heads": ("llama3-tiny", {"head_dim": 8}),
     "mistral-odd: 6 heads in 2 groups, head_dim 16 != 72/6, vocabulary 1001, window 5": ("mistral-odd", {}),
 }

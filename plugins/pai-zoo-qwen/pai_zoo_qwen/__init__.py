@@ -29,6 +29,7 @@ from pai_zoo.layouts import HF_LAYER, MCORE_LAYER, SWIGLU_RMSNORM, llama_config_
 from .presets import QWEN2_PRESETS, QWEN3_PRESETS, QWEN_V1_PRESETS
 from .tokenizer_files import write_qwen2_tokenizer, write_qwen_tiktoken_tokenizer
 
+
 class LayerWindows(Rule):
     """Qwen2/Qwen3 sliding windows: transformers' per-layer ``layer_types`` (``"sliding_attention"`` for layers
     from ``max_window_layers`` on when ``use_sliding_window``) and ``sliding_window`` <-> megatron's
@@ -46,7 +47,9 @@ class LayerWindows(Rule):
         types = hf.get("layer_types") or ["full_attention"] * layers
         unknown = sorted(set(types) - set(self.KINDS))
         if unknown:
-            raise ConfigTranslationError(f"layer_types {unknown} are not supported by megatron-core (only {sorted(self.KINDS)})")
+            raise ConfigTranslationError(
+                f"layer_types {unknown} are not supported by megatron-core (only {sorted(self.KINDS)})"
+            )
         if len(types) != layers:
             raise ConfigTranslationError(f"layer_types has {len(types)} entries for {layers} layers")
         sliding = [self.KINDS[t] for t in types]
@@ -71,7 +74,9 @@ class LayerWindows(Rule):
         if pattern is None:
             pattern = [1] * layers
         elif not isinstance(pattern, list):
-            raise ConfigTranslationError(f"window_attn_skip_freq={pattern!r}: only a per-layer list maps to Qwen's layer_types")
+            raise ConfigTranslationError(
+                f"window_attn_skip_freq={pattern!r}: only a per-layer list maps to Qwen's layer_types"
+            )
         names = {v: k for k, v in self.KINDS.items()}
         hf["sliding_window"], hf["layer_types"] = int(window[0]) + 1, [names[int(p)] for p in pattern]
 
@@ -114,7 +119,9 @@ def qwen2_weights(config) -> WeightMap:
 # -- Qwen (v1) ----------------------------------------------------------------------------------------------
 def _halve(size: int) -> int:
     if size % 2:
-        raise ConfigTranslationError(f"intermediate_size={size}: Qwen's MLP width is intermediate_size // 2, so it must be even")
+        raise ConfigTranslationError(
+            f"intermediate_size={size}: Qwen's MLP width is intermediate_size // 2, so it must be even"
+        )
     return size // 2
 
 
@@ -133,8 +140,11 @@ QWEN_V1_CONFIG = ConfigMap(
     Field("rotary_pct", "rotary_percent"),
     Field("no_bias", "add_bias_linear", encode=lambda no_bias: not no_bias, decode=lambda bias: not bias),
     Field("attn_dropout_prob", "attention_dropout", default=0.0),
-    Require(lambda hf: hf["kv_channels"] * hf["num_attention_heads"] == hf["hidden_size"],
-            "Qwen (v1) splits c_attn into hidden_size-wide q, k, v: kv_channels x num_attention_heads must equal hidden_size"),
+    Require(
+        lambda hf: hf["kv_channels"] * hf["num_attention_heads"] == hf["hidden_size"],
+        "Qwen (v1) splits c_attn into hidden_size-wide q, k, v: "
+        "kv_channels x num_attention_heads must equal hidden_size",
+    ),
     Fixed(
         hf={"scale_attn_weights": True, "emb_dropout_prob": 0.0},
         mcore={**SWIGLU_RMSNORM, "position_embedding_type": "rope", "add_qkv_bias": True},
@@ -143,8 +153,17 @@ QWEN_V1_CONFIG = ConfigMap(
     # use_dynamic_ntk / use_logn_attn act only at inference on sequences longer than seq_length (megatron-core
     # has neither; see README). The rest are kernel and dtype switches.
     passthrough=(
-        "max_position_embeddings", "use_dynamic_ntk", "use_logn_attn", "use_flash_attn", "bf16", "fp16", "fp32",
-        "onnx_safe", "softmax_in_fp32", "use_cache_quantization", "use_cache_kernel",
+        "max_position_embeddings",
+        "use_dynamic_ntk",
+        "use_logn_attn",
+        "use_flash_attn",
+        "bf16",
+        "fp16",
+        "fp32",
+        "onnx_safe",
+        "softmax_in_fp32",
+        "use_cache_quantization",
+        "use_cache_kernel",
     ),
 )
 

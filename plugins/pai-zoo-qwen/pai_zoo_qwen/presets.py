@@ -11,11 +11,25 @@ QWEN_IM_END = 151645  # <|im_end|>
 
 def _qwen2(hidden, inter, layers, heads, kv, vocab, *, max_pos, window_layers, tie, theta=1000000.0, eps=1e-6):
     return dict(
-        model_type="qwen2", architectures=["Qwen2ForCausalLM"], vocab_size=vocab, hidden_size=hidden,
-        intermediate_size=inter, num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv,
-        max_position_embeddings=max_pos, rms_norm_eps=eps, rope_parameters={"rope_type": "default", "rope_theta": theta},
-        hidden_act="silu", tie_word_embeddings=tie, use_sliding_window=False, sliding_window=max_pos,
-        max_window_layers=window_layers, attention_dropout=0.0, bos_token_id=QWEN_BOS, eos_token_id=QWEN_EOS,
+        model_type="qwen2",
+        architectures=["Qwen2ForCausalLM"],
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        max_position_embeddings=max_pos,
+        rms_norm_eps=eps,
+        rope_parameters={"rope_type": "default", "rope_theta": theta},
+        hidden_act="silu",
+        tie_word_embeddings=tie,
+        use_sliding_window=False,
+        sliding_window=max_pos,
+        max_window_layers=window_layers,
+        attention_dropout=0.0,
+        bos_token_id=QWEN_BOS,
+        eos_token_id=QWEN_EOS,
     )
 
 

@@ -18,7 +18,8 @@ __all__ = [
 
 QWEN_TIKTOKEN = "qwen.tiktoken"
 ENDOFTEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
-#: Qwen's special tokens in id order, numbered from ``len(ranks)`` (151643 in the real file), as tokenization_qwen.py does.
+#: Qwen's special tokens in id order, numbered from ``len(ranks)`` (151643 in the real file), as
+#: tokenization_qwen.py does.
 QWEN_SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END, *(f"<|extra_{i}|>" for i in range(205)))
 
 #: Qwen's ChatML chat template (Qwen1.5 / Qwen2 / Qwen2.5 tokenizer_config.json, without tool calls).

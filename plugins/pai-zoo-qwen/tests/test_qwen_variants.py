@@ -119,7 +119,9 @@ def test_qwen2_head_dim_reaches_megatron_and_is_written_back_only_when_given():
     ("qwen", "qwen-v1-tiny", {"scale_attn_weights": False}, "scale_attn_weights"),
 ])
 def test_unsupported_configs_are_refused(family, preset, overrides, message):
-    with pytest.raises(ConfigTranslationError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+    with pytest.raises(
+        ConfigTranslationError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")
+    ):
         checks.build_case(REGISTRY.family(family), preset, **overrides)
 
 

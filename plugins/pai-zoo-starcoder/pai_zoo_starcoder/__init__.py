@@ -3,7 +3,19 @@ RoPE, sliding window). Both: LayerNorm with bias, biases on every linear layer, 
 from __future__ import annotations
 
 from pai_zoo import (
-    QKV, ConfigMap, ConfigTranslationError, Copy, Family, Field, Fixed, Output, Require, Rope, Vocab, WeightMap, hookimpl,
+    QKV,
+    ConfigMap,
+    ConfigTranslationError,
+    Copy,
+    Family,
+    Field,
+    Fixed,
+    Output,
+    Require,
+    Rope,
+    Vocab,
+    WeightMap,
+    hookimpl,
 )
 from pai_zoo.config_map import Rule, sliding_window
 
@@ -21,7 +33,9 @@ def _encode_act(name):
 
 
 def _activation(hf_key: str) -> Field:
-    return Field(hf_key, "activation_func", encode=_encode_act, decode={v: k for k, v in _ACTIVATIONS.items()}.__getitem__)
+    return Field(
+        hf_key, "activation_func", encode=_encode_act, decode={v: k for k, v in _ACTIVATIONS.items()}.__getitem__
+    )
 
 
 def _dropout(hf_keys: tuple[str, str]) -> tuple:
@@ -133,7 +147,10 @@ def starcoder2_weights(config) -> WeightMap:
         Copy("model.norm.bias", "decoder.final_layernorm.bias"),
         Output("lm_head.weight", "output_layer.weight"),
     ]
-    for norm_hf, norm_mcore in (("input_layernorm", "input_layernorm"), ("post_attention_layernorm", "pre_mlp_layernorm")):
+    for norm_hf, norm_mcore in (
+        ("input_layernorm", "input_layernorm"),
+        ("post_attention_layernorm", "pre_mlp_layernorm"),
+    ):
         rows += [Copy(f"{L}{norm_hf}.{p}", f"{M}{norm_mcore}.{p}") for p in ("weight", "bias")]
     for p in params:
         rows += [

@@ -16,7 +16,10 @@ VARIANTS = {
     "starcoder exact gelu": ("starcoder-tiny", {"activation_function": "gelu"}),
     "starcoder2 untied output head": ("starcoder2-tiny", {"tie_word_embeddings": False}),
     "starcoder2 without biases": ("starcoder2-tiny", {"use_bias": False}),
-    "starcoder2 multi-query, no sliding window": ("starcoder2-tiny", {"num_key_value_heads": 1, "sliding_window": None}),
+    "starcoder2 multi-query, no sliding window": (
+        "starcoder2-tiny",
+        {"num_key_value_heads": 1, "sliding_window": None},
+    ),
 }
 
 
