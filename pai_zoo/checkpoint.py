@@ -45,7 +45,7 @@ def read_config(path) -> dict:
     try:
         return json.loads(file.read_text())
     except FileNotFoundError:
-        raise PaiZooError(f"{file}: no such file (not a Hugging Face checkpoint folder)") from None
+        raise no_such_path(file, f"{file.parent} is not a Hugging Face checkpoint folder") from None
     except json.JSONDecodeError as exc:
         raise PaiZooError(f"{file}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
 

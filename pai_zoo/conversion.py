@@ -19,7 +19,7 @@ from . import hf
 from .background import BackgroundWriter
 from .checkpoint import CONFIG, GENERATION_CONFIG, HFCheckpoint, SafetensorsWriter, is_hf_checkpoint, read_config, tokenizer_files
 from .config_map import McoreConfig
-from .errors import PaiZooError
+from .errors import PaiZooError, no_such_path
 from .family import Family
 from .mapping import TO_MCORE, MappingContext
 from .mcore import dist_ckpt
@@ -66,8 +66,16 @@ def convert(src, dst, to: str, *, family: str | None = None, tp: int = 1, pp: in
     import time
 
     src, dst = Path(src), Path(dst)
+    if not src.exists():
+        raise no_such_path(src, "the checkpoint to convert",
+                           hint="give a Hugging Face folder (--to mcore) or a Megatron-Core checkpoint (--to hf)")
+    if not src.is_dir():
+        raise PaiZooError(f"{src}: not a folder; a checkpoint to convert is a folder "
+                          "(a Hugging Face one for --to mcore, a Megatron-Core one for --to hf)")
     if to not in ("mcore", "hf"):
         raise PaiZooError(f"--to must be 'mcore' or 'hf', not {to!r}")
+    if family is not None:
+        get_registry().family(family)  # an unknown --family fails before anything is written
     if tp < 1 or pp < 1:
         raise PaiZooError(f"--tp and --pp must be positive (got tp={tp}, pp={pp})")
     if dst.exists() and not force:

@@ -177,6 +177,9 @@ class Registry:
         return self.pm.hook.pai_zoo_tokenizer(family=family, path=Path(path))
 
     def _unknown(self, name: str) -> str:
+        if _looks_like_path(name):  # a missing path says so first, without the list of every preset
+            return (f"no such file or folder: {name} (and {name!r} is no preset or family name; "
+                    "`pai-zoo list` shows the installed families)")
         presets = ", ".join(sorted(p for f in self.families.values() for p in f.presets)) or "none"
         families = ", ".join(sorted(self.families)) or "none"
         broken = [p.name for p in self.plugins.values() if p.broken]
@@ -184,6 +187,10 @@ class Registry:
         if broken:
             msg += f"; broken plugins: {', '.join(broken)} (see `pai-zoo list`)"
         return msg
+
+
+def _looks_like_path(name: str) -> bool:
+    return "/" in name or os.sep in name or name.startswith((".", "~"))
 
 
 def _dist_of(ep) -> tuple[str, str]:

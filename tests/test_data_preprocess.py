@@ -173,7 +173,7 @@ def test_interrupted_run_leaves_no_dataset(tmp_path, bpe, monkeypatch):
 
 
 def test_missing_inputs_are_errors(tmp_path, bpe):
-    with pytest.raises(PaiZooError, match="nope.jsonl: no such file"):
+    with pytest.raises(PaiZooError, match="no such file or folder: .*nope.jsonl"):
         preprocess([tmp_path / "nope.jsonl"], tmp_path / "out", bpe)
     with pytest.raises(PaiZooError, match="no file matches"):
         preprocess([str(tmp_path / "*.jsonl")], tmp_path / "out", bpe)

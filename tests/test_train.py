@@ -85,7 +85,7 @@ def test_cli_refuses_bad_settings_before_loading_anything(tmp_path, capsys):
                  "--seq-length", "1000000", "--train-tokens", str(32 * 10**6)])
     assert code == 1 and "longer than the model's" in capsys.readouterr().err
     code = main(["train", "--model", "llama3-tiny", "--data", str(tmp_path / "missing"), "--save", str(tmp_path / "o")])
-    assert code == 1 and "missing.bin not found" in capsys.readouterr().err
+    assert code == 1 and f"no such file or folder: {tmp_path / 'missing.bin'}" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
 
 

@@ -36,6 +36,8 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
+from ..errors import DataError, no_such_path
+
 __all__ = [
     "INDEX_HEADER",
     "DTYPE_CODES",
@@ -97,10 +99,10 @@ def _token_dtype(dtype) -> np.dtype:
         d = np.dtype(dtype)
         d = np.dtype(d.name)
     except TypeError as e:
-        raise ValueError(f"not a numpy dtype: {dtype!r}") from e
+        raise DataError(f"not a numpy dtype: {dtype!r}") from e
     if d not in DTYPE_CODES or d.kind not in "iu":
         names = ", ".join(sorted(k.name for k in DTYPE_CODES if k.kind in "iu"))
-        raise ValueError(f"unsupported token dtype {d}; use one of {names}")
+        raise DataError(f"unsupported token dtype {d}; use one of {names}")
     return d
 
 
@@ -116,21 +118,21 @@ def _cast_tokens(tokens, dtype: np.dtype) -> np.ndarray:
         try:
             values = [operator.index(v) for v in arr.reshape(-1)]
         except TypeError as e:
-            raise ValueError(f"token values must be integers: {e}") from None
+            raise DataError(f"token values must be integers: {e}") from None
         lo, hi = min(values), max(values)
         arr = np.array(values, dtype=object)
     elif kind in "iu":
         lo, hi = int(arr.min()), int(arr.max())
     elif kind == "f":
         if not np.isfinite(arr).all() or (arr != np.trunc(arr)).any():
-            raise ValueError(f"token values must be integers, got non-integral {arr.dtype} values")
+            raise DataError(f"token values must be integers, got non-integral {arr.dtype} values")
         lo, hi = int(arr.min()), int(arr.max())
     else:
-        raise ValueError(f"token values must be integers, got an array of {arr.dtype}")
+        raise DataError(f"token values must be integers, got an array of {arr.dtype}")
     info = np.iinfo(dtype)
     bad = lo if lo < info.min else hi if hi > info.max else None
     if bad is not None:
-        raise ValueError(f"token value {bad} is out of range for {dtype.name} [{info.min}, {info.max}]")
+        raise DataError(f"token value {bad} is out of range for {dtype.name} [{info.min}, {info.max}]")
     return np.ascontiguousarray(arr.reshape(-1).astype(dtype))
 
 
@@ -152,7 +154,7 @@ def _read_chunks(path: str, offset: int, dtype: np.dtype, count: int, chunk: int
         while left:
             view = buf[: min(left, chunk)]
             if f.readinto(view) != view.nbytes:
-                raise ValueError(f"{path}: truncated: ended before byte {offset + count * dtype.itemsize}")
+                raise DataError(f"{path}: truncated: ended before byte {offset + count * dtype.itemsize}")
             yield view
             left -= len(view)
 
@@ -222,7 +224,7 @@ class IndexedDatasetWriter:
         self._check_open()
         arr = _cast_tokens(tokens, self.dtype)
         if arr.size > _INT32_MAX:
-            raise ValueError(f"a sequence of {arr.size} tokens does not fit the index's int32 lengths")
+            raise DataError(f"a sequence of {arr.size} tokens does not fit the index's int32 lengths")
         self._write(arr, (arr.size,))
 
     def end_document(self) -> None:
@@ -239,11 +241,11 @@ class IndexedDatasetWriter:
         else:
             lengths = [operator.index(n) for n in lengths]
             if any(n < 0 or n > _INT32_MAX for n in lengths):
-                raise ValueError(f"sequence lengths must lie in [0, {_INT32_MAX}]: {lengths}")
+                raise DataError(f"sequence lengths must lie in [0, {_INT32_MAX}]: {lengths}")
             if sum(lengths) != arr.size:
-                raise ValueError(f"lengths sum to {sum(lengths)} but the document has {arr.size} tokens")
+                raise DataError(f"lengths sum to {sum(lengths)} but the document has {arr.size} tokens")
         if arr.size > _INT32_MAX and len(lengths) == 1:
-            raise ValueError(f"a sequence of {arr.size} tokens does not fit the index's int32 lengths")
+            raise DataError(f"a sequence of {arr.size} tokens does not fit the index's int32 lengths")
         self._write(arr, lengths)
         self._document_indices.append(len(self._lengths))
 
@@ -256,9 +258,9 @@ class IndexedDatasetWriter:
         arr = _cast_tokens(tokens, self.dtype)
         sizes = np.asarray(lengths, dtype=np.int64).reshape(-1)
         if sizes.size and (sizes.min() < 0 or sizes.max() > _INT32_MAX):
-            raise ValueError(f"sequence lengths must lie in [0, {_INT32_MAX}]")
+            raise DataError(f"sequence lengths must lie in [0, {_INT32_MAX}]")
         if int(sizes.sum()) != arr.size:
-            raise ValueError(f"lengths sum to {int(sizes.sum())} but {arr.size} tokens were given")
+            raise DataError(f"lengths sum to {int(sizes.sum())} but {arr.size} tokens were given")
         first = len(self._lengths)
         self._write(arr, sizes.tolist())
         self._document_indices.extend(range(first + 1, first + sizes.size + 1))
@@ -267,12 +269,12 @@ class IndexedDatasetWriter:
         """Append a whole existing dataset (its documents follow the ones written so far); dtypes must match."""
         self._check_open()
         if self._pending():
-            raise ValueError(
+            raise DataError(
                 f"{self._pending()} sequence(s) added since the last end_document(); end the document first"
             )
         with IndexedDatasetReader(prefix) as src:
             if src.dtype != self.dtype:
-                raise ValueError(
+                raise DataError(
                     f"cannot add {src.idx_path} ({src.dtype.name}) to {self.idx_path} ({self.dtype.name}): "
                     "dtypes differ"
                 )
@@ -313,7 +315,7 @@ class IndexedDatasetWriter:
         old ``.idx`` and an old pai-zoo sidecar are removed first)."""
         self._check_open()
         if self._pending():
-            raise ValueError(
+            raise DataError(
                 f"{self._pending()} sequence(s) added since the last end_document(); "
                 "call end_document() before finalize()"
             )
@@ -399,24 +401,29 @@ class IndexedDatasetReader:
 
     def __init__(self, prefix) -> None:
         self.prefix, self.bin_path, self.idx_path = _paths(prefix)
+        for path in (self.idx_path, self.bin_path):
+            if not os.path.isfile(path):
+                hint = (f"give the PREFIX without {self.prefix[-4:]}" if self.prefix.endswith((".bin", ".idx"))
+                        else "give the PREFIX that pai-zoo preprocess wrote (PREFIX.bin and PREFIX.idx)")
+                raise no_such_path(path, f"dataset {self.prefix}", hint=hint)
         idx_size = os.path.getsize(self.idx_path)
         if idx_size < _HEADER_SIZE:
-            raise ValueError(
+            raise DataError(
                 f"{self.idx_path}: truncated: {idx_size} bytes, shorter than the {_HEADER_SIZE}-byte header"
             )
         with open(self.idx_path, "rb") as f:
             magic, version, code, n, n_indices = _HEADER.unpack(f.read(_HEADER_SIZE))
         if magic != INDEX_HEADER:
-            raise ValueError(f"{self.idx_path}: not a Megatron MMAP index: magic {magic!r}, expected {INDEX_HEADER!r}")
+            raise DataError(f"{self.idx_path}: not a Megatron MMAP index: magic {magic!r}, expected {INDEX_HEADER!r}")
         if version != _VERSION:
-            raise ValueError(f"{self.idx_path}: unsupported index version {version}, expected {_VERSION}")
+            raise DataError(f"{self.idx_path}: unsupported index version {version}, expected {_VERSION}")
         if code not in _CODE_DTYPES:
-            raise ValueError(f"{self.idx_path}: unknown dtype code {code}")
+            raise DataError(f"{self.idx_path}: unknown dtype code {code}")
         self._dtype = _CODE_DTYPES[code]
         expected = _HEADER_SIZE + 12 * n + 8 * n_indices
         if idx_size not in (expected, expected + n) or n_indices < 1:  # + n: a multimodal index's int8 modes
             what = "truncated" if idx_size < expected else "too long"
-            raise ValueError(
+            raise DataError(
                 f"{self.idx_path}: {what}: {idx_size} bytes, but its header ({n} sequences, "
                 f"{n_indices} document indices) needs {expected}"
             )
@@ -426,17 +433,17 @@ class IndexedDatasetReader:
         self._document_indices = np.frombuffer(mm, np.dtype("<i8"), n_indices, _HEADER_SIZE + 12 * n)
         first, last = int(self._document_indices[0]), int(self._document_indices[-1])
         if first != 0 or last != n:
-            raise ValueError(
+            raise DataError(
                 f"{self.idx_path}: corrupt: document_indices run {first}..{last}, expected 0..{n} (the sequence count)"
             )
         itemsize = self._dtype.itemsize
         end = int(self._pointers[-1]) + int(self._lengths[-1]) * itemsize if n else 0
         if n and (int(self._pointers[0]) != 0 or int(self._lengths[-1]) < 0 or int(self._pointers[-1]) % itemsize):
-            raise ValueError(f"{self.idx_path}: corrupt: the first sequence pointer or last sequence length is wrong")
+            raise DataError(f"{self.idx_path}: corrupt: the first sequence pointer or last sequence length is wrong")
         bin_size = os.path.getsize(self.bin_path)
         if bin_size != end:
             what = "truncated" if bin_size < end else "too long"
-            raise ValueError(f"{self.bin_path}: {what}: {bin_size} bytes, but {self.idx_path} says {end}")
+            raise DataError(f"{self.bin_path}: {what}: {bin_size} bytes, but {self.idx_path} says {end}")
         if bin_size:  # a plain ndarray view; numpy cannot map an empty file
             self._tokens = np.asarray(np.memmap(self.bin_path, dtype=_le(self._dtype), mode="r"))
         else:
@@ -523,25 +530,25 @@ class IndexedDatasetReader:
             lengths = self._lengths[start : start + _CHUNK].astype(np.int64)
             if (lengths < 0).any():
                 bad = start + int(np.argmax(lengths < 0))
-                raise ValueError(f"{self.idx_path}: corrupt: sequence {bad} has length {int(self._lengths[bad])}")
+                raise DataError(f"{self.idx_path}: corrupt: sequence {bad} has length {int(self._lengths[bad])}")
             ends = np.cumsum(lengths) * itemsize + running
             expected = np.concatenate(([running], ends[:-1]))
             wrong = expected != self._pointers[start : start + _CHUNK]
             if wrong.any():
                 bad = start + int(np.argmax(wrong))
-                raise ValueError(
+                raise DataError(
                     f"{self.idx_path}: corrupt: sequence {bad} points at byte {int(self._pointers[bad])}, "
                     f"expected {int(expected[bad - start])}"
                 )
             running = int(ends[-1])
         if running != self._tokens.nbytes:
-            raise ValueError(
+            raise DataError(
                 f"{self.idx_path}: corrupt: lengths sum to {running} bytes, {self.bin_path} has {self._tokens.nbytes}"
             )
         for start in range(0, len(self._document_indices), _CHUNK):
             block = self._document_indices[max(start - 1, 0) : start + _CHUNK]
             if (np.diff(block) < 0).any():
-                raise ValueError(f"{self.idx_path}: corrupt: document_indices decrease near entry {start}")
+                raise DataError(f"{self.idx_path}: corrupt: document_indices decrease near entry {start}")
 
     def close(self) -> None:
         """Drop this reader's references to the maps (arrays already returned stay valid)."""
@@ -567,12 +574,15 @@ def merge(prefixes: list, output_prefix) -> None:
     """Concatenate datasets of one dtype into ``output_prefix`` (megatron builder ``add_index`` bytes)."""
     prefixes = [os.fspath(p) for p in prefixes]
     if not prefixes:
-        raise ValueError("merge: no datasets given")
+        raise DataError("merge: no datasets given")
     output_prefix = os.fspath(output_prefix)
     if os.path.abspath(output_prefix) in {os.path.abspath(p) for p in prefixes}:
-        raise ValueError(f"merge: the output {output_prefix!r} is also an input")
-    with IndexedDatasetReader(prefixes[0]) as first:
-        dtype = first.dtype
+        raise DataError(f"merge: the output {output_prefix!r} is also an input")
+    dtypes = []
+    for prefix in prefixes:  # every input opens (exists, is well-formed) before anything is written
+        with IndexedDatasetReader(prefix) as reader:
+            dtypes.append(reader.dtype)
+    dtype = dtypes[0]
     metadata: dict = {"merged_from": prefixes}
     tokenizers = [(read_sidecar(p) or {}).get("tokenizer") for p in prefixes]
     if tokenizers[0] is not None and all(t == tokenizers[0] for t in tokenizers):
@@ -598,7 +608,7 @@ def statistics(prefix, chunk_size: int | None = None) -> dict:
         max_len = hi if max_len is None else max(max_len, hi)
         total += int(chunk.sum(dtype=np.int64))
     if total != num_tokens or (min_len is not None and min_len < 0):
-        raise ValueError(f"{idx_path}: corrupt: sequence lengths sum to {total} tokens, {bin_path} holds {num_tokens}")
+        raise DataError(f"{idx_path}: corrupt: sequence lengths sum to {total} tokens, {bin_path} holds {num_tokens}")
     for chunk in _read_chunks(bin_path, 0, _le(dtype), num_tokens, chunk_size):
         lo, hi = chunk.min().item(), chunk.max().item()
         min_id = lo if min_id is None else min(min_id, lo)

@@ -34,6 +34,8 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import DataError
+
 __all__ = [
     "DEFAULT_CHAT_TEMPLATE",
     "ROLES",
@@ -64,9 +66,9 @@ MASK_DTYPE = np.uint8
 # --------------------------------------------------------------------------------------------------------------
 def _text(value: Any, where: str, what: str) -> str:
     if not isinstance(value, str):
-        raise ValueError(f"{where}: {what} must be a string, got {type(value).__name__}")
+        raise DataError(f"{where}: {what} must be a string, got {type(value).__name__}")
     if not value.strip():
-        raise ValueError(f"{where}: {what} is empty")
+        raise DataError(f"{where}: {what} is empty")
     return value
 
 
@@ -76,49 +78,50 @@ def normalize_record(record: dict, where: str) -> list[dict]:
     Accepts ``{"messages": [{"role": "system"|"user"|"assistant", "content": str}, ...]}`` (at least one assistant
     message) or Alpaca ``{"instruction": str, "input": str (optional), "output": str}``, which becomes a user message
     ``instruction`` (+ ``"\\n\\n" + input`` when non-empty) and an assistant message ``output``. Other keys are
-    ignored. Anything else raises ValueError whose message starts with ``where`` (e.g. ``"data.jsonl:17"``).
+    ignored. Anything else raises :class:`~pai_zoo.errors.DataError` (a ValueError) whose message starts with
+    ``where`` (e.g. ``"data.jsonl:17"``).
     """
     if not isinstance(record, dict):
-        raise ValueError(f"{where}: a record must be a JSON object, got {type(record).__name__}")
+        raise DataError(f"{where}: a record must be a JSON object, got {type(record).__name__}")
     has_messages, has_alpaca = "messages" in record, "instruction" in record or "output" in record
     if has_messages and has_alpaca:
-        raise ValueError(f"{where}: record has both 'messages' and 'instruction'/'output'; use one format")
+        raise DataError(f"{where}: record has both 'messages' and 'instruction'/'output'; use one format")
     if has_messages:
         raw = record["messages"]
         if not isinstance(raw, list):
-            raise ValueError(f"{where}: 'messages' must be a list, got {type(raw).__name__}")
+            raise DataError(f"{where}: 'messages' must be a list, got {type(raw).__name__}")
         if not raw:
-            raise ValueError(f"{where}: 'messages' is empty")
+            raise DataError(f"{where}: 'messages' is empty")
         messages = []
         for index, message in enumerate(raw):
             label = f"messages[{index}]"
             if not isinstance(message, dict):
-                raise ValueError(f"{where}: {label} must be an object, got {type(message).__name__}")
+                raise DataError(f"{where}: {label} must be an object, got {type(message).__name__}")
             for key in ("role", "content"):
                 if key not in message:
-                    raise ValueError(f"{where}: {label} has no {key!r}")
+                    raise DataError(f"{where}: {label} has no {key!r}")
             role = message["role"]
             if role not in ROLES:
-                raise ValueError(f"{where}: {label} has unknown role {role!r} (expected one of {', '.join(ROLES)})")
+                raise DataError(f"{where}: {label} has unknown role {role!r} (expected one of {', '.join(ROLES)})")
             messages.append({"role": role, "content": _text(message["content"], where, f"{label}.content")})
         if not any(m["role"] == "assistant" for m in messages):
-            raise ValueError(f"{where}: no assistant message: nothing to train on")
+            raise DataError(f"{where}: no assistant message: nothing to train on")
         return messages
     if has_alpaca:
         for key in ("instruction", "output"):
             if key not in record:
-                raise ValueError(f"{where}: Alpaca record has no {key!r}")
+                raise DataError(f"{where}: Alpaca record has no {key!r}")
         prompt = _text(record["instruction"], where, "'instruction'")
         extra = record.get("input")
         if extra is not None:
             if not isinstance(extra, str):
-                raise ValueError(f"{where}: 'input' must be a string, got {type(extra).__name__}")
+                raise DataError(f"{where}: 'input' must be a string, got {type(extra).__name__}")
             if extra.strip():
                 prompt += "\n\n" + extra
         output = _text(record["output"], where, "'output'")
         return [{"role": "user", "content": prompt}, {"role": "assistant", "content": output}]
     keys = ", ".join(map(repr, list(record)[:8])) or "none"
-    raise ValueError(
+    raise DataError(
         f"{where}: not an SFT record: expected 'messages' or 'instruction'/'input'/'output' keys, got {keys}"
     )
 
@@ -142,7 +145,7 @@ def _render(tokenizer, messages: list[dict], add_generation_prompt: bool, variab
     try:
         return tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, **variables)
     except jinja2.TemplateError as exc:
-        raise ValueError(f"the chat template failed on the first {len(messages)} messages: {exc}") from exc
+        raise DataError(f"the chat template failed on the first {len(messages)} messages: {exc}") from exc
 
 
 def _segments(tokenizer, messages: Sequence[dict], variables: dict) -> tuple[str, list[int], list[int]]:
@@ -150,27 +153,27 @@ def _segments(tokenizer, messages: Sequence[dict], variables: dict) -> tuple[str
     and per segment ``text[cuts[i]:cuts[i + 1]]`` a label (1 = assistant turn)."""
     messages = list(messages)
     if not any(isinstance(m, dict) and m.get("role") == "assistant" for m in messages):
-        raise ValueError("the conversation has no assistant turn: nothing to train on")
+        raise DataError("the conversation has no assistant turn: nothing to train on")
     if messages[0].get("role") == "assistant":
-        raise ValueError("the conversation starts with an assistant turn; it needs a prompt before it")
+        raise DataError("the conversation starts with an assistant turn; it needs a prompt before it")
     text = _render(tokenizer, messages, False, variables)
     cuts, labels = [0], []
 
     def cut(k: int, generation_prompt: bool, label: int) -> None:
         prefix = _render(tokenizer, messages[:k], generation_prompt, variables)
         if not text.startswith(prefix):
-            raise ValueError(
+            raise DataError(
                 f"chat template problem: rendering the first {k} of {len(messages)} messages "
                 f"(add_generation_prompt={generation_prompt}) is not a prefix of rendering them all, so the assistant "
                 f"turns cannot be located (the template renders earlier turns differently depending on later ones)"
             )
         if len(prefix) < cuts[-1]:
-            raise ValueError(f"chat template problem: renderings of growing prefixes shrink at message {k}")
+            raise DataError(f"chat template problem: renderings of growing prefixes shrink at message {k}")
         if len(prefix) > cuts[-1]:
             cuts.append(len(prefix))
             labels.append(label)
         elif label == 1:  # an empty assistant rendering
-            raise ValueError(f"chat template problem: the assistant turn at message {k - 1} renders as nothing")
+            raise DataError(f"chat template problem: the assistant turn at message {k - 1} renders as nothing")
 
     for index, message in enumerate(messages):
         if message.get("role") == "assistant":
@@ -218,7 +221,7 @@ def _special_affixes(tokenizer, text: str, core: list[int]) -> tuple[list[int], 
     for start in range(extra + 1) if extra >= 0 else ():
         if full[start : start + len(core)] == core:
             return full[:start], full[start + len(core) :]
-    raise ValueError(
+    raise DataError(
         f"tokenizer {getattr(tokenizer, 'path', tokenizer)} changes the ids of a text when adding special tokens; "
         "cannot locate them"
     )
@@ -252,7 +255,7 @@ def build_example(
     The template is ``chat_template``, else the tokenizer's, else :data:`DEFAULT_CHAT_TEMPLATE`; ``template_vars``
     become template variables. The tokens are those of the full rendering tokenized in one go: with
     ``add_special_tokens=False`` when the rendering starts with the BOS text, else as the tokenizer does by default
-    (a BOS it adds has mask 0). Raises ValueError when the conversation has no assistant turn, starts with one, or
+    (a BOS it adds has mask 0). Raises DataError when the conversation has no assistant turn, starts with one, or
     the template renders a conversation's prefix as something that is not a prefix of the whole rendering.
     See the module docstring for how token boundaries are found.
     """
@@ -299,9 +302,9 @@ def _arrays(tokens, loss_mask, index: int | str) -> tuple[np.ndarray, np.ndarray
     tokens = np.asarray(tokens, dtype=TOKEN_DTYPE).reshape(-1)
     mask = np.asarray(loss_mask).reshape(-1)
     if tokens.shape != mask.shape:
-        raise ValueError(f"example {index}: {tokens.size} tokens but a loss mask of {mask.size}")
+        raise DataError(f"example {index}: {tokens.size} tokens but a loss mask of {mask.size}")
     if mask.size and not np.isin(mask, (0, 1)).all():
-        raise ValueError(f"example {index}: the loss mask must hold only 0 and 1")
+        raise DataError(f"example {index}: the loss mask must hold only 0 and 1")
     return tokens, mask.astype(MASK_DTYPE)
 
 
@@ -318,9 +321,9 @@ def pack(
     (mask too), counted in ``stats.truncated``, and fills a pack alone. Empty records are an error. Deterministic.
     """
     if not isinstance(seq_length, int) or seq_length < 1:
-        raise ValueError(f"seq_length must be a positive integer, got {seq_length!r}")
+        raise DataError(f"seq_length must be a positive integer, got {seq_length!r}")
     if pad_id is None:
-        raise ValueError("pad_id is None: pass the tokenizer's pad id (or its EOS id when it has none)")
+        raise DataError("pad_id is None: pass the tokenizer's pad id (or its EOS id when it has none)")
     stats = stats if stats is not None else PackStats()
     parts: list[tuple[np.ndarray, np.ndarray]] = []
     used = 0
@@ -345,7 +348,7 @@ def pack(
     for index, example in enumerate(examples):
         tokens, mask = _arrays(*example, index=index)
         if tokens.size == 0:
-            raise ValueError(f"example {index} is empty")
+            raise DataError(f"example {index} is empty")
         stats.records += 1
         if tokens.size > seq_length:
             tokens, mask = tokens[:seq_length], mask[:seq_length]
@@ -370,9 +373,9 @@ def pad_to_multiple(
     """``(tokens, loss_mask)`` as int64 / uint8 arrays padded with ``pad_id`` (mask 0) up to the next multiple of
     ``multiple`` (unpacked SFT; 128 as the PAI recipe's ``pad_length``). ``pad_id`` is required."""
     if not isinstance(multiple, int) or multiple < 1:
-        raise ValueError(f"multiple must be a positive integer, got {multiple!r}")
+        raise DataError(f"multiple must be a positive integer, got {multiple!r}")
     if pad_id is None:
-        raise ValueError("pad_id is None: pass the tokenizer's pad id (or its EOS id when it has none)")
+        raise DataError("pad_id is None: pass the tokenizer's pad id (or its EOS id when it has none)")
     tokens, mask = _arrays(tokens, loss_mask, index="to pad")
     padding = -tokens.size % multiple
     if padding:

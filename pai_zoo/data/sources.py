@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Iterator
 
-from ..errors import PaiZooError
+from ..errors import PaiZooError, no_such_path
 
 JSON_SUFFIXES = (".jsonl", ".json", ".ndjson")
 TEXT_MODES = ("file", "paragraph")
@@ -34,7 +34,7 @@ def expand_inputs(inputs) -> list[Path]:
             if path.is_dir():
                 raise PaiZooError(f"{path}: is a folder; name files or a glob such as '{path}/*.jsonl'")
             if not path.is_file():
-                raise PaiZooError(f"{path}: no such file")
+                raise no_such_path(path)
             files.append(path)
     return files
 

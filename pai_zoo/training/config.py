@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ..errors import PaiZooError
+from ..errors import PaiZooError, no_such_path
 
 
 class TrainConfigError(PaiZooError):
@@ -166,7 +166,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     try:
         values = yaml.safe_load(path.read_text())
     except FileNotFoundError:
-        raise TrainConfigError(f"{path}: no such file") from None
+        raise no_such_path(path, "the YAML file of training settings") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)

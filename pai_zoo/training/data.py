@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import PaiZooError
+from ..errors import PaiZooError, no_such_path
 from .config import TrainConfig
 
 
@@ -41,8 +41,8 @@ def _check_prefixes(prefixes: list[str], suffix: str = "") -> None:
     for prefix in prefixes:
         for ext in (".bin", ".idx"):
             if not Path(prefix + suffix + ext).is_file():
-                hint = " (SFT data: give the prefix without _text_document)" if suffix else ""
-                raise PaiZooError(f"--data {prefix}: {prefix + suffix + ext} not found{hint}")
+                hint = "SFT data: give the prefix without _text_document" if suffix else None
+                raise no_such_path(prefix + suffix + ext, f"--data {prefix}", hint=hint)
 
 
 def _split_bounds(n: int, weights: list[float]) -> list[tuple[int, int]]:
