@@ -2,6 +2,7 @@
 and, where one helps, the fix; ``hint`` holds a second line the CLI prints as ``hint: ...``."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 
@@ -30,6 +31,11 @@ class NoSuchPathError(PaiZooError, FileNotFoundError):
 def no_such_path(path, detail: str = "", *, hint: str | None = None) -> NoSuchPathError:
     """A :class:`NoSuchPathError` for ``path``, with ``detail`` after the path (what was expected there)."""
     return NoSuchPathError(f"no such file or folder: {Path(path)}" + (f" ({detail})" if detail else ""), hint=hint)
+
+
+def looks_like_path(name: str) -> bool:
+    """Whether a name the user gave is meant as a path (it has a separator or starts with ``.`` or ``~``)."""
+    return "/" in name or os.sep in name or name.startswith((".", "~"))
 
 
 class PluginError(PaiZooError):

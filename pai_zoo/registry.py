@@ -18,7 +18,7 @@ from typing import Any, Iterable
 import pluggy
 
 from . import defaults, hookspecs
-from .errors import PluginError, UnknownModelError
+from .errors import PluginError, UnknownModelError, looks_like_path
 from .family import Family
 
 ENTRY_POINT_GROUP = "pai_zoo"
@@ -177,7 +177,7 @@ class Registry:
         return self.pm.hook.pai_zoo_tokenizer(family=family, path=Path(path))
 
     def _unknown(self, name: str) -> str:
-        if _looks_like_path(name):  # a missing path says so first, without the list of every preset
+        if looks_like_path(name):  # a missing path says so first, without the list of every preset
             return (f"no such file or folder: {name} (and {name!r} is no preset or family name; "
                     "`pai-zoo list` shows the installed families)")
         presets = ", ".join(sorted(p for f in self.families.values() for p in f.presets)) or "none"
@@ -187,10 +187,6 @@ class Registry:
         if broken:
             msg += f"; broken plugins: {', '.join(broken)} (see `pai-zoo list`)"
         return msg
-
-
-def _looks_like_path(name: str) -> bool:
-    return "/" in name or os.sep in name or name.startswith((".", "~"))
 
 
 def _dist_of(ep) -> tuple[str, str]:

@@ -5,6 +5,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from ..errors import no_such_path
 from .params import GenerationError
 
 
@@ -105,6 +106,8 @@ def read_prompts(path, chat: bool = False) -> list[tuple[str, dict, Any]]:
     out = []
     try:
         handle = open(path, encoding="utf-8")
+    except FileNotFoundError:
+        raise no_such_path(path, "the prompts file") from None
     except OSError as exc:
         raise GenerationError(f"{path}: cannot read prompts: {exc.strerror or exc}") from exc
     with handle:

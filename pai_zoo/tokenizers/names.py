@@ -23,7 +23,7 @@ import shutil
 from pathlib import Path
 from typing import NamedTuple
 
-from ..errors import PaiZooError
+from ..errors import PaiZooError, looks_like_path, no_such_path
 
 __all__ = ["NoBundledTokenizerError", "TokenizerRef", "bundled_tokenizer_folder", "describe_tokenizer",
            "family_tokenizer", "model_tokenizer", "resolve_tokenizer"]
@@ -203,6 +203,9 @@ def resolve_tokenizer(spec) -> TokenizerRef:
     elif registry.is_family(name):
         family = registry.family(name)
     else:
+        if looks_like_path(name):
+            raise no_such_path(path, f"--tokenizer {name}",
+                               hint="pass a checkpoint folder, a tokenizer file, a family or a preset")
         raise PaiZooError(f"--tokenizer {name}: not a file, a folder, a family or a preset")
     if family.is_test_preset(name):
         if family.test_tokenizer is None:
