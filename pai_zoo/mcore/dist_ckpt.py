@@ -101,6 +101,9 @@ def meta_model(family: Family, config: McoreConfig, dtype: torch.dtype, padded_v
 def layout_of(family: Family, config: McoreConfig, dtype: torch.dtype, padded_vocab_size: int,
               head: dict | None = None) -> Layout:
     """The checkpoint layout of ``config``'s model, from megatron-core's ``sharded_state_dict``."""
+    from . import import_megatron
+
+    import_megatron()  # megatron-core's CPU notices silenced
     from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor, apply_factories
 
     model = meta_model(family, config, dtype, padded_vocab_size, head)
@@ -429,6 +432,9 @@ class MegatronCheckpoint:
 def load_model_weights(model, path) -> None:
     """Load a checkpoint folder into a (possibly TP/PP-sharded) ``GPTModel`` with megatron-core's
     own loader, as Megatron-LM's ``--load`` does."""
+    from . import import_megatron
+
+    import_megatron()  # megatron-core's CPU notices silenced
     from megatron.core import dist_checkpointing
 
     folder = iteration_dir(path)

@@ -69,6 +69,9 @@ class Trainer:
             raise TrainConfigError(f"--model {self.cfg.model}: {e}") from None
 
     def setup(self) -> None:
+        from ..mcore import import_megatron
+
+        import_megatron()  # megatron-core's CPU notices silenced
         from megatron.core import parallel_state
 
         from ..hf import config_dict, hf_config
