@@ -15,24 +15,16 @@ neither torch nor megatron-core.
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Mapping
 
-__all__ = ["CACHE_ENV", "cache_dir", "read", "record", "results_path"]
+from .util.cache import cache_dir
+from .util.files import write_text_atomic
 
-#: Environment variable naming pai-zoo's cache folder (default ``~/.cache/pai-zoo``).
-CACHE_ENV = "PAI_ZOO_CACHE"
+__all__ = ["read", "record", "results_path"]
+
 OUTCOMES = ("passed", "failed", "skipped")
-
-
-def cache_dir() -> Path:
-    """pai-zoo's cache folder: ``$PAI_ZOO_CACHE``, else ``$XDG_CACHE_HOME/pai-zoo``, else ``~/.cache/pai-zoo``."""
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "pai-zoo"
 
 
 def results_path(family: str) -> Path:
@@ -76,7 +68,4 @@ def record(family: str, outcomes: Mapping[str, str], versions: Mapping[str, str 
         checks[name] = {"outcome": outcome, "date": now, **stamp}
     data = {"family": family, "updated": now, "checks": dict(sorted(checks.items()))}
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    tmp.replace(path)
-    return path
+    return write_text_atomic(path, json.dumps(data, indent=2) + "\n")

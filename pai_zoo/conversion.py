@@ -23,7 +23,7 @@ from .errors import PaiZooError, no_such_path
 from .family import Family
 from .mapping import TO_MCORE, MappingContext
 from .mcore import dist_ckpt
-from .progress import Progress
+from .util.progress import Progress
 from .registry import get_registry
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,

@@ -10,6 +10,7 @@ from .config_map import McoreConfig
 from .errors import PaiZooError, UnknownModelError
 from .family import Family
 from .registry import get_registry
+from .util.dist import is_rank0, single_process_env
 
 BACKENDS = ("mcore", "hf")
 
@@ -239,7 +240,7 @@ def load_mcore_weights(model, source: Source, config: McoreConfig, dtype, scratc
         if scratch is None:
             raise PaiZooError(f"{source.path}: a Hugging Face folder loads into one process; for tp/pp > 1 "
                               f"convert it first (pai-zoo convert {source.path} DST --to mcore)")
-        rank0 = torch.distributed.get_rank() == 0
+        rank0 = is_rank0()
         failed = torch.zeros(1)
         if rank0:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -257,18 +258,6 @@ def load_mcore_weights(model, source: Source, config: McoreConfig, dtype, scratc
         torch.distributed.barrier()
         if rank0:
             shutil.rmtree(scratch, ignore_errors=True)
-
-
-#: Environment variables torchrun sets (and ``TORCHELASTIC_*``); a child started without them is a single process.
-_TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
-                 "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-
-
-def single_process_env() -> dict:
-    """This process's environment without torchrun's variables (for a child that must not join the group)."""
-    import os
-
-    return {k: v for k, v in os.environ.items() if k not in _TORCHRUN_ENV and not k.startswith("TORCHELASTIC_")}
 
 
 def model_vocab_rows(model) -> int | None:

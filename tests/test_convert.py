@@ -16,7 +16,7 @@ from pai_zoo.checkpoint import SAFETENSORS_INDEX
 from pai_zoo.conversion import convert
 from pai_zoo.errors import MappingError, PaiZooError, UnknownModelError
 from pai_zoo.mcore import dist_ckpt
-from pai_zoo.progress import Progress
+from pai_zoo.util.progress import Progress
 
 PAI_ZOO = str(Path(sys.executable).parent / "pai-zoo")
 

@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "pai_zoo"
 # Layers, bottom (0) to top (5). A module's layer is that of the longest name here that it equals or lies under.
 LAYERS = {
     0: ("errors", "config_map", "mapping", "layouts", "family", "hookspecs", "registry", "defaults"),
-    1: ("util", "background", "progress"),
+    1: ("util", "background"),
     2: ("tokenizer", "tokenizers", "tokenizer_names", "hf", "hf_reference", "weights", "checkpoint", "mcore",
         "conformance_record", "testing"),
     3: ("handle", "conversion", "run_checkpoint"),

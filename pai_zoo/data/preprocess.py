@@ -20,7 +20,7 @@ from itertools import chain, islice
 from typing import Callable, Iterable, Iterator
 
 from ..errors import PaiZooError
-from ..progress import Progress
+from ..util.progress import Progress
 from ..tokenizers.names import TokenizerRef, resolve_tokenizer
 from .sources import BadRecord, iter_raw_records
 

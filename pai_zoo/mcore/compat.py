@@ -24,11 +24,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
-import os
 import socket
 
 import torch
 
+from ..util.dist import launched_by_torchrun
 from . import import_megatron
 
 import_megatron()
@@ -212,7 +212,7 @@ def ensure_model_parallel(tensor_parallel_size: int = 1, pipeline_parallel_size:
 
     apply_cpu_patch()
     if not torch.distributed.is_initialized():
-        if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # launched by torchrun
+        if launched_by_torchrun():
             backend = "nccl" if torch.cuda.is_available() else "gloo"
             torch.distributed.init_process_group(backend)
         else:

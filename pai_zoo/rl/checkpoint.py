@@ -1,6 +1,6 @@
 """Checkpoints of RL-trained models in Megatron-Core's distributed format, resumable.
 
-A model folder is a ``pai-zoo train`` run folder: :func:`pai_zoo.training.checkpointing.save_checkpoint`
+A model folder is a ``pai-zoo train`` run folder: :func:`pai_zoo.run_checkpoint.save_checkpoint`
 writes ``FOLDER/iter_NNNNNNN/`` (model, optimizer, scheduler and RNG states through megatron-core's
 ``dist_checkpointing``, atomically) and the tracker; this module adds ``FOLDER/pai_zoo.json`` (the
 model config and, for a reward model or critic, its score head) and ``FOLDER/hf/`` (config and
@@ -10,23 +10,14 @@ The trainer's own state (step, KL controller ...) is the checkpoint's common sta
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
-import torch
-
 from ..mcore import dist_ckpt
-
-
-def _rank() -> int:
-    return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+from ..run_checkpoint import latest_iteration as _latest_iteration
+from ..run_checkpoint import load_checkpoint, save_checkpoint
+from ..util.dist import is_rank0
+from ..util.files import write_text_atomic
 
 
 def describe_model(folder, handle, model, head: dict | None = None) -> None:
@@ -37,7 +28,7 @@ def describe_model(folder, handle, model, head: dict | None = None) -> None:
     from ..checkpoint import tokenizer_files
     from ..mcore.heads import untied
 
-    if _rank() != 0:
+    if not is_rank0():
         return
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -48,7 +39,7 @@ def describe_model(folder, handle, model, head: dict | None = None) -> None:
     dist_ckpt.write_pai_zoo_config(folder, config, tp, pp, dtype, padded)
     record = json.loads((folder / dist_ckpt.PAI_ZOO_CONFIG).read_text())
     record["head"] = head
-    _write_atomic(folder / dist_ckpt.PAI_ZOO_CONFIG, json.dumps(record, indent=2) + "\n")
+    write_text_atomic(folder / dist_ckpt.PAI_ZOO_CONFIG, json.dumps(record, indent=2) + "\n")
     hf_dir = folder / dist_ckpt.HF_DIR
     hf_dir.mkdir(exist_ok=True)
     hf.hf_config_from_mcore(handle.family, config).to_json_file(hf_dir / "config.json")
@@ -65,8 +56,6 @@ def save_model(folder, handle, model, optimizer, iteration: int, head: dict | No
     """Save ``model`` (built like ``handle``'s, possibly with a score head) with its
     :class:`~pai_zoo.rl.models.Optimizer` as iteration ``iteration`` of ``folder``; ``state`` is
     the trainer's own (JSON-able or picklable) state. Every model-parallel rank calls it."""
-    from ..training.checkpointing import save_checkpoint
-
     describe_model(folder, handle, model, head)
     return save_checkpoint(Path(folder), iteration, model, optimizer.optimizer, optimizer.scheduler,
                            {"rl_state": state or {}})
@@ -75,16 +64,12 @@ def save_model(folder, handle, model, optimizer, iteration: int, head: dict | No
 def load_model_state(folder, model, optimizer) -> dict:
     """Restore ``model`` and its optimizer, scheduler and RNG states from ``folder``'s latest
     iteration; returns the trainer state saved with it."""
-    from ..training.checkpointing import load_checkpoint
-
     return load_checkpoint(Path(folder), model, optimizer.optimizer, optimizer.scheduler).get("rl_state", {})
 
 
 def latest_iteration(folder) -> int | None:
     """The iteration ``folder``'s tracker names, or None when there is no checkpoint."""
-    from ..training.checkpointing import latest_iteration as latest
-
-    return latest(Path(folder))
+    return _latest_iteration(Path(folder))
 
 
 def _hf_side(path) -> Path | None:

@@ -80,7 +80,7 @@ class Optimizer:
     """How a model of an RL run is trained, with the pieces ``pai-zoo train`` uses: megatron-core's
     ``DistributedDataParallel`` (gradient buffers, data-parallel reduction), its Adam optimizer
     (tensor-parallel-aware gradient-norm clipping) and an ``OptimizerParamScheduler`` at a constant
-    learning rate; checkpointed with :mod:`pai_zoo.training.checkpointing`."""
+    learning rate; checkpointed with :mod:`pai_zoo.run_checkpoint`."""
 
     def __init__(self, model, lr: float, weight_decay: float = 0.0, max_grad_norm: float = 1.0):
         from ..training.optim import megatron_optimizer

@@ -83,7 +83,7 @@ class _PPORun:
 
         from .checkpoint import latest_iteration, load_model_state
         from ..mcore.heads import has_score_head
-        from .log import MetricsLog
+        from ..util.metrics import MetricsLog
         from .models import (
             Optimizer,
             check_same_tokenizer,
@@ -140,7 +140,8 @@ class _PPORun:
             self.kl.load_state_dict(state["kl"])
             self.step = state["step"]
         self.pad_id = pad_id_of(self.actor)
-        self.log = MetricsLog(self.save / "log.jsonl", "ppo", quiet=s["quiet"])
+        self.log = MetricsLog(self.save / "log.jsonl", None if resume_at is None else self.step,
+                              prefix=None if s["quiet"] else "ppo")
         self.resumed_from = resume_at
 
     def _prompts(self, prompts) -> list[list[int]]:

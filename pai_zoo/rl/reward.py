@@ -49,7 +49,7 @@ class RewardTrainer(RLTrainer):
         from .checkpoint import save_model
         from .data import read_pairs
         from ..mcore.heads import head_record
-        from .log import MetricsLog
+        from ..util.metrics import MetricsLog
         from .models import Optimizer, load_model, pad_id_of, value_model
         from .ops import pairwise_loss
 
@@ -73,7 +73,7 @@ class RewardTrainer(RLTrainer):
         held = max(1, round(len(pairs) * s["eval_fraction"])) if len(pairs) > 1 and s["eval_fraction"] > 0 else 0
         evaluation, train = [pairs[i] for i in order[:held]], [pairs[i] for i in order[held:]]
         optimizer = Optimizer(model, s["lr"], s["weight_decay"], s["max_grad_norm"])
-        log = MetricsLog(Path(s["save"]) / "log.jsonl", "reward")
+        log = MetricsLog(Path(s["save"]) / "log.jsonl", prefix="reward")
         accuracy_before = evaluate(model, evaluation, pad_id)
         log.write({"step": 0, "eval_accuracy": accuracy_before, "eval_pairs": len(evaluation), "train_pairs": len(train)})
         step, loss = 0, float("nan")

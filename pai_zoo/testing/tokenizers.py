@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..util.files import atomic_path, write_text_atomic
+
 __all__ = ["SAMPLE_TEXT", "ByteLevelBPE", "SentencePieceBPE", "TiktokenBPE", "write_json"]
 
 #: Training text shared by the test tokenizers: English, contractions, code, digits, whitespace runs, CJK, emoji.
@@ -41,18 +43,13 @@ SENTENCEPIECE_OPTIONS = {
 
 def write_json(path, data: Mapping[str, Any]) -> Path:
     """Write ``data`` as indented UTF-8 JSON to ``path`` through a temporary name."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    tmp.replace(path)
-    return path
+    return write_text_atomic(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
 
 
 def _save(tokenizer, path: Path) -> None:
     """Save a ``tokenizers.Tokenizer`` to ``path`` through a temporary name."""
-    tmp = path.with_name(path.name + ".tmp")
-    tokenizer.save(str(tmp))
-    tmp.replace(path)
+    with atomic_path(path) as tmp:
+        tokenizer.save(str(tmp))
 
 
 def _append_special_tokens(tokenizer, tokens: Sequence[str]) -> dict[str, int]:
@@ -240,9 +237,8 @@ class SentencePieceBPE:
         model = self.train()
         if self.tokenizer_json:
             _save(self._converted(model), folder / "tokenizer.json")
-        tmp = folder / "tokenizer.model.tmp"
-        tmp.write_bytes(model)
-        tmp.replace(folder / "tokenizer.model")
+        with atomic_path(folder / "tokenizer.model") as tmp:
+            tmp.write_bytes(model)
         write_json(folder / "tokenizer_config.json", self.config)
         return folder
 
@@ -282,9 +278,8 @@ class TiktokenBPE:
 
         folder = _folder(folder)
         ranks = sorted(self.train().items(), key=lambda kv: kv[1])
-        tmp = folder / (self.file_name + ".tmp")
-        tmp.write_text("".join(f"{base64.b64encode(t).decode('ascii')} {r}\n" for t, r in ranks), encoding="ascii")
-        tmp.replace(folder / self.file_name)
+        write_text_atomic(folder / self.file_name,
+                          "".join(f"{base64.b64encode(t).decode('ascii')} {r}\n" for t, r in ranks), encoding="ascii")
         if self.tokenizer_json:
             from transformers.convert_slow_tokenizer import TikTokenConverter
 

@@ -12,7 +12,7 @@
   model.
 
 Bundled tokenizers are written once under pai-zoo's cache folder (``$PAI_ZOO_CACHE``, default
-``~/.cache/pai-zoo``; :func:`pai_zoo.conformance_record.cache_dir`) and read from there. This module imports no
+``~/.cache/pai-zoo``; :func:`pai_zoo.util.cache.cache_dir`) and read from there. This module imports no
 third-party package.
 """
 from __future__ import annotations
@@ -64,7 +64,7 @@ def bundled_tokenizer_folder(family, kind: str = "test") -> Path:
     """The folder of a family's bundled tokenizer, ``kind`` ``"test"`` (``Family.test_tokenizer``) or
     ``"published"`` (``Family.published_tokenizer``), written under pai-zoo's cache folder on first use
     (through a temporary folder, so concurrent processes never see half a tokenizer)."""
-    from ..conformance_record import cache_dir
+    from ..util.cache import cache_dir
     from ..registry import get_registry
 
     root = cache_dir()

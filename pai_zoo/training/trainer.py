@@ -20,6 +20,10 @@ from pathlib import Path
 import torch
 
 from ..errors import PaiZooError
+from ..run_checkpoint import latest_iteration, load_checkpoint, save_checkpoint
+from ..util.dist import rank, world_size
+from ..util.files import write_text_atomic
+from ..util.metrics import MetricsLog
 from .config import TrainConfig, TrainConfigError
 
 #: Settings that must not change when a run is resumed.
@@ -46,9 +50,7 @@ class StepMetrics:
 
 
 def _world() -> tuple[int, int]:
-    if torch.distributed.is_initialized():
-        return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    return rank(), world_size()
 
 
 class Trainer:
@@ -172,9 +174,7 @@ class Trainer:
             origin = None if tokenizer is None else Path(tokenizer.path).parent
         for file in tokenizer_files(origin) if origin is not None else ():
             shutil.copy2(file, hf_dir / file.name)
-        tmp = self.save_dir / (CONFIG_FILE + ".tmp")
-        tmp.write_text(json.dumps(self.cfg.to_dict(), indent=2) + "\n")
-        tmp.replace(self.save_dir / CONFIG_FILE)
+        write_text_atomic(self.save_dir / CONFIG_FILE, json.dumps(self.cfg.to_dict(), indent=2) + "\n")
 
     def _build_optimizer(self) -> None:
         from .optim import megatron_optimizer
@@ -214,8 +214,6 @@ class Trainer:
 
     # -- running ------------------------------------------------------------------------------
     def _latest(self) -> int | None:
-        from .checkpointing import latest_iteration
-
         return latest_iteration(self.save_dir)
 
     def _forward_step(self, data_iterator, model):
@@ -285,15 +283,11 @@ class Trainer:
         return tokens_per_s * model_flops_per_token(self.mcore_config, length) / (peak * self.world)
 
     def save(self, step: int) -> Path:
-        from .checkpointing import save_checkpoint
-
         return save_checkpoint(self.save_dir, step, self.model, self.optimizer, self.scheduler,
                                {"consumed_samples": step * self.cfg.global_batch_size,
                                 "train_config": self.cfg.to_dict()})
 
     def run(self) -> dict:
-        from .checkpointing import load_checkpoint
-
         self.setup()
         cfg = self.cfg
         start = 0
@@ -369,33 +363,6 @@ class StepDisplay:
     def close(self) -> None:
         if self.enabled:
             self.stream.write("\n")
-
-
-class MetricsLog:
-    """``metrics.jsonl``: one JSON object per logged step; on resume, lines past the resumed step
-    (written after the last checkpoint by the interrupted run) are dropped."""
-
-    def __init__(self, path: Path, resumed_step: int):
-        self.path = path
-        kept = []
-        if path.is_file():
-            for line in path.read_text().splitlines():
-                try:
-                    if json.loads(line)["step"] <= resumed_step:
-                        kept.append(line)
-                except (ValueError, KeyError, TypeError):
-                    break  # a torn last line
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text("".join(line + "\n" for line in kept))
-        tmp.replace(path)
-        self.file = open(path, "a")
-
-    def write(self, record: dict) -> None:
-        self.file.write(json.dumps(record) + "\n")
-        self.file.flush()
-
-    def close(self) -> None:
-        self.file.close()
 
 
 def train(cfg: TrainConfig, echo=print) -> dict:

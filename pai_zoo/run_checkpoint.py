@@ -1,4 +1,5 @@
-"""Training checkpoints in Megatron-Core's distributed format, saved atomically and resumed exactly.
+"""Run checkpoints in Megatron-Core's distributed format, saved atomically and resumed exactly: the one format of
+``pai-zoo train`` (:mod:`pai_zoo.training`) and ``pai-zoo rl`` (:mod:`pai_zoo.rl.checkpoint`) run folders.
 
 A run folder::
 
@@ -23,8 +24,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import PaiZooError
-from ..mcore.dist_ckpt import TRACKER, iteration_dir
+from .errors import PaiZooError
+from .mcore.dist_ckpt import TRACKER, iteration_dir
 
 #: Bumped when the content of the common state changes incompatibly.
 FORMAT = 1

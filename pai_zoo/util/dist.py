@@ -1,0 +1,53 @@
+"""The distributed environment: this process's rank and world size, rank 0, and whether torchrun launched it.
+
+Before ``torch.distributed`` is initialized (or without torch imported) the answers come from torchrun's
+environment variables; this module never imports torch itself."""
+from __future__ import annotations
+
+import os
+import sys
+
+__all__ = ["TORCHRUN_ENV", "is_rank0", "launched_by_torchrun", "local_rank", "rank", "single_process_env", "world_size"]
+
+#: The environment variables torchrun sets for its workers.
+TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
+                "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def _initialized():
+    dist = sys.modules.get("torch.distributed")
+    return dist if dist is not None and dist.is_available() and dist.is_initialized() else None
+
+
+def launched_by_torchrun(env=None) -> bool:
+    """Whether the process runs under torchrun (``RANK`` and ``WORLD_SIZE`` are set)."""
+    env = os.environ if env is None else env
+    return "RANK" in env and "WORLD_SIZE" in env
+
+
+def rank() -> int:
+    """The global rank: ``torch.distributed``'s once initialized, else ``$RANK`` (0 without one)."""
+    dist = _initialized()
+    return dist.get_rank() if dist is not None else int(os.environ.get("RANK", "0"))
+
+
+def world_size() -> int:
+    """The number of processes: ``torch.distributed``'s once initialized, else ``$WORLD_SIZE`` (1)."""
+    dist = _initialized()
+    return dist.get_world_size() if dist is not None else int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def local_rank() -> int:
+    """The rank on this machine: ``$LOCAL_RANK`` (0 without one)."""
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def is_rank0() -> bool:
+    """Whether this process is global rank 0 (the one that writes shared files and prints)."""
+    return rank() == 0
+
+
+def single_process_env() -> dict:
+    """This process's environment without torchrun's variables (and ``TORCHELASTIC_*``), for a child process that
+    must not join the process group."""
+    return {k: v for k, v in os.environ.items() if k not in TORCHRUN_ENV and not k.startswith("TORCHELASTIC_")}
