@@ -14,6 +14,7 @@ OUT --to hf`` and ``pai_zoo.load(DIR)`` read the latest iteration. An iteration 
 ``iter_N.tmp`` and renamed when every rank has finished; the tracker file is replaced
 afterwards, so an interrupted save leaves the previous checkpoint as the latest.
 """
+
 from __future__ import annotations
 
 import os
@@ -56,8 +57,10 @@ def _rng_state() -> dict:
         "numpy": np.random.get_state(),
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
-        "tracker": {k: v.clone() if torch.is_tensor(v) else v
-                    for k, v in tensor_parallel.get_cuda_rng_tracker().get_states().items()},
+        "tracker": {
+            k: v.clone() if torch.is_tensor(v) else v
+            for k, v in tensor_parallel.get_cuda_rng_tracker().get_states().items()
+        },
     }
 
 
@@ -81,9 +84,14 @@ def _sharded_state(model, optimizer, scheduler, common: dict, loading: bool) -> 
     state["model"] = model_state
     state["optimizer"] = optimizer.sharded_state_dict(model_state, is_loading=loading)
     state["opt_param_scheduler"] = scheduler.state_dict()
-    pp, tp = parallel_state.get_pipeline_model_parallel_world_size(), parallel_state.get_tensor_model_parallel_world_size()
+    pp, tp = (
+        parallel_state.get_pipeline_model_parallel_world_size(),
+        parallel_state.get_tensor_model_parallel_world_size(),
+    )
     state["rng_state"] = ShardedObject(
-        "rng_state", None if loading else _rng_state(), (pp, tp),
+        "rng_state",
+        None if loading else _rng_state(),
+        (pp, tp),
         (parallel_state.get_pipeline_model_parallel_rank(), parallel_state.get_tensor_model_parallel_rank()),
         replica_id=parallel_state.get_data_parallel_rank(),
     )
@@ -141,7 +149,9 @@ def save_checkpoint(folder: Path, iteration: int, model, optimizer, scheduler, c
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     torch.distributed.barrier()
-    state = _sharded_state(model, optimizer, scheduler, {**common, "iteration": iteration, "pai_zoo_format": FORMAT}, False)
+    state = _sharded_state(
+        model, optimizer, scheduler, {**common, "iteration": iteration, "pai_zoo_format": FORMAT}, False
+    )
     dist_checkpointing.save(state, str(tmp))
     torch.distributed.barrier()
     if rank == 0:

@@ -4,6 +4,7 @@ Every module of ``pai_zoo/`` is read with :mod:`ast`; imports inside functions c
 do not. A module may import only from its own layer or below, and pai-zoo's modules must not import each other in a
 cycle (neither across layers nor within one).
 """
+
 from __future__ import annotations
 
 import ast
@@ -17,15 +18,31 @@ PACKAGE = Path(__file__).resolve().parents[1] / "pai_zoo"
 LAYERS = {
     0: ("errors", "config_map", "mapping", "layouts", "family", "hookspecs", "registry", "defaults"),
     1: ("util", "background"),
-    2: ("tokenizer", "tokenizers", "tokenizer_names", "hf", "hf_reference", "weights", "checkpoint", "mcore",
-        "conformance_record", "testing"),
+    2: (
+        "tokenizer",
+        "tokenizers",
+        "tokenizer_names",
+        "hf",
+        "hf_reference",
+        "weights",
+        "checkpoint",
+        "mcore",
+        "conformance_record",
+        "testing",
+    ),
     3: ("handle", "conversion", "run_checkpoint"),
     4: ("data", "generation", "training", "rl"),
     5: ("cli", "demo"),
 }
 PACKAGE_LAYER = 5  # ``pai_zoo/__init__.py`` re-exports the API (``load``, ``convert``) on top of everything
-LAYER_NAMES = {0: "L0 spec & registry", 1: "L1 utilities", 2: "L2 backends", 3: "L3 API", 4: "L4 workflows",
-               5: "L5 cli"}
+LAYER_NAMES = {
+    0: "L0 spec & registry",
+    1: "L1 utilities",
+    2: "L2 backends",
+    3: "L3 API",
+    4: "L4 workflows",
+    5: "L5 cli",
+}
 
 
 def _modules() -> dict[str, Path]:
@@ -132,8 +149,10 @@ def upward_imports(graph: dict[str, dict[str, int]], mods: dict[str, Path]) -> l
         for imported, line in sorted(deps.items()):
             if layer_of(imported) > layer_of(importer):
                 where = f"{mods[importer].relative_to(PACKAGE.parent)}:{line}"
-                out.append(f"{importer} ({LAYER_NAMES[layer_of(importer)]}) -> {imported} "
-                           f"({LAYER_NAMES[layer_of(imported)]}) at {where}")
+                out.append(
+                    f"{importer} ({LAYER_NAMES[layer_of(importer)]}) -> {imported} "
+                    f"({LAYER_NAMES[layer_of(imported)]}) at {where}"
+                )
     return out
 
 
@@ -163,22 +182,33 @@ def test_no_import_from_a_higher_layer(graph):
 
 # -- the checker itself can fail ---------------------------------------------------------------------------------
 def test_checker_finds_a_cycle_and_an_upward_import():
-    graph = {"pai_zoo.registry": {"pai_zoo.defaults": 1}, "pai_zoo.defaults": {"pai_zoo.rl.ppo": 2},
-             "pai_zoo.rl.ppo": {"pai_zoo.registry": 3}, "pai_zoo.errors": {}}
+    graph = {
+        "pai_zoo.registry": {"pai_zoo.defaults": 1},
+        "pai_zoo.defaults": {"pai_zoo.rl.ppo": 2},
+        "pai_zoo.rl.ppo": {"pai_zoo.registry": 3},
+        "pai_zoo.errors": {},
+    }
     assert cycles(graph) == [["pai_zoo.defaults", "pai_zoo.registry", "pai_zoo.rl.ppo"]]
     mods = {name: PACKAGE / "x.py" for name in graph}
     assert upward_imports(graph, mods) == [
-        "pai_zoo.defaults (L0 spec & registry) -> pai_zoo.rl.ppo (L4 workflows) at pai_zoo/x.py:2"]
+        "pai_zoo.defaults (L0 spec & registry) -> pai_zoo.rl.ppo (L4 workflows) at pai_zoo/x.py:2"
+    ]
 
 
 def test_function_level_imports_count_and_type_checking_ones_do_not(tmp_path):
     pkg = tmp_path / "pai_zoo"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
-    (pkg / "errors.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .handle import x\n"
-                                   "def f():\n    from . import cli\n")
+    (pkg / "errors.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .handle import x\n"
+        "def f():\n    from . import cli\n"
+    )
     (pkg / "handle.py").write_text("")
     (pkg / "cli.py").write_text("")
-    mods = {"pai_zoo": pkg / "__init__.py", "pai_zoo.errors": pkg / "errors.py", "pai_zoo.handle": pkg / "handle.py",
-            "pai_zoo.cli": pkg / "cli.py"}
+    mods = {
+        "pai_zoo": pkg / "__init__.py",
+        "pai_zoo.errors": pkg / "errors.py",
+        "pai_zoo.handle": pkg / "handle.py",
+        "pai_zoo.cli": pkg / "cli.py",
+    }
     assert import_graph(mods)["pai_zoo.errors"] == {"pai_zoo.cli": 5}

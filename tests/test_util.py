@@ -1,4 +1,5 @@
 """pai_zoo.util: atomic writes, the distributed environment, the cache folder."""
+
 from __future__ import annotations
 
 import os

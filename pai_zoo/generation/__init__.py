@@ -33,6 +33,7 @@ The package: ``params`` (settings, results, errors), ``sampling`` (token choice)
 ``prompts`` (encoding, padding, JSON Lines), ``mcore_loop`` and ``hf_loop`` (the two decode loops) and, here,
 :func:`generate`, which ties them together. Importing it imports neither torch nor megatron-core.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -74,19 +75,31 @@ def eos_ids(handle) -> tuple[int, ...]:
     return tuple(sorted(ids))
 
 
-
 def context_length(handle) -> int | None:
     """The model's context (``max_sequence_length`` / ``max_position_embeddings``), or None."""
     value = handle.mcore_config.get("max_sequence_length") if handle.mcore_config is not None else None
     return value or getattr(handle.hf_config, "max_position_embeddings", None)
 
 
-
-def generate(handle, prompts, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0,
-             top_p: float = 1.0, seed: int | None = None, stop: Sequence[str] | str = (), *,
-             eos_token_id=None, chat: bool = False, truncate: str | None = None, batch_size: int | None = None,
-             attention_mask=None, on_text: Callable[[int, str], None] | None = None,
-             use_cache: bool = True, labels: Sequence[str] | None = None) -> list[Generation]:
+def generate(
+    handle,
+    prompts,
+    max_new_tokens: int = 64,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int | None = None,
+    stop: Sequence[str] | str = (),
+    *,
+    eos_token_id=None,
+    chat: bool = False,
+    truncate: str | None = None,
+    batch_size: int | None = None,
+    attention_mask=None,
+    on_text: Callable[[int, str], None] | None = None,
+    use_cache: bool = True,
+    labels: Sequence[str] | None = None,
+) -> list[Generation]:
     """Complete ``prompts`` with the model of ``handle`` (a :class:`~pai_zoo.handle.ModelHandle`).
 
     ``prompts``: a string, a list of strings (tokenized with the handle's tokenizer), a list of
@@ -100,8 +113,9 @@ def generate(handle, prompts, max_new_tokens: int = 64, temperature: float = 0.0
     """
     if attention_mask is not None or hasattr(prompts, "dim"):
         prompts = unpad(prompts, attention_mask)
-    elif isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts
-                                      and isinstance(prompts[0], (dict, int))):
+    elif isinstance(prompts, str) or (
+        isinstance(prompts, (list, tuple)) and prompts and isinstance(prompts[0], (dict, int))
+    ):
         prompts = [prompts]  # one prompt: a text, a chat or a list of ids
     prompts = list(prompts)
     if not prompts:
@@ -110,7 +124,9 @@ def generate(handle, prompts, max_new_tokens: int = 64, temperature: float = 0.0
         eos = eos_ids(handle)
     else:
         eos = tuple(int(i) for i in ([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id))
-    params = SamplingParams(max_new_tokens, temperature, top_k, top_p, seed, tuple([stop] if isinstance(stop, str) else stop), eos)
+    params = SamplingParams(
+        max_new_tokens, temperature, top_k, top_p, seed, tuple([stop] if isinstance(stop, str) else stop), eos
+    )
     tokenizer = getattr(handle, "tokenizer", None)
     decode = _decoder(tokenizer)
     context = context_length(handle)
@@ -122,7 +138,7 @@ def generate(handle, prompts, max_new_tokens: int = 64, temperature: float = 0.0
     size = batch_size or len(prompts)
     results: list[Generation] = []
     for start in range(0, len(prompts), size):
-        chunk = encoded[start:start + size]
+        chunk = encoded[start : start + size]
         finishers = [
             Finisher(params, eos, decode, None if on_text is None else (lambda delta, i=start + k: on_text(i, delta)))
             for k in range(len(chunk))
@@ -132,9 +148,10 @@ def generate(handle, prompts, max_new_tokens: int = 64, temperature: float = 0.0
         else:
             mcore_generate(handle.model, [ids for ids, _ in chunk], params, finishers, handle.vocab_size, use_cache)
         for k, ((ids, dropped), finisher) in enumerate(zip(chunk, finishers)):
-            results.append(Generation(prompts[start + k], ids, finisher.tokens, finisher.text(), finisher.reason, dropped))
+            results.append(
+                Generation(prompts[start + k], ids, finisher.tokens, finisher.text(), finisher.reason, dropped)
+            )
     return results
-
 
 
 def _decoder(tokenizer) -> Callable[[list[int]], str] | None:
@@ -145,7 +162,6 @@ def _decoder(tokenizer) -> Callable[[list[int]], str] | None:
         return None
     size = tokenizer.vocab_size
     return lambda ids: tokenizer.decode([i for i in ids if 0 <= i < size])
-
 
 
 def _pad_id(tokenizer, eos) -> int:

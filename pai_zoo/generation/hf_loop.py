@@ -1,4 +1,5 @@
 """The transformers decode loop: ``generate`` with left padding and the same sampling and stop rules."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -9,8 +10,9 @@ from .prompts import left_pad
 from .stopping import Finisher, finished_after
 
 
-def hf_generate(model, prompts: Sequence[Sequence[int]], params: SamplingParams, finishers: Sequence[Finisher],
-                pad_id: int = 0) -> None:
+def hf_generate(
+    model, prompts: Sequence[Sequence[int]], params: SamplingParams, finishers: Sequence[Finisher], pad_id: int = 0
+) -> None:
     """Run transformers' ``generate`` (left padding, attention mask) and feed each
     :class:`Finisher` its row's tokens; stop strings also stop ``generate`` early. Sampling
     draws from torch's global generator, seeded with ``params.seed`` when it is set."""
@@ -24,8 +26,11 @@ def hf_generate(model, prompts: Sequence[Sequence[int]], params: SamplingParams,
         def __call__(self, input_ids, scores, **kwargs):
             return torch.tensor([finished_after(f, row[length:].tolist()) for f, row in zip(finishers, input_ids)])
 
-    kwargs: dict[str, Any] = dict(max_new_tokens=params.max_new_tokens, pad_token_id=pad_id,
-                                  eos_token_id=sorted(finishers[0].eos) if finishers[0].eos else [])
+    kwargs: dict[str, Any] = dict(
+        max_new_tokens=params.max_new_tokens,
+        pad_token_id=pad_id,
+        eos_token_id=sorted(finishers[0].eos) if finishers[0].eos else [],
+    )
     if params.greedy:
         kwargs.update(do_sample=False, temperature=None, top_k=None, top_p=None)
     else:

@@ -1,5 +1,6 @@
 """The megatron-core decode loop: a left-padded batch, KV-cached, with explicit masks and positions (see
 :mod:`pai_zoo.generation`)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -11,8 +12,14 @@ from .sampling import choose_tokens
 from .stopping import Finisher
 
 
-def mcore_generate(model, prompts: Sequence[Sequence[int]], params: SamplingParams, finishers: Sequence[Finisher],
-                   vocab_size: int | None = None, use_cache: bool = True) -> None:
+def mcore_generate(
+    model,
+    prompts: Sequence[Sequence[int]],
+    params: SamplingParams,
+    finishers: Sequence[Finisher],
+    vocab_size: int | None = None,
+    use_cache: bool = True,
+) -> None:
     """Run a megatron-core ``GPTModel`` on a batch of prompts (lists of ids), feeding each
     :class:`Finisher` its row's tokens until all are done. ``use_cache=False`` recomputes the
     whole sequence for every token (slow; a reference for the cache). See the module docstring."""
@@ -30,7 +37,9 @@ def mcore_generate(model, prompts: Sequence[Sequence[int]], params: SamplingPara
         # run prompts of equal length together instead.
         for length in sorted({len(p) for p in prompts}):
             rows = [i for i, p in enumerate(prompts) if len(p) == length]
-            mcore_generate(model, [prompts[i] for i in rows], params, [finishers[i] for i in rows], vocab_size, use_cache)
+            mcore_generate(
+                model, [prompts[i] for i in rows], params, [finishers[i] for i in rows], vocab_size, use_cache
+            )
         return
     ids, keep = left_pad(prompts)
     batch, length = ids.shape
@@ -50,8 +59,13 @@ def mcore_generate(model, prompts: Sequence[Sequence[int]], params: SamplingPara
     model.eval()
     try:
         with _inference_mode():
-            logits = model(ids, positions[:, :length], prefill_mask(keep[:, :length]), inference_context=context,
-                           runtime_gather_output=True)[:, -1, :vocab_size]
+            logits = model(
+                ids,
+                positions[:, :length],
+                prefill_mask(keep[:, :length]),
+                inference_context=context,
+                runtime_gather_output=True,
+            )[:, -1, :vocab_size]
             for step in range(params.max_new_tokens):
                 token = choose_tokens(logits.float(), params, generator)
                 if tp > 1:
@@ -63,15 +77,19 @@ def mcore_generate(model, prompts: Sequence[Sequence[int]], params: SamplingPara
                 if use_cache:
                     context.sequence_len_offset = seen - 1
                     context.enable_decode_mode()
-                    out = model(token[:, None], positions[:, seen - 1:seen], hidden[..., :seen],
-                                inference_context=context, runtime_gather_output=True)
+                    out = model(
+                        token[:, None],
+                        positions[:, seen - 1 : seen],
+                        hidden[..., :seen],
+                        inference_context=context,
+                        runtime_gather_output=True,
+                    )
                 else:
                     ids = torch.cat([ids, token[:, None]], dim=1)
                     out = model(ids, positions[:, :seen], prefill_mask(keep[:, :seen]), runtime_gather_output=True)
                 logits = out[:, -1, :vocab_size]
     finally:
         model.train(model_was_training)
-
 
 
 @contextlib.contextmanager

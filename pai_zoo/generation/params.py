@@ -1,5 +1,6 @@
 """What a generation run is asked for and what it returns: :class:`SamplingParams`, :class:`Generation`,
 :class:`GenerationError`."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -10,7 +11,6 @@ from ..errors import PaiZooError
 
 class GenerationError(PaiZooError):
     """Bad generation input (empty prompt, prompt too long, no tokenizer for text...)."""
-
 
 
 @dataclass
@@ -55,7 +55,6 @@ class SamplingParams:
         return None if self.seed is None else torch.Generator().manual_seed(int(self.seed))
 
 
-
 @dataclass
 class Generation:
     """One completion. ``token_ids`` are the generated ids (an ending EOS included; generation
@@ -71,5 +70,10 @@ class Generation:
     truncated: int = 0
 
     def to_json(self) -> dict:
-        return {"completion": self.text, "token_ids": self.token_ids, "stop_reason": self.stop_reason,
-                "prompt_tokens": len(self.prompt_ids), **({"truncated_tokens": self.truncated} if self.truncated else {})}
+        return {
+            "completion": self.text,
+            "token_ids": self.token_ids,
+            "stop_reason": self.stop_reason,
+            "prompt_tokens": len(self.prompt_ids),
+            **({"truncated_tokens": self.truncated} if self.truncated else {}),
+        }

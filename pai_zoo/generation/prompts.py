@@ -1,4 +1,5 @@
 """Prompts: encoding (text, chats, ids), fitting the context, (un)padding a batch, JSON Lines prompt files."""
+
 from __future__ import annotations
 
 import json
@@ -32,15 +33,18 @@ def encode_prompt(prompt, tokenizer, where: str = "prompt", chat: bool = False) 
         if not prompt:
             raise GenerationError(f"{where}: the prompt is empty")
         if tokenizer is None:
-            raise GenerationError(f"{where}: a text prompt needs a tokenizer and the model has none; "
-                                  "pass token ids or load a checkpoint with a tokenizer")
+            raise GenerationError(
+                f"{where}: a text prompt needs a tokenizer and the model has none; "
+                "pass token ids or load a checkpoint with a tokenizer"
+            )
         return _non_empty(tokenizer.encode(prompt), where)
     try:
         ids = [int(t) for t in prompt]
     except (TypeError, ValueError):
-        raise GenerationError(f"{where}: expected a string or a list of token ids, got {type(prompt).__name__}") from None
+        raise GenerationError(
+            f"{where}: expected a string or a list of token ids, got {type(prompt).__name__}"
+        ) from None
     return _non_empty(ids, where)
-
 
 
 def _non_empty(ids: list[int], where: str) -> list[int]:
@@ -49,9 +53,9 @@ def _non_empty(ids: list[int], where: str) -> list[int]:
     return ids
 
 
-
-def fit_context(ids: list[int], context: int | None, max_new_tokens: int, truncate: str | None,
-                where: str = "prompt") -> tuple[list[int], int]:
+def fit_context(
+    ids: list[int], context: int | None, max_new_tokens: int, truncate: str | None, where: str = "prompt"
+) -> tuple[list[int], int]:
     """``(ids, dropped)``: the prompt as it fits the model's context with ``max_new_tokens`` after
     it; with ``truncate="left"`` the oldest tokens are dropped, otherwise a clear error."""
     if truncate not in (None, "left"):
@@ -60,14 +64,17 @@ def fit_context(ids: list[int], context: int | None, max_new_tokens: int, trunca
         return ids, 0
     room = context - max_new_tokens
     if truncate == "left" and room > 0:
-        return ids[len(ids) - room:], len(ids) - room
+        return ids[len(ids) - room :], len(ids) - room
     if room <= 0:
-        raise GenerationError(f"{where}: max_new_tokens={max_new_tokens} leaves no room for a prompt in the "
-                              f"model's context of {context} tokens")
-    raise GenerationError(f"{where}: {len(ids)} prompt tokens + max_new_tokens={max_new_tokens} exceed the model's "
-                          f"context of {context} tokens; shorten the prompt, lower max_new_tokens or truncate it "
-                          f"on the left (truncate='left', --truncate left)")
-
+        raise GenerationError(
+            f"{where}: max_new_tokens={max_new_tokens} leaves no room for a prompt in the "
+            f"model's context of {context} tokens"
+        )
+    raise GenerationError(
+        f"{where}: {len(ids)} prompt tokens + max_new_tokens={max_new_tokens} exceed the model's "
+        f"context of {context} tokens; shorten the prompt, lower max_new_tokens or truncate it "
+        f"on the left (truncate='left', --truncate left)"
+    )
 
 
 def left_pad(prompts: Sequence[Sequence[int]], pad_id: int = 0):
@@ -79,10 +86,9 @@ def left_pad(prompts: Sequence[Sequence[int]], pad_id: int = 0):
     keep = torch.zeros((len(prompts), length), dtype=torch.bool)
     for row, prompt in enumerate(prompts):
         if prompt:
-            ids[row, length - len(prompt):] = torch.as_tensor(list(prompt), dtype=torch.long)
-            keep[row, length - len(prompt):] = True
+            ids[row, length - len(prompt) :] = torch.as_tensor(list(prompt), dtype=torch.long)
+            keep[row, length - len(prompt) :] = True
     return ids, keep
-
 
 
 def unpad(input_ids, attention_mask=None) -> list[list[int]]:
@@ -96,7 +102,6 @@ def unpad(input_ids, attention_mask=None) -> list[list[int]]:
         return input_ids.tolist()
     keep = torch.as_tensor(attention_mask).bool()
     return [row[k].tolist() for row, k in zip(input_ids, keep)]
-
 
 
 def read_prompts(path, chat: bool = False) -> list[tuple[str, dict, Any]]:
@@ -124,7 +129,10 @@ def read_prompts(path, chat: bool = False) -> list[tuple[str, dict, Any]]:
             key = "messages" if chat else "prompt"
             if key not in record:
                 other = "'prompt' (without --chat)" if chat else "'messages' (with --chat)"
-                raise GenerationError(f"{where}: no {key!r} key" + (f"; use {other}" if ("prompt" if chat else "messages") in record else ""))
+                raise GenerationError(
+                    f"{where}: no {key!r} key"
+                    + (f"; use {other}" if ("prompt" if chat else "messages") in record else "")
+                )
             out.append((where, record, record[key]))
     if not out:
         raise GenerationError(f"{path}: no prompts in the file")

@@ -1,4 +1,5 @@
 """Token choice: temperature, top-k and top-p (nucleus) filtering, greedy or seeded sampling."""
+
 from __future__ import annotations
 
 from .params import SamplingParams
@@ -27,7 +28,6 @@ def filter_logits(logits, temperature: float = 1.0, top_k: int = 0, top_p: float
         remove = remove_sorted.scatter(-1, order, remove_sorted)
         logits = logits.masked_fill(remove, float("-inf"))
     return logits
-
 
 
 def choose_tokens(logits, params: SamplingParams, generator=None):

@@ -1,4 +1,5 @@
 """The stop rules of one completion (EOS, stop strings, ``max_new_tokens``) and streamed text."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -15,8 +16,13 @@ class Finisher:
     U+FFFD), is held back until it cannot.
     """
 
-    def __init__(self, params: SamplingParams, eos_ids, decode: Callable[[list[int]], str] | None,
-                 on_text: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        params: SamplingParams,
+        eos_ids,
+        decode: Callable[[list[int]], str] | None,
+        on_text: Callable[[str], None] | None = None,
+    ):
         self.params = params
         self.eos = frozenset(eos_ids)
         self.decode = decode
@@ -58,7 +64,7 @@ class Finisher:
 
     def _emit(self, text: str, upto: int) -> None:
         if upto > self._emitted:
-            self.on_text(text[self._emitted:upto])
+            self.on_text(text[self._emitted : upto])
             self._emitted = upto
 
     def text(self) -> str | None:

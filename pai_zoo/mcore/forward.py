@@ -3,6 +3,7 @@
 
 Masks are boolean, True = masked, as megatron-core takes them; ``keep`` is a ``[b, k]`` bool tensor, False on padding.
 """
+
 from __future__ import annotations
 
 import torch

@@ -1,4 +1,5 @@
 """The base class of an RL trainer (re-exported as :class:`pai_zoo.rl.RLTrainer`)."""
+
 from __future__ import annotations
 
 import argparse

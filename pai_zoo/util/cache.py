@@ -1,4 +1,5 @@
 """pai-zoo's cache folder (bundled tokenizers, conformance results)."""
+
 from __future__ import annotations
 
 import os

@@ -2,6 +2,7 @@
 
 Before ``torch.distributed`` is initialized (or without torch imported) the answers come from torchrun's
 environment variables; this module never imports torch itself."""
+
 from __future__ import annotations
 
 import os
@@ -10,8 +11,19 @@ import sys
 __all__ = ["TORCHRUN_ENV", "is_rank0", "launched_by_torchrun", "local_rank", "rank", "single_process_env", "world_size"]
 
 #: The environment variables torchrun sets for its workers.
-TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
-                "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+TORCHRUN_ENV = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_NAME",
+    "ROLE_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
 
 
 def _initialized():

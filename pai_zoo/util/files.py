@@ -1,5 +1,6 @@
 """Atomic writes: a file or folder appears under its name complete or not at all (written under a temporary
 name beside it, then renamed)."""
+
 from __future__ import annotations
 
 import contextlib

@@ -1,5 +1,6 @@
 """A run's metrics log: one JSON object per logged step in a JSON Lines file, written by rank 0, with one resume
 rule for every trainer (``pai-zoo train``, ``pai-zoo rl``)."""
+
 from __future__ import annotations
 
 import json

@@ -1,4 +1,5 @@
 """A one-line progress display on a terminal (stderr); silent in pipes and CI."""
+
 from __future__ import annotations
 
 import os
@@ -11,8 +12,16 @@ class Progress:
     their rates when stderr is a terminal. With ``total_bytes`` it draws a bar; ``totals`` gives
     ``done/total`` for units."""
 
-    def __init__(self, label: str, total_bytes: int | None = None, *, units=("tensors",), totals=None,
-                 enabled: bool | None = None, stream=None):
+    def __init__(
+        self,
+        label: str,
+        total_bytes: int | None = None,
+        *,
+        units=("tensors",),
+        totals=None,
+        enabled: bool | None = None,
+        stream=None,
+    ):
         self.stream = stream or sys.stderr
         if enabled is None:
             enabled = self.stream.isatty() and not os.environ.get("CI")
