@@ -54,6 +54,10 @@ class DataError(PaiZooError, ValueError):
     """A dataset file or record is malformed (names the file and line or entry), or a data setting is wrong."""
 
 
+class TokenizerError(PaiZooError, ValueError):
+    """A tokenizer file is malformed (names the file, and the line where it has lines), or cannot encode/decode."""
+
+
 class VocabularyMismatchError(PaiZooError):
     """Token ids reach past a model's vocabulary: the data was made with another tokenizer than the model's."""
 

@@ -48,6 +48,9 @@ def files(tmp_path) -> Path:
     (tmp_path / "bad_config").mkdir()
     (tmp_path / "bad_config" / "config.json").write_text("{not json")
     (tmp_path / "bad.yaml").write_text("model: [unclosed\n")
+    (tmp_path / "bad_tokenizer").mkdir()
+    (tmp_path / "bad_tokenizer" / "tokenizer.json").write_text("{not json")
+    (tmp_path / "bad.model").write_bytes(b"not a sentencepiece model")
     with IndexedDatasetWriter(tmp_path / "good", np.int32) as writer:
         writer.add_document([1, 2, 3])
     return tmp_path
@@ -97,6 +100,16 @@ CASES = {
     "preprocess-missing-tokenizer": (["preprocess", "--input", "{t}/bad.jsonl", "--output-prefix", "{t}/out",
                                       "--tokenizer", "{t}/no/tokenizer"], 1, "no such file or folder: {t}/no/tokenizer",
                                      ["{t}/out_text_document.bin"]),
+    "preprocess-malformed-tokenizer": (["preprocess", "--input", "{t}/bad.jsonl", "--output-prefix", "{t}/out",
+                                        "--tokenizer", "{t}/bad_tokenizer"], 1,
+                                       "{t}/bad_tokenizer/tokenizer.json is not a valid",
+                                       ["{t}/out_text_document.bin"]),
+    "preprocess-malformed-sentencepiece": (["preprocess", "--input", "{t}/bad.jsonl", "--output-prefix", "{t}/out",
+                                            "--tokenizer", "{t}/bad.model"], 1, "{t}/bad.model is not a valid",
+                                           ["{t}/out_text_document.bin"]),
+    "preprocess-not-a-tokenizer": (["preprocess", "--input", "{t}/bad.jsonl", "--output-prefix", "{t}/out",
+                                    "--tokenizer", "{t}/afile.txt"], 1, "tokenizer format of {t}/afile.txt",
+                                   ["{t}/out_text_document.bin"]),
     "preprocess-usage": (["preprocess", "--input", "{t}/bad.jsonl"], 2, "--output-prefix", []),
     "preprocess-sft-bad-record": (["preprocess", "--sft", "--input", "{t}/sft_bad.jsonl", "--output-prefix",
                                    "{t}/out", "--tokenizer", "llama3-tiny"], 1,
@@ -185,7 +198,7 @@ def test_console_script_prints_one_line_and_a_hint(argv, tmp_path):
     argv = [str(tmp_path / a) if a.isupper() else a for a in argv]
     proc = subprocess.run([PAI_ZOO, *argv], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr + proc.stdout
+    hint = "hint: give the PREFIX that pai-zoo preprocess wrote (PREFIX.bin and PREFIX.idx)"
     assert proc.stderr.splitlines() == [f"pai-zoo: error: no such file or folder: {tmp_path / 'MISSING.idx'} "
-                                        f"(dataset {tmp_path / 'MISSING'})",
-                                        "hint: give the PREFIX that pai-zoo preprocess wrote (PREFIX.bin and PREFIX.idx)"]
+                                        f"(dataset {tmp_path / 'MISSING'})", hint]
     assert not list(tmp_path.iterdir())

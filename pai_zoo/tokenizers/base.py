@@ -6,6 +6,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..errors import TokenizerError
 from .chat import render_chat_template
 from .config import CHAT_TEMPLATE_FILE, TOKENIZER_CONFIG
 
@@ -99,12 +100,12 @@ class Tokenizer(abc.ABC):
         does (sandboxed Jinja, ``trim_blocks``/``lstrip_blocks``, ``raise_exception``, special tokens as
         variables). Extra keyword arguments become template variables."""
         if not self.chat_template:
-            raise ValueError(
+            raise TokenizerError(
                 f"tokenizer {self.path} has no chat template (no 'chat_template' in {TOKENIZER_CONFIG} and no "
                 f"{CHAT_TEMPLATE_FILE} beside it); pass chat_template= when building the tokenizer"
             )
         if not messages:
-            raise ValueError("cannot apply a chat template to an empty conversation")
+            raise TokenizerError("cannot apply a chat template to an empty conversation")
         return render_chat_template(self.chat_template, messages, add_generation_prompt,
                                     {**self.special_tokens_map, **kwargs})
 

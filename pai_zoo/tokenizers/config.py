@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..errors import TokenizerError
+
 TOKENIZER_CONFIG = "tokenizer_config.json"
 SPECIAL_TOKENS_MAP = "special_tokens_map.json"
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
@@ -21,7 +23,7 @@ def read_json(path: Path) -> Any:
         with open(path, encoding="utf-8") as handle:
             return json.load(handle)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path} is not valid JSON: {exc}") from exc
+        raise TokenizerError(f"{path} is not valid JSON: {exc}") from exc
 
 
 def token_content(value: Any) -> str | None:
@@ -32,7 +34,7 @@ def token_content(value: Any) -> str | None:
         return value
     if isinstance(value, dict) and isinstance(value.get("content"), str):
         return value["content"]
-    raise ValueError(f"cannot read a token from {value!r} (expected a string or a dict with 'content')")
+    raise TokenizerError(f"cannot read a token from {value!r} (expected a string or a dict with 'content')")
 
 
 def read_tokenizer_config(folder: Path) -> dict[str, Any]:
@@ -42,7 +44,7 @@ def read_tokenizer_config(folder: Path) -> dict[str, Any]:
     config_path = folder / TOKENIZER_CONFIG
     config = read_json(config_path) if config_path.is_file() else {}
     if not isinstance(config, dict):
-        raise ValueError(f"{config_path} must hold a JSON object")
+        raise TokenizerError(f"{config_path} must hold a JSON object")
     config = dict(config)
     stm_path = folder / SPECIAL_TOKENS_MAP
     if "added_tokens_decoder" not in config and stm_path.is_file():
@@ -92,13 +94,13 @@ def added_tokens_decoder(config: dict[str, Any]) -> list[tuple[int, dict[str, An
     """``added_tokens_decoder`` of a config as ``[(id, {"content": ..., "special": ...}), ...]`` sorted by id."""
     raw = config.get("added_tokens_decoder") or {}
     if not isinstance(raw, dict):
-        raise ValueError(f"added_tokens_decoder must be a mapping of id to token, got {type(raw).__name__}")
+        raise TokenizerError(f"added_tokens_decoder must be a mapping of id to token, got {type(raw).__name__}")
     out = []
     for index, token in raw.items():
         if isinstance(token, str):
             token = {"content": token, "special": True}
         if not isinstance(token, dict) or "content" not in token:
-            raise ValueError(f"bad added_tokens_decoder entry {index!r}: {token!r}")
+            raise TokenizerError(f"bad added_tokens_decoder entry {index!r}: {token!r}")
         out.append((int(index), {k: v for k, v in token.items() if k != "__type"}))
     return sorted(out, key=lambda item: item[0])
 

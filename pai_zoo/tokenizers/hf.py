@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..errors import TokenizerError, no_such_path
 from .base import Tokenizer
 from .config import (
     LLAMA_CLASSES,
@@ -61,11 +62,11 @@ class HFTokenizer(Tokenizer):
 
         path = Path(path)
         if not path.is_file():
-            raise FileNotFoundError(f"tokenizer file {path} does not exist")
+            raise no_such_path(path, "a tokenizer.json")
         try:
             self._tok = RustTokenizer.from_file(str(path))
         except Exception as exc:  # the Rust error names no file
-            raise ValueError(f"{path} is not a valid Hugging Face tokenizer.json: {exc}") from exc
+            raise TokenizerError(f"{path} is not a valid Hugging Face tokenizer.json: {exc}") from exc
         config = read_tokenizer_config(path.parent) if config is None else dict(config)
         self.config = config
         # What the post-processor adds is decided by tokenizer.json, as in transformers (which drops
@@ -91,7 +92,7 @@ class HFTokenizer(Tokenizer):
                     attrs.update({k: value[k] for k in ("single_word", "lstrip", "rstrip", "normalized") if k in value})
                 self._tok.add_special_tokens([AddedToken(content, special=True, **attrs)])
         except ValueError as exc:
-            raise ValueError(f"{path.parent / TOKENIZER_CONFIG}: {exc}") from exc
+            raise TokenizerError(f"{path.parent / TOKENIZER_CONFIG}: {exc}") from exc
 
         super().__init__(
             path,

@@ -5,6 +5,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from ..errors import TokenizerError, no_such_path
 from .base import Tokenizer
 from .hf import HFTokenizer
 from .sentencepiece import SentencePieceTokenizer
@@ -37,12 +38,10 @@ def load_tokenizer(path: str | Path, **kwargs: Any) -> Tokenizer:
         for candidate in candidates:
             if candidate.is_file():
                 return load_tokenizer(candidate, **kwargs)
-        raise FileNotFoundError(
-            f"no tokenizer in {path}: looked for tokenizer.json, a SentencePiece *.model (tokenizer.model first) "
-            "and a *.tiktoken rank file"
-        )
+        raise no_such_path(path / "tokenizer.json", f"nor a SentencePiece *.model or a *.tiktoken rank file: "
+                           f"no tokenizer in {path}", hint="pass the folder of a checkpoint that has its tokenizer")
     if not path.exists():
-        raise FileNotFoundError(f"tokenizer path {path} does not exist")
+        raise no_such_path(path, "a tokenizer file or folder")
     suffix = path.suffix.lower()
     if suffix == ".json":
         return HFTokenizer(path, **kwargs)
@@ -52,4 +51,4 @@ def load_tokenizer(path: str | Path, **kwargs: Any) -> Tokenizer:
         return SentencePieceTokenizer(path, **kwargs)
     if suffix == ".tiktoken":
         return TiktokenTokenizer(path, **kwargs)
-    raise ValueError(f"cannot tell the tokenizer format of {path}: expected a .json, .model or .tiktoken file")
+    raise TokenizerError(f"cannot tell the tokenizer format of {path}: expected a .json, .model or .tiktoken file")

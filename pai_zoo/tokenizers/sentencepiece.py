@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from ..errors import TokenizerError, no_such_path
 from .base import Tokenizer
 from .config import (
     LLAMA_CLASSES,
@@ -35,7 +36,7 @@ def _read_model(data: bytes):
     model = sentencepiece_model_pb2.ModelProto()
     model.ParseFromString(data)
     if not model.pieces:
-        raise ValueError("no pieces")
+        raise TokenizerError("no pieces")
     return model
 
 
@@ -101,13 +102,13 @@ class SentencePieceTokenizer(Tokenizer):
 
         path = Path(path)
         if not path.is_file():
-            raise FileNotFoundError(f"SentencePiece model {path} does not exist")
+            raise no_such_path(path, "a SentencePiece model")
         data = path.read_bytes()
         try:
             self._proto = _read_model(data)
             self._sp = spm.SentencePieceProcessor(model_proto=data)
         except Exception as exc:
-            raise ValueError(f"{path} is not a valid SentencePiece model: {exc}") from exc
+            raise TokenizerError(f"{path} is not a valid SentencePiece model: {exc}") from exc
         config = read_tokenizer_config(path.parent) if config is None else dict(config)
         self.config = config
         sp = self._sp
@@ -161,7 +162,7 @@ class SentencePieceTokenizer(Tokenizer):
             for value in [*named.values(), *extra_special_tokens(config)]:
                 self._add_token(token_content(value), special=True)
         except ValueError as exc:
-            raise ValueError(f"{path.parent / TOKENIZER_CONFIG}: {exc}") from exc
+            raise TokenizerError(f"{path.parent / TOKENIZER_CONFIG}: {exc}") from exc
         alternatives = sorted(self._added, key=len, reverse=True)
         self._split_re = re.compile("|".join(re.escape(t) for t in alternatives)) if alternatives else None
 
@@ -257,7 +258,7 @@ class SentencePieceTokenizer(Tokenizer):
                     continue
                 parts.append(piece.replace(SPIECE, " "))
             else:
-                raise ValueError(f"token id {index} is out of range for {self.path} (vocab_size {self.vocab_size})")
+                raise TokenizerError(f"token id {index} is out of range for {self.path} (vocab_size {self.vocab_size})")
         flush()
         text = "".join(parts)
         if self._strip_leading_space and text.startswith(" "):

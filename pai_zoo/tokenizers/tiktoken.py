@@ -7,6 +7,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..errors import TokenizerError, no_such_path
 from .base import Tokenizer
 from .config import added_tokens_decoder, named_special_tokens, pick, read_tokenizer_config
 
@@ -38,27 +39,27 @@ def read_tiktoken_ranks(path: str | Path) -> dict[bytes, int]:
             parts = line.split()
             where = f"{path}, line {lineno}"
             if len(parts) != 2:
-                raise ValueError(f"{where}: expected 'base64_token rank', got {line[:80]!r}")
+                raise TokenizerError(f"{where}: expected 'base64_token rank', got {line[:80]!r}")
             try:
                 token = base64.b64decode(parts[0], validate=True)
             except ValueError as exc:
-                raise ValueError(f"{where}: {parts[0][:80]!r} is not base64 ({exc})") from exc
+                raise TokenizerError(f"{where}: {parts[0][:80]!r} is not base64 ({exc})") from exc
             if not token:
-                raise ValueError(f"{where}: empty token")
+                raise TokenizerError(f"{where}: empty token")
             try:
                 rank = int(parts[1])
             except ValueError:
-                raise ValueError(f"{where}: rank {parts[1][:40]!r} is not an integer") from None
+                raise TokenizerError(f"{where}: rank {parts[1][:40]!r} is not an integer") from None
             if rank < 0:
-                raise ValueError(f"{where}: negative rank {rank}")
+                raise TokenizerError(f"{where}: negative rank {rank}")
             if token in ranks:
-                raise ValueError(f"{where}: token {token!r} already has rank {ranks[token]}")
+                raise TokenizerError(f"{where}: token {token!r} already has rank {ranks[token]}")
             if rank in seen_ranks:
-                raise ValueError(f"{where}: rank {rank} already used on line {seen_ranks[rank]}")
+                raise TokenizerError(f"{where}: rank {rank} already used on line {seen_ranks[rank]}")
             ranks[token] = rank
             seen_ranks[rank] = lineno
     if not ranks:
-        raise ValueError(f"{path} holds no tokens")
+        raise TokenizerError(f"{path} holds no tokens")
     return ranks
 
 
@@ -93,14 +94,14 @@ class TiktokenTokenizer(Tokenizer):
 
         path = Path(path)
         if not path.is_file():
-            raise FileNotFoundError(f"tiktoken rank file {path} does not exist")
+            raise no_such_path(path, "a tiktoken rank file")
         try:
             ranks = read_tiktoken_ranks(path)
         except UnicodeDecodeError as exc:
-            raise ValueError(f"{path} is not a tiktoken rank file: {exc}") from exc
+            raise TokenizerError(f"{path} is not a tiktoken rank file: {exc}") from exc
         missing = [b for b in range(256) if bytes([b]) not in ranks]
         if missing:
-            raise ValueError(
+            raise TokenizerError(
                 f"{path} lacks {len(missing)} of the 256 single-byte tokens (e.g. byte {missing[0]}); "
                 "tiktoken could not encode arbitrary text with it"
             )
@@ -113,9 +114,9 @@ class TiktokenTokenizer(Tokenizer):
         rank_values = set(ranks.values())
         for token, index in special_tokens.items():
             if index in rank_values:
-                raise ValueError(f"special token {token!r} of {path} reuses id {index}, a rank of the file")
+                raise TokenizerError(f"special token {token!r} of {path} reuses id {index}, a rank of the file")
         if len(set(special_tokens.values())) != len(special_tokens):
-            raise ValueError(f"two special tokens of {path} share an id: {special_tokens}")
+            raise TokenizerError(f"two special tokens of {path} share an id: {special_tokens}")
         self._ranks = ranks
         self._special = special_tokens
         self._special_ids = set(special_tokens.values())
@@ -124,7 +125,7 @@ class TiktokenTokenizer(Tokenizer):
                 name or path.stem, pat_str=pat_str, mergeable_ranks=ranks, special_tokens=special_tokens
             )
         except Exception as exc:  # bad regex, inconsistent ranks
-            raise ValueError(f"cannot build a tiktoken encoding from {path}: {exc}") from exc
+            raise TokenizerError(f"cannot build a tiktoken encoding from {path}: {exc}") from exc
 
         named = named_special_tokens(config)
         bos = bos_token if bos_token is not None else named.get("bos_token")
@@ -141,7 +142,7 @@ class TiktokenTokenizer(Tokenizer):
         )
         for label, token in (("bos_token", bos), ("eos_token", eos), ("pad_token", pad)):
             if token is not None and self.token_to_id(token) is None:
-                raise ValueError(f"{label} {token!r} is neither a special token nor a token of {path}")
+                raise TokenizerError(f"{label} {token!r} is neither a special token nor a token of {path}")
         self.add_bos_token = bool(pick(add_bos_token, config, "add_bos_token", bos is not None))
         self.add_eos_token = bool(pick(add_eos_token, config, "add_eos_token", False))
 
@@ -170,7 +171,7 @@ class TiktokenTokenizer(Tokenizer):
             ids = [i for i in ids if i not in self._special_ids]
         bad = [i for i in ids if not 0 <= i < self.vocab_size]
         if bad:
-            raise ValueError(f"token id {bad[0]} is out of range for {self.path} (vocab_size {self.vocab_size})")
+            raise TokenizerError(f"token id {bad[0]} is out of range for {self.path} (vocab_size {self.vocab_size})")
         return self._enc.decode(ids, errors="replace")
 
     def token_to_id(self, token: str) -> int | None:
