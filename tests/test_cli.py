@@ -267,7 +267,8 @@ def test_building_under_an_unsupported_megatron_core_fails_clearly():
     family = _toy_family(mcore_versions=">=0.10,<0.16")  # neither 0.16.1 nor 0.19.x, the versions make test runs
     family.check_mcore_version("0.15.3")  # supported: no error
     for version in ("0.16.1", "0.19.2"):
-        with pytest.raises(PaiZooError, match=rf"supports megatron-core >=0.10,<0.16; megatron-core {version} is installed"):
+        expected = rf"supports megatron-core >=0.10,<0.16; megatron-core {version} is installed"
+        with pytest.raises(PaiZooError, match=expected):
             family.check_mcore_version(version)
     from pai_zoo import hf
 
@@ -341,5 +342,6 @@ def test_suite_runs_are_recorded_and_shown_by_info(capsys, monkeypatch, tmp_path
     monkeypatch.setenv("PAI_ZOO_CACHE", str(cache))
     assert main(["info", "mistral"]) == 0
     out = capsys.readouterr().out
-    assert f"conformance: 2 of 2 checks passed (recorded {llama['updated']} in {cache / 'conformance' / 'llama.json'})" in out
+    recorded = cache / "conformance" / "llama.json"
+    assert f"conformance: 2 of 2 checks passed (recorded {llama['updated']} in {recorded})" in out
     assert "\n  passed  test_registration " in out and "\n  passed  test_config_round_trip_every_preset " in out
