@@ -41,8 +41,9 @@ setup: $(STAMP)
 demo: $(STAMP)
 	$(PY) -m pai_zoo.demo
 
-# The suite in one venv ($(VENV) on $(PYTHON)).
+# Lint (ruff, configured in pyproject.toml), then the suite, in one venv ($(VENV) on $(PYTHON)).
 test-one: $(STAMP)
+	$(PY) -m ruff check .
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 test:

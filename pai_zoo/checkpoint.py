@@ -14,7 +14,7 @@ import struct
 from pathlib import Path
 from typing import Iterator
 
-from .errors import PaiZooError
+from .errors import PaiZooError, no_such_path
 
 CONFIG = "config.json"
 GENERATION_CONFIG = "generation_config.json"

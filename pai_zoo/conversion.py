@@ -17,14 +17,22 @@ import torch
 
 from . import hf
 from .background import BackgroundWriter
-from .checkpoint import CONFIG, GENERATION_CONFIG, HFCheckpoint, SafetensorsWriter, is_hf_checkpoint, read_config, tokenizer_files
+from .checkpoint import (
+    CONFIG,
+    GENERATION_CONFIG,
+    HFCheckpoint,
+    SafetensorsWriter,
+    is_hf_checkpoint,
+    read_config,
+    tokenizer_files,
+)
 from .config_map import McoreConfig
 from .errors import PaiZooError, no_such_path
 from .family import Family
 from .mapping import TO_MCORE, MappingContext
 from .mcore import dist_ckpt
-from .util.progress import Progress
 from .registry import get_registry
+from .util.progress import Progress
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
           "bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -135,7 +143,9 @@ def _hf_to_mcore(src: Path, out: Path, family_name, tp: int, pp: int, dtype, pro
         source.close()
 
 
-def _write_mcore(src: Path, out: Path, family: Family, config: McoreConfig, source: HFCheckpoint, tp, pp, dtype, progress):
+def _write_mcore(
+    src: Path, out: Path, family: Family, config: McoreConfig, source: HFCheckpoint, tp, pp, dtype, progress
+):
     dtype = dtype or _floating_dtype(source)
     padded = config.padded_vocab_size(tp)
     layout = dist_ckpt.layout_of(family, config, dtype, padded)

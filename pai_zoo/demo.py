@@ -68,7 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     last = train(cfg, echo=echo)
     records = [json.loads(line) for line in (out / "mcore" / "metrics.jsonl").read_text().splitlines()]
     first_loss, last_loss = records[0]["loss"], last["loss"]
-    print(f"      checkpoint: {out / 'mcore'} (loss {first_loss:.3f} -> {last_loss:.3f}; log {out / 'mcore' / 'metrics.jsonl'})")
+    print(
+        f"      checkpoint: {out / 'mcore'} (loss {first_loss:.3f} -> {last_loss:.3f}; "
+        f"log {out / 'mcore' / 'metrics.jsonl'})"
+    )
 
     report = convert(out / "mcore", out / "hf-trained", to="hf", verify=True, progress=False)
     v = report.verification

@@ -122,8 +122,17 @@ def resolve(name_or_path, checkpoint=None) -> Source:
     raise UnknownModelError(registry._unknown(name))
 
 
-def load(name_or_path, backend: str = "mcore", checkpoint=None, *, dtype=None, seed: int = 0,
-         tensor_parallel_size: int | None = None, pipeline_parallel_size: int | None = None, **overrides) -> ModelHandle:
+def load(
+    name_or_path,
+    backend: str = "mcore",
+    checkpoint=None,
+    *,
+    dtype=None,
+    seed: int = 0,
+    tensor_parallel_size: int | None = None,
+    pipeline_parallel_size: int | None = None,
+    **overrides,
+) -> ModelHandle:
     """Load a model as a :class:`ModelHandle`.
 
     ``name_or_path`` is a preset (``"llama3-tiny"``), a family name or alias (with
@@ -144,7 +153,9 @@ def load(name_or_path, backend: str = "mcore", checkpoint=None, *, dtype=None, s
     source = resolve(name_or_path, checkpoint)
     family = source.family
     if overrides and source.kind == "mcore":
-        raise PaiZooError(f"{source.path}: config overrides {sorted(overrides)} cannot change a trained Megatron checkpoint")
+        raise PaiZooError(
+            f"{source.path}: config overrides {sorted(overrides)} cannot change a trained Megatron checkpoint"
+        )
     config = {**source.hf_config, **overrides}
     hf_config = hf.hf_config(family, config)
     mcore_config = source.mcore_config or family.to_mcore_config(hf.config_dict(hf_config))
@@ -188,9 +199,14 @@ def _load_mcore(source: Source, config: McoreConfig, dtype, seed: int, tp: int |
     from .mcore.compat import ensure_model_parallel
 
     ensure_model_parallel(tp or 1, pp or 1)
-    have = (parallel_state.get_tensor_model_parallel_world_size(), parallel_state.get_pipeline_model_parallel_world_size())
+    have = (
+        parallel_state.get_tensor_model_parallel_world_size(),
+        parallel_state.get_pipeline_model_parallel_world_size(),
+    )
     if (tp or have[0], pp or have[1]) != have:
-        raise PaiZooError(f"megatron's parallel state is already set up with tp={have[0]}, pp={have[1]}; asked for tp={tp}, pp={pp}")
+        raise PaiZooError(
+            f"megatron's parallel state is already set up with tp={have[0]}, pp={have[1]}; asked for tp={tp}, pp={pp}"
+        )
     model_parallel_cuda_manual_seed(seed)
     padded = source.record.get("padded_vocab_size") if source.record else None
     model = build_gpt_model(
@@ -245,9 +261,22 @@ def load_mcore_weights(model, source: Source, config: McoreConfig, dtype, scratc
         if rank0:
             shutil.rmtree(scratch, ignore_errors=True)
             # In a process of its own: the converter lays tensors out with a single-process megatron state.
-            command = [sys.executable, "-m", "pai_zoo.cli", "convert", str(source.path), str(scratch), "--to", "mcore",
-                       "--family", source.family.name, "--tp", str(parallel_state.get_tensor_model_parallel_world_size()),
-                       "--pp", str(parallel_state.get_pipeline_model_parallel_world_size())]
+            command = [
+                sys.executable,
+                "-m",
+                "pai_zoo.cli",
+                "convert",
+                str(source.path),
+                str(scratch),
+                "--to",
+                "mcore",
+                "--family",
+                source.family.name,
+                "--tp",
+                str(parallel_state.get_tensor_model_parallel_world_size()),
+                "--pp",
+                str(parallel_state.get_pipeline_model_parallel_world_size()),
+            ]
             proc = subprocess.run(command, capture_output=True, text=True, env=single_process_env())
             failed[0] = proc.returncode != 0
         torch.distributed.all_reduce(failed)

@@ -68,7 +68,11 @@ def decoder_inputs(model, embed: nn.Module, input_ids=None, inputs_embeds=None, 
     mask = create_causal_mask(config=model.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
                               cache=cache, position_ids=position_ids, allow_is_causal_skip=False)
     if mask is None or mask.dtype == torch.bool:  # an implementation that hands back a boolean mask
-        keep = mask if mask is not None else torch.ones(s, past + s, dtype=torch.bool, device=inputs_embeds.device).tril(past)
+        keep = (
+            mask
+            if mask is not None
+            else torch.ones(s, past + s, dtype=torch.bool, device=inputs_embeds.device).tril(past)
+        )
         mask = torch.zeros(keep.shape, dtype=inputs_embeds.dtype, device=inputs_embeds.device).masked_fill(
             ~keep, torch.finfo(inputs_embeds.dtype).min)
     return DecoderInputs(inputs_embeds, cache if use_cache else None, past, position_ids, mask)

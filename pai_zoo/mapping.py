@@ -6,7 +6,8 @@ Names may hold ``{layer}``, expanded for every transformer layer::
     WeightMap(
         Vocab("model.embed_tokens.weight", "embedding.word_embeddings.weight"),
         Copy("model.layers.{layer}.input_layernorm.weight", "decoder.layers.{layer}.input_layernorm.weight"),
-        QKV("model.layers.{layer}.self_attn.{q,k,v}_proj.weight", "decoder.layers.{layer}.self_attention.linear_qkv.weight"),
+        QKV("model.layers.{layer}.self_attn.{q,k,v}_proj.weight",
+            "decoder.layers.{layer}.self_attention.linear_qkv.weight"),
         GateUp(...), Output(...),
     )
 
@@ -48,7 +49,9 @@ class MappingContext:
     tied_embeddings: bool
 
     @classmethod
-    def from_config(cls, config, tensor_parallel_size: int = 1, padded_vocab_size: int | None = None) -> "MappingContext":
+    def from_config(
+        cls, config, tensor_parallel_size: int = 1, padded_vocab_size: int | None = None
+    ) -> "MappingContext":
         """Build from a :class:`~pai_zoo.config_map.McoreConfig`; the padded vocabulary follows
         Megatron's rule for ``tensor_parallel_size`` unless given (a checkpoint's own)."""
         return cls(
@@ -139,7 +142,9 @@ class Vocab(Row):
 
         (t,) = tensors
         if t.shape[0] != ctx.vocab_size:
-            raise MappingError(f"{self.hf[0]}: first dimension {t.shape[0]} is not the vocabulary size {ctx.vocab_size}")
+            raise MappingError(
+                f"{self.hf[0]}: first dimension {t.shape[0]} is not the vocabulary size {ctx.vocab_size}"
+            )
         pad = ctx.padded_vocab_size - t.shape[0]
         if pad == 0:
             return [t]
@@ -149,7 +154,8 @@ class Vocab(Row):
         (t,) = tensors
         if t.shape[0] != ctx.padded_vocab_size:
             raise MappingError(
-                f"{self.mcore[0]}: first dimension {t.shape[0]} is not the padded vocabulary size {ctx.padded_vocab_size}"
+                f"{self.mcore[0]}: first dimension {t.shape[0]} is not the padded vocabulary size "
+                f"{ctx.padded_vocab_size}"
             )
         return [t[: ctx.vocab_size]]
 
@@ -202,7 +208,10 @@ class QKV(Row):
         per_group = ctx.num_attention_heads // groups
         rest = tuple(fused.shape[1:])
         if fused.shape[0] != (per_group + 2) * groups * d:
-            raise MappingError(f"{self.mcore[0]}: first dimension {fused.shape[0]} does not fit {groups} groups of {per_group}+2 heads x {d}")
+            raise MappingError(
+                f"{self.mcore[0]}: first dimension {fused.shape[0]} does not fit {groups} groups of "
+                f"{per_group}+2 heads x {d}"
+            )
         grouped = fused.reshape(groups, (per_group + 2) * d, *rest)
         q, k, v = grouped.split([per_group * d, d, d], dim=1)
         return [q.reshape(-1, *rest), k.reshape(-1, *rest), v.reshape(-1, *rest)]
@@ -223,7 +232,9 @@ class GateUp(Row):
     def to_hf(self, tensors, ctx):
         (fused,) = tensors
         if fused.shape[0] % 2:
-            raise MappingError(f"{self.mcore[0]}: first dimension {fused.shape[0]} is odd, cannot split into gate and up")
+            raise MappingError(
+                f"{self.mcore[0]}: first dimension {fused.shape[0]} is odd, cannot split into gate and up"
+            )
         return list(fused.chunk(2, dim=0))
 
 
@@ -243,8 +254,10 @@ class FusedQKV(QKV):
         (fused,) = tensors
         rows = self._rows(ctx)
         if fused.shape[0] != sum(rows):
-            raise MappingError(f"{self.hf[0]}: first dimension {fused.shape[0]} != q+k+v rows {rows} "
-                               f"({ctx.num_attention_heads} query heads, {ctx.num_query_groups} key/value heads x {ctx.head_dim})")
+            raise MappingError(
+                f"{self.hf[0]}: first dimension {fused.shape[0]} != q+k+v rows {rows} "
+                f"({ctx.num_attention_heads} query heads, {ctx.num_query_groups} key/value heads x {ctx.head_dim})"
+            )
         return super().to_mcore(list(fused.split(rows, dim=0)), ctx)
 
     def to_hf(self, tensors, ctx):
@@ -331,7 +344,9 @@ class WeightMap:
         pairs = []
         for row in self.rows:
             if isinstance(row, Output):
-                embedding_row = next((r for r in self.rows if isinstance(r, Vocab) and r.mcore == (row.embedding,)), None)
+                embedding_row = next(
+                    (r for r in self.rows if isinstance(r, Vocab) and r.mcore == (row.embedding,)), None
+                )
                 if embedding_row is None:
                     raise MappingError(f"table error: {row} is tied to {row.embedding}, which no Vocab row fills")
                 pairs.append((row.hf[0], embedding_row.hf[0]))

@@ -20,13 +20,17 @@ def _table(family: Family, config: McoreConfig):
     return get_registry().weight_map(family, config)
 
 
-def hf_to_mcore(family: Family, config: McoreConfig, hf_state: Mapping, expected=None, tensor_parallel_size: int = 1) -> dict:
+def hf_to_mcore(
+    family: Family, config: McoreConfig, hf_state: Mapping, expected=None, tensor_parallel_size: int = 1
+) -> dict:
     """HF ``{name: tensor}`` -> megatron-core ``{name: tensor}`` (full, unsharded tensors)."""
     ctx = MappingContext.from_config(config, tensor_parallel_size)
     return _table(family, config).convert(TO_MCORE, ctx, hf_state, expected)
 
 
-def mcore_to_hf(family: Family, config: McoreConfig, mcore_state: Mapping, expected=None, tensor_parallel_size: int = 1) -> dict:
+def mcore_to_hf(
+    family: Family, config: McoreConfig, mcore_state: Mapping, expected=None, tensor_parallel_size: int = 1
+) -> dict:
     """megatron-core ``{name: tensor}`` -> HF ``{name: tensor}`` (vocabulary padding trimmed)."""
     ctx = MappingContext.from_config(config, tensor_parallel_size)
     return _table(family, config).convert(TO_HF, ctx, mcore_state, expected)

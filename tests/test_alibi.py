@@ -19,7 +19,10 @@ def published_slopes(n):
     if math.log2(n).is_integer():
         return get_slopes_power_of_2(n)
     closest_power_of_2 = 2 ** math.floor(math.log2(n))
-    return get_slopes_power_of_2(closest_power_of_2) + published_slopes(2 * closest_power_of_2)[0::2][: n - closest_power_of_2]
+    return (
+        get_slopes_power_of_2(closest_power_of_2)
+        + published_slopes(2 * closest_power_of_2)[0::2][: n - closest_power_of_2]
+    )
 
 
 @pytest.mark.parametrize("heads", [1, 2, 6, 8, 12, 16, 32, 40, 112])
@@ -30,10 +33,13 @@ def test_slopes_match_the_published_formula(heads):
 
 
 def test_known_values_for_12_and_40_heads():
-    # 12 heads: the 8 slopes of 8 heads (1/2 ... 1/256), then 2**-1.5*k for odd k = 1, 3, 5, 7 (every other slope of 16 heads).
-    assert alibi_slopes(12) == pytest.approx([2.0 ** -i for i in range(1, 9)] + [2.0 ** (-0.5 * k) for k in (1, 3, 5, 7)])
+    # 12 heads: the 8 slopes of 8 heads (1/2 ... 1/256), then 2**-1.5*k for odd k = 1, 3, 5, 7
+    # (every other slope of 16 heads).
+    assert alibi_slopes(12) == pytest.approx([2.0**-i for i in range(1, 9)] + [2.0 ** (-0.5 * k) for k in (1, 3, 5, 7)])
     # 40 heads: 32 slopes 2**(-i/4), then 8 odd powers of 2**(-1/8).
-    assert alibi_slopes(40) == pytest.approx([2.0 ** (-i / 4) for i in range(1, 33)] + [2.0 ** (-k / 8) for k in range(1, 17, 2)])
+    assert alibi_slopes(40) == pytest.approx(
+        [2.0 ** (-i / 4) for i in range(1, 33)] + [2.0 ** (-k / 8) for k in range(1, 17, 2)]
+    )
 
 
 def test_slopes_match_transformers_bloom():
@@ -41,7 +47,9 @@ def test_slopes_match_transformers_bloom():
     from transformers.models.bloom.modeling_bloom import _get_alibi_slopes
 
     for heads in (6, 12, 40, 112):
-        assert torch.allclose(torch.tensor(alibi_slopes(heads)), _get_alibi_slopes(heads, torch.device("cpu")), rtol=1e-6, atol=0)
+        assert torch.allclose(
+            torch.tensor(alibi_slopes(heads)), _get_alibi_slopes(heads, torch.device("cpu")), rtol=1e-6, atol=0
+        )
 
 
 def test_bias_is_slope_times_relative_distance_and_handles_a_kv_cache():
@@ -77,8 +85,15 @@ def test_attention_on_a_tensor_parallel_rank_uses_its_slice_of_the_global_slopes
 
     ensure_model_parallel()
     heads, d = 6, 4
-    config = TransformerConfig(num_layers=1, hidden_size=heads * d, num_attention_heads=heads, use_cpu_initialization=True,
-                               masked_softmax_fusion=False, attention_dropout=0.0, tensor_model_parallel_size=2)
+    config = TransformerConfig(
+        num_layers=1,
+        hidden_size=heads * d,
+        num_attention_heads=heads,
+        use_cpu_initialization=True,
+        masked_softmax_fusion=False,
+        attention_dropout=0.0,
+        tensor_model_parallel_size=2,
+    )
     group = types.SimpleNamespace(tp=_FakeGroup(rank, 2))
     attention = alibi.ALiBiDotProductAttention(config, layer_number=1, attn_mask_type=AttnMaskType.causal,
                                                attention_type="self", pg_collection=group)
@@ -99,7 +114,11 @@ def test_attention_on_a_tensor_parallel_rank_uses_its_slice_of_the_global_slopes
     expected = torch.einsum("bhij,jbhd->ibhd", scores.softmax(-1), v).reshape(s, b, local * d)
     assert torch.allclose(got, expected, atol=1e-6)
     # and the bias matters: without it the result differs
-    plain = torch.einsum("bhij,jbhd->ibhd", (torch.einsum("ibhd,jbhd->bhij", q, k) / math.sqrt(d)).masked_fill(j > i, float("-inf")).softmax(-1), v)
+    plain = torch.einsum(
+        "bhij,jbhd->ibhd",
+        (torch.einsum("ibhd,jbhd->bhij", q, k) / math.sqrt(d)).masked_fill(j > i, float("-inf")).softmax(-1),
+        v,
+    )
     assert not torch.allclose(got, plain.reshape(s, b, local * d), atol=1e-3)
 
 

@@ -171,7 +171,10 @@ def test_fixed_if_present_keeps_presence_and_refuses_other_values():
     assert present.arch[FAMILY_KEY_PREFIX + "scale_embeddings"] is False
     assert table.to_hf(present) == {"hidden_size": 64, "scale_embeddings": False}
     assert table.untranslated_architecture_keys({"hidden_size": 64, "scale_embeddings": False}) == []
-    with pytest.raises(ConfigTranslationError, match="scale_embeddings=True; this family supports only scale_embeddings=False: not scaled"):
+    with pytest.raises(
+        ConfigTranslationError,
+        match="scale_embeddings=True; this family supports only scale_embeddings=False: not scaled",
+    ):
         table.to_mcore("fam", {"hidden_size": 64, "scale_embeddings": True})
 
 

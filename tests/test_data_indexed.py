@@ -95,7 +95,7 @@ def test_add_document_byte_identical_and_megatron_reads_it(mc, tmp_path, monkeyp
     megatron_build(mc, tmp_path / "mc", dtype, docs)
     w = ours_build(tmp_path / "ours", dtype, docs)
     assert_same_files(tmp_path / "mc", tmp_path / "ours")
-    assert (w.documents_written, w.sequences_written) == (len(docs), sum(len(l) for _, l in docs))
+    assert (w.documents_written, w.sequences_written) == (len(docs), sum(len(ids) for _, ids in docs))
     assert w.tokens_written == sum(len(t) for t, _ in docs)
 
     expected = sequences_of(docs)
@@ -104,7 +104,7 @@ def test_add_document_byte_identical_and_megatron_reads_it(mc, tmp_path, monkeyp
         assert len(ds) == len(expected) and ds.index.dtype == dtype
         for i, seq in enumerate(expected):
             np.testing.assert_array_equal(np.array(ds[i]), seq)
-        np.testing.assert_array_equal(ds.document_indices, np.cumsum([0] + [len(l) for _, l in docs]))
+        np.testing.assert_array_equal(ds.document_indices, np.cumsum([0] + [len(ids) for _, ids in docs]))
         got = [np.array(s) for s in ds[0 : len(ds)]]
     finally:
         del ds
@@ -143,7 +143,7 @@ def test_our_reader_reads_megatron_files(mc, tmp_path, monkeypatch):
             np.testing.assert_array_equal(r.document(j), tokens)
         np.testing.assert_array_equal(r.sequence_lengths, list(map(len, expected)))
         np.testing.assert_array_equal(r.sequence_pointers, 2 * np.cumsum([0] + list(map(len, expected)))[:-1])
-        np.testing.assert_array_equal(r.document_indices, np.cumsum([0] + [len(l) for _, l in docs]))
+        np.testing.assert_array_equal(r.document_indices, np.cumsum([0] + [len(ids) for _, ids in docs]))
         np.testing.assert_array_equal(r[-1], expected[-1])
         assert [list(s) for s in r[1:4]] == [list(s) for s in expected[1:4]]
         with pytest.raises(IndexError):

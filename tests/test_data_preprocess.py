@@ -33,7 +33,9 @@ def bpe(tmp_path_factory) -> Path:
     tok.train_from_iterator(corpus, trainer)
     tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
     tok.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"}))
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps({"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"})
+    )
     return folder
 
 
@@ -231,7 +233,9 @@ def test_family_tokenizer_and_cli(tmp_path, monkeypatch):
     assert proc.returncode == 0 and "6 documents" in proc.stdout, proc.stderr
     merged, _ = megatron_read(str(tmp_path / "merged"))
     assert merged == got + got
-    proc = subprocess.run([PAI_ZOO, "dataset", "inspect", prefix, "--document", "9"], capture_output=True, text=True, env=env)
+    proc = subprocess.run(
+        [PAI_ZOO, "dataset", "inspect", prefix, "--document", "9"], capture_output=True, text=True, env=env
+    )
     assert proc.returncode == 1 and "document 9 is out of range" in proc.stderr
     proc = subprocess.run([PAI_ZOO, "preprocess", "--input", str(src), "--output-prefix", str(tmp_path / "qwen"),
                            "--tokenizer", "qwen2"], capture_output=True, text=True, env=env)
@@ -265,7 +269,11 @@ def test_sft_packs_tokens_and_loss_mask_with_record_boundaries(tmp_path, bpe):
     # every pack is 256 tokens; its sequences are the records in order, then padding
     for start, stop in zip(token_docs, token_docs[1:]):
         assert sum(len(tokens[i]) for i in range(start, stop)) == 256
-    records = [(t, m) for t, m in zip(tokens, masks) if any(m) or t != [tok.pad_id if tok.pad_id is not None else tok.eod_id] * len(t)]
+    records = [
+        (t, m)
+        for t, m in zip(tokens, masks)
+        if any(m) or t != [tok.pad_id if tok.pad_id is not None else tok.eod_id] * len(t)
+    ]
     assert [t for t, _ in records] == [e[0] for e in examples]
     assert [m for _, m in records] == [e[1] for e in examples]
     trained = tok.decode([t for seq, m in zip(tokens, masks) for t, keep in zip(seq, m) if keep])
@@ -279,7 +287,9 @@ def test_sft_bad_record_names_file_and_line(tmp_path, bpe):
     from pai_zoo.data.preprocess import preprocess_sft
 
     src = tmp_path / "records.jsonl"
-    src.write_text(json.dumps(SFT_RECORDS[0]) + "\n" + json.dumps({"messages": [{"role": "user", "content": "no answer"}]}) + "\n")
+    src.write_text(
+        json.dumps(SFT_RECORDS[0]) + "\n" + json.dumps({"messages": [{"role": "user", "content": "no answer"}]}) + "\n"
+    )
     with pytest.raises(BadRecord, match=r"records.jsonl:2: "):
         preprocess_sft([src], tmp_path / "sft", bpe, seq_length=64)
     assert outputs_present(tmp_path / "sft") == []

@@ -208,7 +208,10 @@ BAD_RECORDS = {
     "no_content": ({"messages": [{"role": "user"}, CONV[2]]}, r"messages\[0\] has no 'content'"),
     "unknown_role": ({"messages": [{"role": "tool", "content": "x"}, CONV[2]]}, "unknown role 'tool'"),
     "content_not_str": ({"messages": [{"role": "user", "content": ["x"]}, CONV[2]]}, "must be a string, got list"),
-    "content_empty": ({"messages": [CONV[1], {"role": "assistant", "content": " \n"}]}, r"messages\[1\]\.content is empty"),
+    "content_empty": (
+        {"messages": [CONV[1], {"role": "assistant", "content": " \n"}]},
+        r"messages\[1\]\.content is empty",
+    ),
     "no_assistant": ({"messages": CONV[:2]}, "no assistant message"),
     "alpaca_no_output": ({"instruction": "x"}, "no 'output'"),
     "alpaca_no_instruction": ({"output": "x"}, "no 'instruction'"),

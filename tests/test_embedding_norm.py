@@ -47,7 +47,9 @@ def test_embeddings_are_normalised_with_the_configs_norm(normalization):
 
 def test_the_norm_is_in_the_state_dict_and_the_sharded_state_dict():
     model = _model()
-    assert {"embedding.word_embeddings_layernorm.weight", "embedding.word_embeddings_layernorm.bias"} <= set(model.state_dict())
+    assert {"embedding.word_embeddings_layernorm.weight", "embedding.word_embeddings_layernorm.bias"} <= set(
+        model.state_dict()
+    )
     assert "embedding.word_embeddings_layernorm.weight" in model.sharded_state_dict()
 
 

@@ -44,5 +44,9 @@ print(json.dumps(names))
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     found = json.loads(proc.stdout.strip().splitlines()[-1])
-    expected = {"qwen": "QWenLMHeadModel", "baichuan": "BaichuanForCausalLM", "chatglm": "ChatGLMForConditionalGeneration"}
+    expected = {
+        "qwen": "QWenLMHeadModel",
+        "baichuan": "BaichuanForCausalLM",
+        "chatglm": "ChatGLMForConditionalGeneration",
+    }
     assert found == {k: v for k, v in expected.items() if k in found} and found

@@ -12,7 +12,6 @@ import sys
 
 import pytest
 import torch
-from pai_zoo_conformance import checks
 
 import pai_zoo
 from pai_zoo import generation
@@ -20,6 +19,7 @@ from pai_zoo.cli import main
 from pai_zoo.generation import Finisher, GenerationError, SamplingParams, filter_logits, generate
 from pai_zoo.mcore import forward
 from pai_zoo.registry import get_registry
+from pai_zoo_conformance import checks
 
 LLAMA = get_registry().family("llama")
 CONTEXT = 64  # max_position_embeddings of the test checkpoint
@@ -61,7 +61,9 @@ def test_conformance_generation_check_passes_and_catches_unmasked_padding(monkey
     report = checks.check_generation(case)
     assert report["rows"] == 4 and report["max_gap"] <= checks.GENERATION_TIE_TOL
     # Break the cache path: new tokens attend to the left padding too.
-    monkeypatch.setattr(forward, "decode_mask", lambda keep: torch.zeros(keep.shape[0], 1, 1, keep.shape[1], dtype=torch.bool))
+    monkeypatch.setattr(
+        forward, "decode_mask", lambda keep: torch.zeros(keep.shape[0], 1, 1, keep.shape[1], dtype=torch.bool)
+    )
     with pytest.raises(checks.ConformanceFailure, match=r"(?s)\[generation\].*step 1 is no near-tie"):
         checks.check_generation(case)
 
@@ -119,7 +121,10 @@ def test_right_padded_input_with_attention_mask_equals_unpadded_prompts(mcore):
 # -- sampling ---------------------------------------------------------------------------------
 def test_sampling_is_reproducible_with_a_seed_and_differs_across_seeds(mcore, hf):
     for handle in (mcore, hf):
-        runs = [generate(handle, PROMPTS[:2], max_new_tokens=12, temperature=1.0, seed=s, eos_token_id=[]) for s in (7, 7, 8)]
+        runs = [
+            generate(handle, PROMPTS[:2], max_new_tokens=12, temperature=1.0, seed=s, eos_token_id=[])
+            for s in (7, 7, 8)
+        ]
         ids = [[r.token_ids for r in run] for run in runs]
         assert ids[0] == ids[1]
         assert ids[0] != ids[2]
@@ -130,7 +135,8 @@ def test_sampling_is_reproducible_with_a_seed_and_differs_across_seeds(mcore, hf
 
 def test_top_k_and_top_p_by_hand():
     logits = torch.tensor([[math.log(p) for p in (0.1, 0.2, 0.3, 0.4)]])
-    kept = lambda out: torch.isfinite(out[0]).nonzero().flatten().tolist()
+    def kept(out):
+        return torch.isfinite(out[0]).nonzero().flatten().tolist()
     assert kept(filter_logits(logits, top_k=2)) == [2, 3]
     assert kept(filter_logits(logits, top_p=0.35)) == [3]           # 0.4 alone reaches 0.35
     assert kept(filter_logits(logits, top_p=0.65)) == [2, 3]        # 0.4 < 0.65 <= 0.4 + 0.3
@@ -195,13 +201,16 @@ def test_streamed_text_arrives_in_pieces_and_adds_up_to_the_completion(mcore):
     assert len(pieces) > 3 and "".join(pieces) == out.text
     stop = out.text[len(out.text) // 2:][:2]
     pieces = []
-    [cut] = generate(mcore, PROMPTS[0], max_new_tokens=12, eos_token_id=[], stop=stop, on_text=lambda i, d: pieces.append(d))
+    [cut] = generate(
+        mcore, PROMPTS[0], max_new_tokens=12, eos_token_id=[], stop=stop, on_text=lambda i, d: pieces.append(d)
+    )
     assert "".join(pieces) == cut.text and stop not in "".join(pieces)
 
 
 def test_finisher_holds_back_a_possible_stop_string():
     words = {1: "ab", 2: "cX", 3: "Y", 4: "z"}
-    decode = lambda ids: "".join(words[i] for i in ids)
+    def decode(ids):
+        return "".join(words[i] for i in ids)
     seen = []
     finisher = Finisher(SamplingParams(max_new_tokens=10, stop=("XY",)), (), decode, seen.append)
     assert [finisher.add(t) for t in (1, 2, 3)] == [False, False, True]
@@ -216,7 +225,9 @@ def _write(path, lines):
 
 
 def test_cli_jsonl_in_and_out(folder, mcore, tmp_path):
-    prompts = _write(tmp_path / "in.jsonl", [{"prompt": PROMPTS[0], "id": "a"}, "", {"prompt": PROMPTS[1]}, {"prompt": [1, 15043]}])
+    prompts = _write(
+        tmp_path / "in.jsonl", [{"prompt": PROMPTS[0], "id": "a"}, "", {"prompt": PROMPTS[1]}, {"prompt": [1, 15043]}]
+    )
     out = tmp_path / "out.jsonl"
     assert main(["generate", "--model", str(folder), "--prompts", str(prompts), "--output", str(out),
                  "--max-new-tokens", "7", "--batch-size", "2"]) == 0
@@ -246,7 +257,9 @@ def test_cli_chat_uses_the_chat_template_like_transformers(folder, mcore, tmp_pa
     assert main(["generate", "--model", str(folder), "--prompts", str(prompts), "--output", str(out), "--chat",
                  "--max-new-tokens", "4"]) == 0
     [row] = [json.loads(line) for line in out.read_text().splitlines()]
-    reference = AutoTokenizer.from_pretrained(folder).apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    reference = AutoTokenizer.from_pretrained(folder).apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True
+    )
     reference = list(reference["input_ids"] if hasattr(reference, "keys") else reference)
     [expected] = generate(mcore, [reference], max_new_tokens=4)
     assert row["prompt_tokens"] == len(reference) and row["token_ids"] == expected.token_ids
@@ -293,7 +306,17 @@ def test_too_long_prompt_names_the_context_and_truncate_left_fits_it(folder, mco
 
 def test_unknown_checkpoint_is_a_clear_error(tmp_path, capsys):
     prompts = _write(tmp_path / "in.jsonl", [{"prompt": "hi"}])
-    code = main(["generate", "--model", str(tmp_path / "nowhere"), "--prompts", str(prompts), "--output", str(tmp_path / "o.jsonl")])
+    code = main(
+        [
+            "generate",
+            "--model",
+            str(tmp_path / "nowhere"),
+            "--prompts",
+            str(prompts),
+            "--output",
+            str(tmp_path / "o.jsonl"),
+        ]
+    )
     assert code == 1
     assert "nowhere" in capsys.readouterr().err
     assert not (tmp_path / "o.jsonl").exists()
@@ -321,7 +344,9 @@ def test_tensor_parallel_2_generates_the_same_tokens_as_one_process(folder, tmp_
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
                "--master-port", str(port), "-m", "pai_zoo.cli", "generate", "--model", str(ckpt), "--tp", "2",
                "--prompts", str(prompts), "--output", str(out), "--max-new-tokens", "10", "--threads", "1"]
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.run(
+        command, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     single = generate(pai_zoo.load(ckpt), PROMPTS, max_new_tokens=10)

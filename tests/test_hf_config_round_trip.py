@@ -29,7 +29,9 @@ def test_config_transformers_writes_round_trips_unchanged(name):
     mcore = McoreConfig.from_json(family.to_mcore_config(hf.config_dict(source)).to_json())
     back = hf.hf_config_from_mcore(family, mcore)
     before, after = _saved(source), _saved(back)
-    assert {k: (before.get(k), after.get(k)) for k in before.keys() | after.keys() if before.get(k) != after.get(k)} == {}
+    assert {
+        k: (before.get(k), after.get(k)) for k in before.keys() | after.keys() if before.get(k) != after.get(k)
+    } == {}
 
 
 def test_starcoder2_folder_saved_by_transformers_converts_back_to_the_same_config_json(tmp_path):

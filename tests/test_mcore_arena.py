@@ -2,10 +2,10 @@
 import io
 
 import torch
-from pai_zoo_conformance import checks
 
 from pai_zoo.mcore.arena import pack_parameters
 from pai_zoo.registry import get_registry
+from pai_zoo_conformance import checks
 
 LLAMA = get_registry().family("llama")
 

@@ -8,12 +8,10 @@ import torch
 from megatron.core.inference.contexts import StaticInferenceContext
 from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 from megatron.core.transformer.attention import SelfAttention
-from pai_zoo_conformance import checks
 
 from pai_zoo.generation import left_pad
-from pai_zoo.mcore.forward import decode_mask, prefill_mask
 from pai_zoo.mcore import inference
-from pai_zoo.mcore.specs import default_layer_spec
+from pai_zoo.mcore.forward import decode_mask, prefill_mask
 from pai_zoo.mcore.inference import (
     CachedSelfAttention,
     InferenceColumnParallelLinear,
@@ -22,8 +20,9 @@ from pai_zoo.mcore.inference import (
     megatron_inference_mode,
     with_inference_path,
 )
-from pai_zoo.mcore.specs import submodules_of
+from pai_zoo.mcore.specs import default_layer_spec, submodules_of
 from pai_zoo.registry import get_registry
+from pai_zoo_conformance import checks
 
 FAMILIES = get_registry().families
 
@@ -35,8 +34,18 @@ CASES = {
     "chatglm: rotary on half the channels, multi-query": ("chatglm", None, {}),
     "glm4: partial rotary, post-sublayer norms": ("glm", None, {}),
     "falcon: parallel attention + MLP": ("falcon", None, {}),
-    "falcon-rw: Falcon's ALiBi core attention": ("falcon", None, {"alibi": True, "bias": True, "new_decoder_architecture": False,
-                                                                   "parallel_attn": False, "multi_query": False, "num_kv_heads": 4}),
+    "falcon-rw: Falcon's ALiBi core attention": (
+        "falcon",
+        None,
+        {
+            "alibi": True,
+            "bias": True,
+            "new_decoder_architecture": False,
+            "parallel_attn": False,
+            "multi_query": False,
+            "num_kv_heads": 4,
+        },
+    ),
     "bloom: ALiBi, embedding LayerNorm": ("bloom", None, {}),
     "starcoder: learned positions, multi-query": ("starcoder", None, {}),
     "galactica: OPT position offset": ("galactica", None, {}),
@@ -179,8 +188,13 @@ def test_without_a_mask_the_prefill_is_causal_and_decode_sees_the_cache():
         step = model(ids[:, 6:], positions[:, 6:], None, inference_context=cache, runtime_gather_output=True)
         cache.sequence_len_offset = 7
         with pytest.raises(ValueError, match="explicit attention mask"):
-            model(torch.zeros(2, 2, dtype=torch.long), torch.zeros(2, 2, dtype=torch.long), None, inference_context=cache,
-                  runtime_gather_output=True)
+            model(
+                torch.zeros(2, 2, dtype=torch.long),
+                torch.zeros(2, 2, dtype=torch.long),
+                None,
+                inference_context=cache,
+                runtime_gather_output=True,
+            )
     assert prefill.shape[1] == 1  # megatron's static context: logits of the last position only
     assert (prefill[:, 0] - expected[:, 5]).abs().max().item() < 1e-5
     assert (step[:, 0] - expected[:, 6]).abs().max().item() < 1e-5

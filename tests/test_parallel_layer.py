@@ -29,7 +29,10 @@ def _layer(layernorms):
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for name, p in layer.named_parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) / (p.shape[-1] ** 0.5 if p.dim() > 1 else 10) + (1.0 if name.endswith("layernorm.weight") else 0.0))
+            p.copy_(
+                torch.randn(p.shape, generator=gen) / (p.shape[-1] ** 0.5 if p.dim() > 1 else 10)
+                + (1.0 if name.endswith("layernorm.weight") else 0.0)
+            )
     return layer
 
 

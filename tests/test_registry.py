@@ -30,7 +30,9 @@ PAI_ZOO = str(BIN / "pai-zoo") if (BIN / "pai-zoo").exists() else shutil.which("
 
 
 # -- fake installed distributions -----------------------------------------------------------
-def install_fake(root: Path, dist: str, entry_points: dict[str, str], modules: dict[str, str], version: str = "0.1") -> Path:
+def install_fake(
+    root: Path, dist: str, entry_points: dict[str, str], modules: dict[str, str], version: str = "0.1"
+) -> Path:
     """Write ``DIST-VERSION.dist-info`` (METADATA, entry_points.txt in group ``pai_zoo``) and
     the plugin modules into ``root``; return the dist-info folder."""
     info = root / f"{dist.replace('-', '_')}-{version}.dist-info"
@@ -557,7 +559,9 @@ def test_family_for_hf_config(registry):
     assert registry.family_for_hf_config({"architectures": ["ToyForCausalLM"], "model_type": "llama"}) is TOY
     assert registry.family_for_hf_config({"architectures": ["Nope"], "model_type": "toyfam"}) is TOY
     with pytest.raises(UnknownModelError) as err:
-        registry.family_for_hf_config({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}, where="ckpt/config.json")
+        registry.family_for_hf_config(
+            {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}, where="ckpt/config.json"
+        )
     msg = str(err.value)
     assert msg.startswith("ckpt/config.json:") and "GPT2LMHeadModel" in msg and "'gpt2'" in msg
     assert "installed families: llama, toyfam" in msg
@@ -597,7 +601,13 @@ def test_weight_map_hook_defaults_to_the_family_table_and_can_be_overridden(regi
 
 def test_family_validation():
     with pytest.raises(PluginError, match=r"tiny preset 'missing' is not among its presets \['a-tiny'\]"):
-        Family(name="bad", presets={"a-tiny": {"model_type": "llama"}}, tiny="missing", config_map=CONFIG, weight_map=weights)
+        Family(
+            name="bad",
+            presets={"a-tiny": {"model_type": "llama"}},
+            tiny="missing",
+            config_map=CONFIG,
+            weight_map=weights,
+        )
     with pytest.raises(PluginError, match="preset 'a-tiny' has no 'model_type'"):
         Family(name="bad", presets={"a-tiny": {"hidden_size": 8}}, tiny="a-tiny", config_map=CONFIG, weight_map=weights)
     fam = toy_family("good", aliases=("g",))
@@ -605,12 +615,20 @@ def test_family_validation():
 
 
 def test_a_family_that_fails_validation_at_import_is_a_broken_plugin(tmp_path):
-    install_fake(tmp_path, "pai-zoo-badtiny", {"badtiny": "badtiny_plugin"}, {"badtiny_plugin": """
+    install_fake(
+        tmp_path,
+        "pai-zoo-badtiny",
+        {"badtiny": "badtiny_plugin"},
+        {
+            "badtiny_plugin": """
         from pai_zoo import Family, hookimpl
         from pai_zoo_llama import CONFIG, weights
 
-        BAD = Family(name="badtiny", presets={"x": {"model_type": "llama"}}, tiny="y", config_map=CONFIG, weight_map=weights)
-    """})
+        BAD = Family(name="badtiny", presets={"x": {"model_type": "llama"}}, tiny="y", config_map=CONFIG,
+                     weight_map=weights)
+    """
+        },
+    )
     proc = run_cli(["list"], tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "BROKEN: PluginError: family 'badtiny': tiny preset 'y'" in row(proc.stdout, "badtiny")
@@ -632,10 +650,14 @@ def test_pai_zoo_plugins_naming_a_missing_plugin_warns(good_env):
 
 def test_two_families_claiming_one_architecture_is_ambiguous():
     a = toy_family("fam-a", hf_architectures=("LlamaForCausalLM",), model_types=("llama",))
-    b = toy_family("fam-b", presets={"fam-b-tiny": dict(PRESETS["llama3-tiny"])}, hf_architectures=("LlamaForCausalLM",))
+    b = toy_family(
+        "fam-b", presets={"fam-b-tiny": dict(PRESETS["llama3-tiny"])}, hf_architectures=("LlamaForCausalLM",)
+    )
     registry = Registry(plugins=[("a", _module_plugin("a", families=[a])), ("b", _module_plugin("b", families=[b]))],
                         use_entry_points=False)
-    with pytest.raises(PluginError, match=r"claimed by several families: 'fam-a' \(plugin 'a'\), 'fam-b' \(plugin 'b'\)"):
+    with pytest.raises(
+        PluginError, match=r"claimed by several families: 'fam-a' \(plugin 'a'\), 'fam-b' \(plugin 'b'\)"
+    ):
         registry.family_for_hf_config({"architectures": ["LlamaForCausalLM"], "model_type": "llama"})
 
 

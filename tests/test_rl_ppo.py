@@ -35,7 +35,14 @@ def read_log(folder: Path) -> list[dict]:
     return [json.loads(line) for line in (folder / "log.jsonl").read_text().splitlines()]
 
 
-SMALL = {"rollout_batch_size": 8, "mini_batch_size": 4, "ppo_epochs": 1, "max_new_tokens": 4, "actor_lr": 1e-3, "critic_lr": 1e-3}
+SMALL = {
+    "rollout_batch_size": 8,
+    "mini_batch_size": 4,
+    "ppo_epochs": 1,
+    "max_new_tokens": 4,
+    "actor_lr": 1e-3,
+    "critic_lr": 1e-3,
+}
 
 
 def test_ppo_raises_the_reward_with_bounded_kl(tmp_path, capsys):
@@ -162,7 +169,9 @@ def models(tmp_path_factory):
             str(root / name / "tokenizer.json"))
         out[name] = root / name
     pairs = root / "pairs.jsonl"
-    pairs.write_text("".join(json.dumps({"prompt": [5], "chosen": [20 + i], "rejected": [200 + i]}) + "\n" for i in range(4)))
+    pairs.write_text(
+        "".join(json.dumps({"prompt": [5], "chosen": [20 + i], "rejected": [200 + i]}) + "\n" for i in range(4))
+    )
     RewardTrainer(model=str(out["a"]), data=str(pairs), save=str(root / "rm"), batch_size=4, eval_fraction=0).run()
     out["rm"] = root / "rm"
     return out
@@ -183,13 +192,22 @@ def test_reward_model_with_another_vocabulary(tmp_path, models):
 
 
 def test_reward_model_with_another_tokenizer(tmp_path, models):
-    msg = _fails(tmp_path, "different tokenizers: tokenizer.json differ", actor=str(models["b"]), reward=str(models["rm"]))
+    msg = _fails(
+        tmp_path, "different tokenizers: tokenizer.json differ", actor=str(models["b"]), reward=str(models["rm"])
+    )
     assert f"actor ({models['b']})" in msg and f"reward model ({models['rm']})" in msg
 
 
 def test_same_tokenizer_is_accepted(tmp_path, models):
-    summary = PPOTrainer(actor=str(models["a"]), reward=str(models["rm"]), prompts=prompts(4), save=str(tmp_path / "run"),
-                         steps=1, quiet=True, **{**SMALL, "rollout_batch_size": 4}).run()
+    summary = PPOTrainer(
+        actor=str(models["a"]),
+        reward=str(models["rm"]),
+        prompts=prompts(4),
+        save=str(tmp_path / "run"),
+        steps=1,
+        quiet=True,
+        **{**SMALL, "rollout_batch_size": 4},
+    ).run()
     assert summary["steps"] == 1 and isinstance(summary["last"]["reward"], float)
 
 

@@ -147,8 +147,8 @@ def test_malformed_json_names_its_line(tmp_path):
 def test_score_head_on_other_families_converts_with_the_same_rewards(preset, hf_class, tmp_path):
     from transformers import AutoModelForSequenceClassification
 
-    from pai_zoo.rl.checkpoint import save_model
     from pai_zoo.mcore.heads import head_record
+    from pai_zoo.rl.checkpoint import save_model
     from pai_zoo.rl.models import Optimizer, value_model
 
     handle = value_model(preset, init_std=0.5)  # the family's tiny model with a new score head

@@ -36,7 +36,9 @@ def test_defaults_are_the_recipe_table():
 
 def test_yaml_file_with_flag_overrides(tmp_path):
     file = tmp_path / "run.yaml"
-    file.write_text("model: llama3-tiny\ndata: [0.3, a, 0.7, b]\nsave: out\nglobal-batch-size: 8\nlearning_rate: 1e-4\n")
+    file.write_text(
+        "model: llama3-tiny\ndata: [0.3, a, 0.7, b]\nsave: out\nglobal-batch-size: 8\nlearning_rate: 1e-4\n"
+    )
     c = TrainConfig.load(file, {"global_batch_size": 16, "seed": None})
     assert c.global_batch_size == 16 and c.learning_rate == 1e-4 and c.seed == 1234
     assert c.data_blend() == (["a", "b"], [0.3, 0.7])
@@ -56,17 +58,24 @@ def test_bad_yaml_names_the_file(tmp_path, text, message):
     assert str(file) in str(e.value) and message in str(e.value)
 
 
-@pytest.mark.parametrize("settings, world, message", [
-    (dict(global_batch_size=6, batch_size=4), 1, "not divisible by batch_size 4"),
-    (dict(tensor_parallel_size=2), 3, "3 processes cannot hold"),
-    (dict(global_batch_size=6, batch_size=2, tensor_parallel_size=1), 2, "not divisible by batch_size 2 x data-parallel size 2"),
-    (dict(train_tokens=100), 1, "zero training steps"),
-    (dict(sequence_length=4096), 1, "longer than the model's 2048 positions"),
-    (dict(warmup_tokens=10**9), 1, "exceed train_tokens"),
-    (dict(min_learning_rate=1.0), 1, "min_learning_rate 1.0 must be between"),
-    (dict(split="1,2"), 1, "split '1,2'"),
-    (dict(data=["0.5", "a", "b"]), 1, "WEIGHT PREFIX"),
-])
+@pytest.mark.parametrize(
+    "settings, world, message",
+    [
+        (dict(global_batch_size=6, batch_size=4), 1, "not divisible by batch_size 4"),
+        (dict(tensor_parallel_size=2), 3, "3 processes cannot hold"),
+        (
+            dict(global_batch_size=6, batch_size=2, tensor_parallel_size=1),
+            2,
+            "not divisible by batch_size 2 x data-parallel size 2",
+        ),
+        (dict(train_tokens=100), 1, "zero training steps"),
+        (dict(sequence_length=4096), 1, "longer than the model's 2048 positions"),
+        (dict(warmup_tokens=10**9), 1, "exceed train_tokens"),
+        (dict(min_learning_rate=1.0), 1, "min_learning_rate 1.0 must be between"),
+        (dict(split="1,2"), 1, "split '1,2'"),
+        (dict(data=["0.5", "a", "b"]), 1, "WEIGHT PREFIX"),
+    ],
+)
 def test_inconsistent_settings_fail_before_work(settings, world, message):
     c = TrainConfig(**{"model": "m", "data": ["d"], "save": "s", **settings})
     with pytest.raises(TrainConfigError) as e:
@@ -197,13 +206,15 @@ def baseline(setup):
 def test_training_loss_is_the_hf_models_cross_entropy(setup):
     """Megatron's padded vocabulary (300 -> 384 rows) must not enter the softmax."""
     import pai_zoo
-    from pai_zoo.mcore.forward import causal_mask
     from pai_zoo.mcore.build import mask_padded_vocab
+    from pai_zoo.mcore.forward import causal_mask
 
     ids = torch.randint(0, 300, (2, 17), generator=torch.Generator().manual_seed(1))
     inputs, labels = ids[:, :-1], ids[:, 1:]
     hf = pai_zoo.load(setup / "hf", backend="hf")
-    want = torch.nn.functional.cross_entropy(hf.model(input_ids=inputs).logits.transpose(1, 2), labels, reduction="none")
+    want = torch.nn.functional.cross_entropy(
+        hf.model(input_ids=inputs).logits.transpose(1, 2), labels, reduction="none"
+    )
     model = pai_zoo.load(setup / "hf", backend="mcore").model
     mask, positions = causal_mask(inputs)
     unmasked = model(inputs, positions, mask, labels=labels)

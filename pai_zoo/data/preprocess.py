@@ -14,14 +14,14 @@ import collections
 import contextlib
 import multiprocessing
 import time
-from pathlib import Path
 from dataclasses import dataclass, field
 from itertools import chain, islice
+from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from ..errors import PaiZooError
-from ..util.progress import Progress
 from ..tokenizers.names import TokenizerRef, resolve_tokenizer
+from ..util.progress import Progress
 from .sources import BadRecord, iter_raw_records
 
 
@@ -40,8 +40,11 @@ class PreprocessSummary:
 
     def line(self) -> str:
         rate = self.seconds or 1e-9
-        text = (f"{self.documents} documents, {self.tokens} tokens, {self.bytes / 1e6:.1f} MB in {self.seconds:.1f} s "
-                f"({self.documents / rate:.0f} docs/s, {self.tokens / rate:.0f} tokens/s, {self.bytes / 1e6 / rate:.1f} MB/s)")
+        text = (
+            f"{self.documents} documents, {self.tokens} tokens, {self.bytes / 1e6:.1f} MB in {self.seconds:.1f} s "
+            f"({self.documents / rate:.0f} docs/s, {self.tokens / rate:.0f} tokens/s, "
+            f"{self.bytes / 1e6 / rate:.1f} MB/s)"
+        )
         if self.skipped:
             text += f"; skipped {self.skipped} bad records"
         return text + " -> " + ", ".join(self.outputs)
@@ -238,7 +241,9 @@ def preprocess(inputs, prefix, tokenizer, *, json_keys=("text",), append_eod: bo
             summary.bytes += encoded.nbytes
             bar.update(encoded.nbytes, documents=encoded.documents, tokens=tokens)
         if summary.documents == 0:
-            raise PaiZooError(f"no documents in {', '.join(map(str, inputs))}" + (f" ({bad.count} skipped)" if bad.count else ""))
+            raise PaiZooError(
+                f"no documents in {', '.join(map(str, inputs))}" + (f" ({bad.count} skipped)" if bad.count else "")
+            )
         for writer in writers:
             writer.finalize()
     bar.close()
@@ -325,7 +330,9 @@ def preprocess_sft(inputs, prefix, tokenizer, *, seq_length: int = 1024, pad_len
                 mask_writer.add_document(mask)
                 summary.tokens += len(tokens)
         if summary.documents == 0:
-            raise PaiZooError(f"no records in {', '.join(map(str, inputs))}" + (f" ({bad.count} skipped)" if bad.count else ""))
+            raise PaiZooError(
+                f"no records in {', '.join(map(str, inputs))}" + (f" ({bad.count} skipped)" if bad.count else "")
+            )
         text_writer.finalize()
         mask_writer.finalize()
     bar.close()

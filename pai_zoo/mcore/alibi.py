@@ -28,7 +28,10 @@ from .specs import default_layer_spec, layer_specs
 #: The ``position_embedding_type`` value in ``McoreConfig.arch`` that means ALiBi.
 ALIBI = "alibi"
 
-__all__ = ["ALIBI", "ALiBiDotProductAttention", "alibi_bias", "alibi_layer_spec", "alibi_slopes", "uses_alibi", "with_alibi"]
+__all__ = [
+    "ALIBI", "ALiBiDotProductAttention",  # noqa: F822 (built on first use by the module's __getattr__)
+    "alibi_bias", "alibi_layer_spec", "alibi_slopes", "uses_alibi", "with_alibi",
+]
 
 
 def alibi_slopes(num_heads: int) -> list[float]:

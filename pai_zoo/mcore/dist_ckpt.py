@@ -90,7 +90,9 @@ def meta_model(family: Family, config: McoreConfig, dtype: torch.dtype, padded_v
 
     ensure_model_parallel()
     with torch.device("meta"):
-        model = build_gpt_model(family, config, dtype, padded_vocab_size=padded_vocab_size, perform_initialization=False)
+        model = build_gpt_model(
+            family, config, dtype, padded_vocab_size=padded_vocab_size, perform_initialization=False
+        )
         if head:
             from .heads import attach_score_head
 
@@ -128,7 +130,9 @@ def layout_of(family: Family, config: McoreConfig, dtype: torch.dtype, padded_vo
     return Layout(chunks, objects, local_shapes, dtype)
 
 
-def megatron_lm_args(config: McoreConfig, tp: int, pp: int, padded_vocab_size: int, dtype: torch.dtype) -> argparse.Namespace:
+def megatron_lm_args(
+    config: McoreConfig, tp: int, pp: int, padded_vocab_size: int, dtype: torch.dtype
+) -> argparse.Namespace:
     """The model arguments Megatron-LM stores in a checkpoint (for ``--use-checkpoint-args``)."""
     from .rope import megatron_lm_rope_scaling
 
@@ -174,7 +178,10 @@ class DistCheckpointWriter:
     def write_chunk(self, chunk: Chunk, tensor) -> None:
         from torch.distributed.checkpoint.filesystem import _StorageInfo
         from torch.distributed.checkpoint.metadata import (
-            ChunkStorageMetadata, MetadataIndex, TensorProperties, TensorStorageMetadata,
+            ChunkStorageMetadata,
+            MetadataIndex,
+            TensorProperties,
+            TensorStorageMetadata,
         )
 
         tensor = tensor.reshape(chunk.sizes)
@@ -282,7 +289,9 @@ class DistCheckpointReader:
             return torch.load(_FileSlice(self._files[info.relative_path], info.offset, info.length),
                               map_location="cpu", weights_only=True)
         except Exception as exc:
-            raise PaiZooError(f"{self.folder / info.relative_path}: chunk {key} at {tuple(offsets)} is corrupt: {exc}") from None
+            raise PaiZooError(
+                f"{self.folder / info.relative_path}: chunk {key} at {tuple(offsets)} is corrupt: {exc}"
+            ) from None
 
     def read(self, key: str, offsets: Iterable[int], sizes: Iterable[int]) -> torch.Tensor:
         """The region ``[offsets, offsets + sizes)`` of global tensor ``key``."""
@@ -298,13 +307,13 @@ class DistCheckpointReader:
         for chunk in md.chunks:
             lo = [max(a, b) for a, b in zip(offsets, chunk.offsets)]
             hi = [min(a + s, b + t) for a, s, b, t in zip(offsets, sizes, chunk.offsets, chunk.sizes)]
-            if any(h <= l for l, h in zip(lo, hi)):
+            if any(h <= b for b, h in zip(lo, hi)):
                 continue
             data = self._load_chunk(key, chunk.offsets)
-            src = tuple(slice(l - c, h - c) for l, h, c in zip(lo, hi, chunk.offsets))
-            dst = tuple(slice(l - o, h - o) for l, h, o in zip(lo, hi, offsets))
+            src = tuple(slice(b - c, h - c) for b, h, c in zip(lo, hi, chunk.offsets))
+            dst = tuple(slice(b - o, h - o) for b, h, o in zip(lo, hi, offsets))
             out[dst] = data[src]
-            covered += int(torch.Size([h - l for l, h in zip(lo, hi)]).numel())
+            covered += int(torch.Size([h - b for b, h in zip(lo, hi)]).numel())
             del data
         if covered != out.numel():
             raise PaiZooError(f"{self.folder}: tensor {key} region {offsets}+{sizes} is not fully stored")
@@ -354,7 +363,9 @@ def read_pai_zoo_config(path) -> dict:
     return json.loads(file.read_text())
 
 
-def write_pai_zoo_config(path, config: McoreConfig, tp: int, pp: int, dtype: torch.dtype, padded_vocab_size: int) -> None:
+def write_pai_zoo_config(
+    path, config: McoreConfig, tp: int, pp: int, dtype: torch.dtype, padded_vocab_size: int
+) -> None:
     record = {
         "format": 1,
         "mcore_config": json.loads(config.to_json()),

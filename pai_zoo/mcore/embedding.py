@@ -34,7 +34,11 @@ def embedding_norm_gpt_model():
         def __init__(self, config, transformer_layer_spec, *args, **kwargs):
             super().__init__(config, transformer_layer_spec, *args, **kwargs)
             if getattr(self, "embedding", None) is not None:
-                layer = transformer_layer_spec.layer_specs[0] if hasattr(transformer_layer_spec, "layer_specs") else transformer_layer_spec
+                layer = (
+                    transformer_layer_spec.layer_specs[0]
+                    if hasattr(transformer_layer_spec, "layer_specs")
+                    else transformer_layer_spec
+                )
                 self.embedding.word_embeddings_layernorm = build_module(
                     layer.submodules.input_layernorm, config=config, hidden_size=config.hidden_size,
                     eps=config.layernorm_epsilon,

@@ -167,7 +167,9 @@ class CachedSelfAttention(SelfAttention):
     def _cached_forward(self, hidden_states, attention_mask, cache: KVCache, rotary_pos_emb, attention_bias):
         length, start = hidden_states.shape[0], cache.sequence_len_offset
         if attention_mask is None and length > 1 and start > 0:
-            raise ValueError("CachedSelfAttention: several new tokens after a filled cache need an explicit attention mask")
+            raise ValueError(
+                "CachedSelfAttention: several new tokens after a filled cache need an explicit attention mask"
+            )
         query, key, value = self.get_query_key_value_tensors(hidden_states, None)  # [s, b, heads, head_dim]
         batch = query.shape[1]
         if rotary_pos_emb is not None and not self._no_rope:
@@ -183,9 +185,15 @@ class CachedSelfAttention(SelfAttention):
                 enable_gqa=keys.shape[1] != query.shape[2])
             out = out.permute(2, 0, 1, 3).reshape(length, batch, -1)
         else:  # a core attention with its own bias (ALiBi): megatron's layout [positions, b, groups, head_dim]
-            out = self.core_attention(query, keys.permute(2, 0, 1, 3).contiguous(), values.permute(2, 0, 1, 3).contiguous(),
-                                      attention_mask, attn_mask_type=self.attn_mask_type, attention_bias=attention_bias,
-                                      packed_seq_params=None)
+            out = self.core_attention(
+                query,
+                keys.permute(2, 0, 1, 3).contiguous(),
+                values.permute(2, 0, 1, 3).contiguous(),
+                attention_mask,
+                attn_mask_type=self.attn_mask_type,
+                attention_bias=attention_bias,
+                packed_seq_params=None,
+            )
         return self.linear_proj(out)
 
 

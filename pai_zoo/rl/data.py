@@ -1,8 +1,8 @@
 """RL data: preference pairs and prompts from JSON Lines, as token ids.
 
 A preference record is ``{"prompt": ..., "chosen": ..., "rejected": ...}``; a prompt record is
-``{"prompt": ...}`` (read by :mod:`pai_zoo.generation`). Each field is text (tokenized with the model's tokenizer) or a list of token
-ids. A bad record stops the run before training with an error naming ``file:line``.
+``{"prompt": ...}`` (read by :mod:`pai_zoo.generation`). Each field is text (tokenized with the model's
+tokenizer) or a list of token ids. A bad record stops the run before training with an error naming ``file:line``.
 """
 from __future__ import annotations
 

@@ -43,8 +43,10 @@ def check_same_tokenizer(a, b, a_role: str, b_role: str) -> None:
     if files_a and files_b:
         differ = sorted(n for n in files_a.keys() | files_b.keys() if files_a.get(n) != files_b.get(n))
         if differ:
-            raise PaiZooError(f"the {a_role} ({describe(a)}) and the {b_role} ({describe(b)}) have different tokenizers: "
-                              f"{', '.join(differ)} differ; they must share a tokenizer")
+            raise PaiZooError(
+                f"the {a_role} ({describe(a)}) and the {b_role} ({describe(b)}) have different tokenizers: "
+                f"{', '.join(differ)} differ; they must share a tokenizer"
+            )
 
 
 def pad_id_of(handle) -> int:

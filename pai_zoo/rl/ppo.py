@@ -43,7 +43,11 @@ class PPOTrainer(RLTrainer):
     def add_arguments(cls, parser) -> None:
         a = parser.add_argument
         a("--actor", required=True, help="policy to train: preset, HF folder or Megatron-Core checkpoint")
-        a("--reward", required=True, help="reward-model checkpoint (pai-zoo rl reward) or rule:contains=IDS / rule:fraction=IDS")
+        a(
+            "--reward",
+            required=True,
+            help="reward-model checkpoint (pai-zoo rl reward) or rule:contains=IDS / rule:fraction=IDS",
+        )
         a("--critic", help="critic initialisation (default: the reward model; the actor with a new head for a rule)")
         a("--prompts", required=True, help='JSON Lines of {"prompt": text | [ids]}')
         a("--save", required=True, help="output folder: actor/ and critic/ checkpoints, log.jsonl")
@@ -81,9 +85,9 @@ class _PPORun:
     def __init__(self, s: dict):
         import torch
 
-        from .checkpoint import latest_iteration, load_model_state
         from ..mcore.heads import has_score_head
         from ..util.metrics import MetricsLog
+        from .checkpoint import latest_iteration, load_model_state
         from .models import (
             Optimizer,
             check_same_tokenizer,
@@ -157,7 +161,9 @@ class _PPORun:
         context, room = context_length(self.actor), self.s["max_new_tokens"]
         for number, ids in enumerate(prompts, start=1):
             if not ids or not all(isinstance(t, int) and 0 <= t < self.actor.vocab_size for t in ids):
-                raise PaiZooError(f"ppo: prompt {number} must be a non-empty list of token ids in [0, {self.actor.vocab_size})")
+                raise PaiZooError(
+                    f"ppo: prompt {number} must be a non-empty list of token ids in [0, {self.actor.vocab_size})"
+                )
             if context and len(ids) + room > context:
                 raise PaiZooError(f"ppo: prompt {number} has {len(ids)} tokens; with --max-new-tokens {room} it "
                                   f"exceeds the model's context of {context}")
@@ -239,7 +245,9 @@ class _PPORun:
                 actor_norm = self.actor_opt.step()
                 self.critic.model.train()
                 values = forward(self.critic.model, ids, mask)[:, P - 1:-1, 0].float()
-                vf_loss, vf_clip_frac = value_loss(values, batch["values"][idx], batch["returns"][idx], rmask, value_clip)
+                vf_loss, vf_clip_frac = value_loss(
+                    values, batch["values"][idx], batch["returns"][idx], rmask, value_clip
+                )
                 vf_loss.backward()
                 critic_norm = self.critic_opt.step()
                 with torch.no_grad():
@@ -254,8 +262,8 @@ class _PPORun:
         return {k: v / n for k, v in sums.items()}
 
     def checkpoint(self) -> None:
-        from .checkpoint import save_model
         from ..mcore.heads import head_record
+        from .checkpoint import save_model
 
         state = {"step": self.step, "kl": self.kl.state_dict(), "settings": _plain(self.s)}
         save_model(self.save / "critic", self.critic, self.critic.model, self.critic_opt, self.step,

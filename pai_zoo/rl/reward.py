@@ -46,10 +46,10 @@ class RewardTrainer(RLTrainer):
     def run(self) -> dict:
         import torch
 
-        from .checkpoint import save_model
-        from .data import read_pairs
         from ..mcore.heads import head_record
         from ..util.metrics import MetricsLog
+        from .checkpoint import save_model
+        from .data import read_pairs
         from .models import Optimizer, load_model, pad_id_of, value_model
         from .ops import pairwise_loss
 
@@ -75,7 +75,9 @@ class RewardTrainer(RLTrainer):
         optimizer = Optimizer(model, s["lr"], s["weight_decay"], s["max_grad_norm"])
         log = MetricsLog(Path(s["save"]) / "log.jsonl", prefix="reward")
         accuracy_before = evaluate(model, evaluation, pad_id)
-        log.write({"step": 0, "eval_accuracy": accuracy_before, "eval_pairs": len(evaluation), "train_pairs": len(train)})
+        log.write(
+            {"step": 0, "eval_accuracy": accuracy_before, "eval_pairs": len(evaluation), "train_pairs": len(train)}
+        )
         step, loss = 0, float("nan")
         start = time.perf_counter()
         for epoch in range(s["epochs"]):

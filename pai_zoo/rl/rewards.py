@@ -42,7 +42,9 @@ class RuleReward:
         body = spec.removeprefix("rule:")
         kind, _, arg = body.partition("=")
         if kind not in RULES:
-            raise PaiZooError(f"--reward {spec}: unknown rule {kind!r}; rules: {', '.join(f'rule:{r}=IDS' for r in RULES)}")
+            raise PaiZooError(
+                f"--reward {spec}: unknown rule {kind!r}; rules: {', '.join(f'rule:{r}=IDS' for r in RULES)}"
+            )
         self.spec, self.kind, self.ids = spec, kind, _ids(arg, f"--reward {spec}")
 
     def __call__(self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]) -> torch.Tensor:

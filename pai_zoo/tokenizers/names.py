@@ -64,8 +64,8 @@ def bundled_tokenizer_folder(family, kind: str = "test") -> Path:
     """The folder of a family's bundled tokenizer, ``kind`` ``"test"`` (``Family.test_tokenizer``) or
     ``"published"`` (``Family.published_tokenizer``), written under pai-zoo's cache folder on first use
     (through a temporary folder, so concurrent processes never see half a tokenizer)."""
-    from ..util.cache import cache_dir
     from ..registry import get_registry
+    from ..util.cache import cache_dir
 
     root = cache_dir()
     if kind == "test":

@@ -103,7 +103,9 @@ class TrainConfig:
     def validate(self, world_size: int = 1, max_positions: int | None = None) -> None:
         """Raise :class:`TrainConfigError` for settings that cannot run, before any work starts."""
         if not self.model:
-            raise TrainConfigError("no model: give --model (a preset, a Hugging Face folder or a Megatron-Core checkpoint)")
+            raise TrainConfigError(
+                "no model: give --model (a preset, a Hugging Face folder or a Megatron-Core checkpoint)"
+            )
         if not self.save:
             raise TrainConfigError("no output folder: give --save DIR")
         positive = ("batch_size", "global_batch_size", "sequence_length", "save_interval", "train_tokens",
@@ -141,7 +143,9 @@ class TrainConfig:
         known = {f.name: f for f in fields(cls)}
         unknown = sorted(set(values) - set(known))
         if unknown:
-            raise TrainConfigError(f"{where}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+            raise TrainConfigError(
+                f"{where}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+            )
         config = cls()
         for name, value in values.items():
             setattr(config, name, _coerce(known[name], value, where))

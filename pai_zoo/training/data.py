@@ -111,7 +111,13 @@ class PretrainingSamples:
     def __getitem__(self, i: int):
         item = self.dataset[i % len(self.dataset)]
         n = item["tokens"].shape[0]
-        return item["tokens"], item["labels"], item["loss_mask"].float(), item["position_ids"], torch.zeros(n, dtype=torch.long)
+        return (
+            item["tokens"],
+            item["labels"],
+            item["loss_mask"].float(),
+            item["position_ids"],
+            torch.zeros(n, dtype=torch.long),
+        )
 
 
 class SFTSamples:

@@ -161,7 +161,9 @@ class Trainer:
                                        self.cfg.pipeline_parallel_size, self.dtype, self.padded_vocab_size)
         hf_dir = self.save_dir / dist_ckpt.HF_DIR
         hf_dir.mkdir(exist_ok=True)
-        origin = None if source.path is None else (source.path / dist_ckpt.HF_DIR if source.kind == "mcore" else source.path)
+        origin = (
+            None if source.path is None else (source.path / dist_ckpt.HF_DIR if source.kind == "mcore" else source.path)
+        )
         hf_config_from_mcore(self.family, self.mcore_config).save_pretrained(hf_dir)
         if origin is not None:
             for name in ("generation_config.json",):
@@ -306,7 +308,9 @@ class Trainer:
             if cfg.eval_interval and self.valid_batches and metrics.step % cfg.eval_interval == 0:
                 last["eval_loss"] = self.evaluate(metrics.step)
                 last["eval_ppl"] = math.exp(min(last["eval_loss"], 50.0))
-            if log is not None and (metrics.step % cfg.log_interval == 0 or metrics.step == cfg.train_steps or "eval_loss" in last):
+            if log is not None and (
+                metrics.step % cfg.log_interval == 0 or metrics.step == cfg.train_steps or "eval_loss" in last
+            ):
                 log.write(last)
                 if bar.enabled:
                     bar.show(last)
