@@ -411,8 +411,8 @@ def test_pai_zoo_plugins_in_list_output(good_env):
     assert "toyfam" in row(proc.stdout, "toyfam")
     assert not any(line.startswith(("llama", "broken")) for line in proc.stdout.splitlines())
     assert "(plugins selected by PAI_ZOO_PLUGINS: toyfam)" in proc.stdout
-    proc = run_cli(["info", "llama"], good_env, plugins="toyfam")
-    assert proc.returncode == 2 and "'llama'" in proc.stderr and "toyfam-tiny" in proc.stderr
+    proc = run_cli(["info", "llama"], good_env, plugins="toyfam")  # an unknown model is a user error: exit 1
+    assert proc.returncode == 1 and "'llama'" in proc.stderr and "toyfam-tiny" in proc.stderr
 
 
 def test_pai_zoo_plugins_in_process(monkeypatch):
