@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pai_zoo.data import indexed
 from pai_zoo.data.indexed import (
     IndexedDatasetReader,
     IndexedDatasetWriter,
+    layout,
     merge,
     optimal_dtype,
     statistics,
@@ -89,7 +89,7 @@ def test_optimal_dtype_is_megatrons_rule(mc):
 @pytest.mark.parametrize("dtype, chunk", [(np.uint16, None), (np.int32, None), (np.uint16, 3)])
 def test_add_document_byte_identical_and_megatron_reads_it(mc, tmp_path, monkeypatch, dtype, chunk):
     if chunk:  # the index is written in chunks of this many entries
-        monkeypatch.setattr(indexed, "_CHUNK", chunk)
+        monkeypatch.setattr(layout, "_CHUNK", chunk)
     high = 65500 if dtype is np.uint16 else 2**31 - 1
     docs = random_docs(1, 12, high)
     megatron_build(mc, tmp_path / "mc", dtype, docs)
@@ -153,7 +153,7 @@ def test_our_reader_reads_megatron_files(mc, tmp_path, monkeypatch):
         assert r.document(2).size == 0  # the document without sequences
         r.verify()
         first, doc0 = r[0], r.document(0)
-        monkeypatch.setattr(indexed, "_CHUNK", 2)
+        monkeypatch.setattr(layout, "_CHUNK", 2)
         r.verify()  # chunked
     assert list(first) == list(expected[0]) and list(doc0) == list(docs[0][0])  # valid after close
     with pytest.raises(ValueError, match="closed"):
@@ -165,7 +165,7 @@ def test_merge_and_add_index_byte_identical_to_megatron(mc, tmp_path, monkeypatc
     import torch
 
     if chunk:  # indices are copied and written in chunks of this many entries
-        monkeypatch.setattr(indexed, "_CHUNK", chunk)
+        monkeypatch.setattr(layout, "_CHUNK", chunk)
 
     parts = []
     for k in range(3):
@@ -320,7 +320,7 @@ def test_corrupt_and_truncated_files(tmp_path, monkeypatch):
     corrupt(f"{prefix}.idx", 34 + 12 * n + 8, n.to_bytes(8, "little"))
     with IndexedDatasetReader(prefix) as r:
         for chunk in (1 << 20, 2):  # with 2, the decrease straddles a chunk boundary
-            monkeypatch.setattr(indexed, "_CHUNK", chunk)
+            monkeypatch.setattr(layout, "_CHUNK", chunk)
             with pytest.raises(ValueError, match=f"{prefix}.idx: corrupt: document_indices decrease"):
                 r.verify()
     with pytest.raises(FileNotFoundError):
@@ -368,7 +368,7 @@ def test_finalize_writes_temporaries_then_renames_bin_before_idx(tmp_path, monke
 
     renames = []
     real_replace = os.replace
-    monkeypatch.setattr(indexed.os, "replace", lambda a, b: (renames.append((a, b)), real_replace(a, b)))
+    monkeypatch.setattr(os, "replace", lambda a, b: (renames.append((a, b)), real_replace(a, b)))
     w.finalize()
     monkeypatch.undo()
     assert [Path(b).name for _, b in renames] == ["d.bin", "d.idx"]
@@ -385,7 +385,7 @@ def test_finalize_writes_temporaries_then_renames_bin_before_idx(tmp_path, monke
             raise OSError("disk gone")
         real_replace(a, b)
 
-    monkeypatch.setattr(indexed.os, "replace", fail_on_idx)
+    monkeypatch.setattr(os, "replace", fail_on_idx)
     with pytest.raises(OSError, match="disk gone"):
         with IndexedDatasetWriter(prefix, np.int32) as w2:
             w2.add_document([9, 9])
