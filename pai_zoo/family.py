@@ -96,6 +96,10 @@ class Family:
             (``">=0.16.1"``); building its model under another version is an error.
         backends: the layer-spec backends its layers work with: ``"local"`` (megatron-core's
             torch modules) and/or ``"transformer_engine"``.
+        megatron_args: how a Megatron-LM checkpoint's ``args`` claim the family: dicts of architecture
+            values in megatron-core's names (``{"gated_linear_unit": True, "add_qkv_bias": False, ...}``,
+            translated from the args by :mod:`pai_zoo.megatron_args`); the family claims a checkpoint whose
+            architecture has all the values of one of them. ``()``: only ``--family NAME`` picks the family.
         plugin: filled in by the registry: the entry-point name that registered the family.
     """
 
@@ -118,6 +122,7 @@ class Family:
     description: str = ""
     mcore_versions: str = ">=0.16.1"
     backends: tuple[str, ...] = ("local",)
+    megatron_args: tuple[Mapping[str, Any], ...] = ()
     plugin: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:

@@ -168,6 +168,12 @@ class Registry:
             f"model_type={model_type!r} (installed families: {installed})"
         )
 
+    def families_for_megatron_args(self, arch: dict) -> list[Family]:
+        """The families whose :attr:`Family.megatron_args` claim a Megatron-LM checkpoint's architecture."""
+        from .megatron_args import matches
+
+        return [f for f in self.families.values() if f.megatron_args and matches(arch, f.megatron_args)]
+
     def weight_map(self, family: Family, config):
         return self.pm.hook.pai_zoo_weight_map(family=family, config=config)
 

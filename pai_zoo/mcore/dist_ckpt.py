@@ -319,6 +319,23 @@ class DistCheckpointReader:
             raise PaiZooError(f"{self.folder}: tensor {key} region {offsets}+{sizes} is not fully stored")
         return out
 
+    def read_bytes(self, key: str) -> bytes:
+        """A byte entry (a ``ShardedObject`` such as ``common_state/shard_0_1``) as stored."""
+        from torch.distributed.checkpoint.metadata import MetadataIndex
+
+        info = self.metadata.storage_data.get(MetadataIndex(key))
+        if info is None:
+            raise PaiZooError(f"{self.folder}: the checkpoint has no entry {key}")
+        path = self.folder / info.relative_path
+        if not path.is_file():
+            raise PaiZooError(f"{path}: data file named in {self.folder / '.metadata'} is missing")
+        with open(path, "rb") as f:
+            f.seek(info.offset)
+            data = f.read(info.length)
+        if len(data) != info.length:
+            raise PaiZooError(f"{path}: truncated: entry {key} needs {info.length} bytes at {info.offset}")
+        return data
+
     def read_local(self, layout: Layout, local_name: str) -> torch.Tensor:
         """A full megatron state-dict tensor (e.g. one layer's ``linear_qkv.weight``)."""
         shape = layout.local_shapes[local_name]
