@@ -67,7 +67,9 @@ class _RopeScaling(Rule):
     hf_keys: tuple[str, ...] = ("use_rope_scaling", "rope_scaling_factor", "rotary_seq_len_interpolation_factor")
 
     def to_mcore(self, args: dict, arch: dict) -> None:
-        if args.get("use_rope_scaling"):
+        if args.get("pai_zoo_rope_scaling"):  # written by pai-zoo for a scaling no Megatron-LM flag reproduces
+            arch[ROPE_SCALING] = dict(args["pai_zoo_rope_scaling"])
+        elif args.get("use_rope_scaling"):
             arch[ROPE_SCALING] = {"rope_type": "llama3", "factor": float(args.get("rope_scaling_factor") or 8.0),
                                   **MCORE_LLAMA3_SCALING}
         elif args.get("rotary_seq_len_interpolation_factor"):
@@ -115,6 +117,7 @@ MEGATRON_LM_ARGS = ConfigMap(
     Field("position_embedding_type", "position_embedding_type", default=_d("position_embedding_type")),
     Field("rotary_base", "rotary_base", default=_d("rotary_base")),
     Field("rotary_percent", "rotary_percent", default=_d("rotary_percent")),
+    Field("rotary_interleaved", "rotary_interleaved", default=False),
     _RopeScaling(),
     Field("untie_embeddings_and_output_weights", "share_embeddings_and_output_weights", default=False,
           encode=_negate, decode=_negate),
@@ -130,12 +133,15 @@ UNSUPPORTED = (
                                  "save the checkpoint with --use-mcore-models"),
 )
 
+#: Architecture keys that mean nothing without RoPE.
+_ROTARY_ONLY = ("rotary_base", "rotary_percent", "rotary_interleaved")
+
 #: Values a megatron-core architecture has when the key is absent (compared by :func:`differences`).
 ARCH_DEFAULTS = {"add_qkv_bias": False, "add_bias_linear": True, "qk_layernorm": False,
                  "layernorm_zero_centered_gamma": False, "normalization": "LayerNorm", "gated_linear_unit": False,
                  "activation_func": "gelu", "position_embedding_type": "learned_absolute", "rotary_percent": 1.0,
                  "rotary_base": 10000, "share_embeddings_and_output_weights": False, "layernorm_epsilon": 1e-5,
-                 "window_size": None, ROPE_SCALING: None}
+                 "window_size": None, ROPE_SCALING: None, "rotary_interleaved": False}
 
 #: Architecture keys Megatron-LM does not always record faithfully: its Llama/Mistral loader stores its own
 #: defaults for ``layernorm_epsilon`` and ``rotary_base`` (1e-5, 10000), whatever the HF model had;
@@ -170,7 +176,7 @@ def arch_from_args(args: Any, where: str = "args") -> dict:
     if arch.get("ffn_hidden_size") is None:
         arch["ffn_hidden_size"] = 4 * arch["hidden_size"]
     if arch["position_embedding_type"] != "rope":  # rotary fields mean nothing then
-        for key in ("rotary_base", "rotary_percent"):
+        for key in _ROTARY_ONLY:
             arch.pop(key, None)
     return arch
 
@@ -204,7 +210,7 @@ def effective(arch: Mapping[str, Any], key: str) -> Any:
 
 def differences(ours: Mapping[str, Any], theirs: Mapping[str, Any], keys=None) -> list[str]:
     """The architecture keys (of ``keys``, default: those of ``ours``) on which two architectures disagree."""
-    skip = ("rotary_base", "rotary_percent") if effective(ours, "position_embedding_type") != "rope" else ()
+    skip = _ROTARY_ONLY if effective(ours, "position_embedding_type") != "rope" else ()
     keys = [k for k in (keys if keys is not None else ours) if k not in skip]
     return [k for k in keys if effective(ours, k) != effective(theirs, k)]
 
