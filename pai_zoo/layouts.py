@@ -39,6 +39,14 @@ def qkv_bias(layer: str = HF_LAYER) -> Row:
 SWIGLU_RMSNORM = {"gated_linear_unit": True, "activation_func": "silu", "normalization": "RMSNorm"}
 
 
+def llama_megatron_args(**values: Any) -> tuple[dict[str, Any], ...]:
+    """A :attr:`Family.megatron_args` claim of the Llama layout: SwiGLU, RMSNorm, RoPE, no linear biases,
+    no q/k norms, changed by ``values`` (``add_qkv_bias=True`` for Qwen2)."""
+    claim = {**SWIGLU_RMSNORM, "position_embedding_type": "rope", "add_bias_linear": False, "add_qkv_bias": False,
+             "qk_layernorm": False, "layernorm_zero_centered_gamma": False}
+    return ({**claim, **values},)
+
+
 def llama_config_rules(
     *family_rules: Rule,
     gqa: bool = True,

@@ -251,6 +251,9 @@ class _FileSlice(io.RawIOBase):
         return len(data)
 
 
+_MODEL_KEY_PREFIXES = ("embedding.", "decoder.", "output_layer.")
+
+
 class DistCheckpointReader:
     """Reads regions of the global tensors of a ``torch_dist`` checkpoint folder, chunk by chunk,
     whatever tensor/pipeline-parallel layout wrote it."""
@@ -318,6 +321,20 @@ class DistCheckpointReader:
         if covered != out.numel():
             raise PaiZooError(f"{self.folder}: tensor {key} region {offsets}+{sizes} is not fully stored")
         return out
+
+    def check_layout(self, layout: Layout, family: str) -> None:
+        """The stored model tensors are exactly ``layout``'s, with its global shapes."""
+        shapes = {c.key: c.global_shape for c in layout.chunks}
+        stored = {k for k in self.keys() if k.startswith(_MODEL_KEY_PREFIXES) and "/shard_" not in k}
+        if shapes.keys() != stored:
+            raise MappingError(
+                f"{self.folder}: checkpoint tensors do not match the {family} model: "
+                f"missing {sorted(shapes.keys() - stored)}, unexpected {sorted(stored - shapes.keys())}"
+            )
+        for key, want in shapes.items():
+            if self.global_shape(key) != want:
+                raise MappingError(f"{self.folder}: tensor {key} has shape {self.global_shape(key)}, "
+                                   f"the model needs {want}")
 
     def read_bytes(self, key: str) -> bytes:
         """A byte entry (a ``ShardedObject`` such as ``common_state/shard_0_1``) as stored."""
@@ -399,25 +416,31 @@ def mcore_config_of(path) -> tuple[McoreConfig, dict]:
     return McoreConfig(**record["mcore_config"]), record
 
 
-_MODEL_KEY_PREFIXES = ("embedding.", "decoder.", "output_layer.")
-
-
 class MegatronCheckpoint:
-    """A Megatron-Core checkpoint folder written by pai-zoo, read as its family's Hugging Face
-    tensors, one at a time (whatever TP/PP layout saved it). Use as a context manager."""
+    """A Megatron-Core checkpoint folder read as its family's Hugging Face tensors, one at a time (whatever
+    TP/PP layout saved it). Use as a context manager.
 
-    def __init__(self, path, family: Family | None = None):
+    Without ``config`` the folder is pai-zoo's (its ``pai_zoo.json`` gives the config); a checkpoint that
+    Megatron-LM wrote is opened by :func:`pai_zoo.megatron_lm.open_checkpoint`, which derives ``config`` and
+    ``record`` from its args and passes the ``reader`` of its format.
+    """
+
+    def __init__(self, path, family: Family | None = None, *, config: McoreConfig | None = None,
+                 record: dict | None = None, reader=None):
         from ..mapping import MappingContext
         from ..registry import get_registry
 
         self.path = Path(path)
-        self.config, self.record = mcore_config_of(self.path)
+        if config is None:
+            config, record = mcore_config_of(self.path)
+        self.config, self.record = config, record
         registry = get_registry()
         self.family = family or registry.family(self.config.family)
-        self.reader = DistCheckpointReader(iteration_dir(self.path))
+        self.reader = reader or DistCheckpointReader(iteration_dir(self.path))
         self.stored_dtype = getattr(torch, self.record.get("dtype", "float32"))
         self.padded_vocab_size = self.reader.global_shape("embedding.word_embeddings.weight")[0]
         self.head = self.record.get("head")  # a reward model's / critic's score head (pai_zoo.mcore.heads)
+        self.notes: list[str] = []  # what the reader had to assume (printed by the CLI)
         self.layout = layout_of(self.family, self.config, self.stored_dtype, self.padded_vocab_size, self.head)
         self.table = registry.weight_map(self.family, self.config)
         if self.head:
@@ -425,20 +448,12 @@ class MegatronCheckpoint:
 
             self.table = score_weight_map(self.table)
         self.ctx = MappingContext.from_config(self.config, padded_vocab_size=self.padded_vocab_size)
-        self._check_keys()
+        self.reader.check_layout(self.layout, self.family.name)
 
-    def _check_keys(self) -> None:
-        shapes = {c.key: c.global_shape for c in self.layout.chunks}
-        stored = {k for k in self.reader.keys() if k.startswith(_MODEL_KEY_PREFIXES) and "/shard_" not in k}
-        if shapes.keys() != stored:
-            raise MappingError(
-                f"{self.reader.folder}: checkpoint tensors do not match the {self.family.name} model: "
-                f"missing {sorted(shapes.keys() - stored)}, unexpected {sorted(stored - shapes.keys())}"
-            )
-        for key, want in shapes.items():
-            if self.reader.global_shape(key) != want:
-                raise MappingError(f"{self.reader.folder}: tensor {key} has shape {self.reader.global_shape(key)}, "
-                                   f"the model needs {want}")
+    def mcore_tensors(self):
+        """``(megatron-core name, full tensor)`` pairs of the single-process model, one at a time."""
+        for name in self.layout.local_shapes:
+            yield name, self.reader.read_local(self.layout, name)
 
     def hf_tensors(self, expected=None, meta: bool = False):
         """``(HF name, tensor)`` pairs through the family's table; ``meta=True`` gives shapes only."""

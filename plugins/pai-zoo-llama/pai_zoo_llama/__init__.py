@@ -13,7 +13,7 @@ from pai_zoo import (
     hookimpl,
 )
 from pai_zoo.config_map import sliding_window
-from pai_zoo.layouts import HF_LAYER, MCORE_LAYER, llama_config_rules, llama_layout, qkv_bias
+from pai_zoo.layouts import HF_LAYER, MCORE_LAYER, llama_config_rules, llama_layout, llama_megatron_args, qkv_bias
 
 from .presets import PRESETS
 
@@ -74,6 +74,7 @@ LLAMA = Family(
     test_tokenizer=_write_toy_tokenizer,
     published_tokenizer=_write_mistral_tokenizer,
     published_tokenizer_presets=("mistral-7b",),
+    megatron_args=llama_megatron_args(),
     description="Llama 1/2/3.x and Mistral",
 )
 

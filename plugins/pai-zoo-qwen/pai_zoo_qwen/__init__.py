@@ -24,7 +24,15 @@ from pai_zoo import (
 )
 from pai_zoo.config_map import Rule
 from pai_zoo.family import LazyClass
-from pai_zoo.layouts import HF_LAYER, MCORE_LAYER, SWIGLU_RMSNORM, llama_config_rules, llama_layout, qkv_bias
+from pai_zoo.layouts import (
+    HF_LAYER,
+    MCORE_LAYER,
+    SWIGLU_RMSNORM,
+    llama_config_rules,
+    llama_layout,
+    llama_megatron_args,
+    qkv_bias,
+)
 
 from .presets import QWEN2_PRESETS, QWEN3_PRESETS, QWEN_V1_PRESETS
 from .tokenizer_files import write_qwen2_tokenizer, write_qwen_tiktoken_tokenizer
@@ -220,6 +228,7 @@ QWEN2 = Family(
     config_map=QWEN2_CONFIG,
     weight_map=qwen2_weights,
     test_tokenizer=write_qwen2_tokenizer,
+    megatron_args=llama_megatron_args(add_qkv_bias=True),
     description="Qwen1.5, Qwen2 and Qwen2.5 (Qwen2ForCausalLM)",
 )
 
@@ -233,6 +242,7 @@ QWEN3 = Family(
     config_map=QWEN3_CONFIG,
     weight_map=qwen2_weights,
     test_tokenizer=write_qwen2_tokenizer,
+    megatron_args=llama_megatron_args(qk_layernorm=True),
     description="Qwen3 dense (Qwen3ForCausalLM)",
 )
 

@@ -1,0 +1,157 @@
+"""Megatron-LM's legacy ``torch`` checkpoints: one ``model_optim_rng.pt`` per model-parallel rank, merged into
+the full (single-process) megatron-core tensors, one tensor at a time.
+
+``iter_N/mp_rank_TT[_PPP][_EEE]/model_optim_rng.pt`` holds rank (TT, PPP, EEE)'s ``model`` state dict (or
+``model0``, ``model1`` ... for the virtual pipeline stages). Each pipeline stage and virtual stage numbers its
+layers from 0; the global layer order is Megatron's interleaved one (virtual stage outer, pipeline stage inner).
+Tensor-parallel shards are joined along the dimension in which they differ from the full tensor (rows for
+column-parallel weights and the vocabulary, columns for row-parallel ones); a SwiGLU ``linear_fc1`` shard is
+``[its gate rows; its up rows]`` and is joined part by part. Norms stored under Transformer Engine's names
+(``linear_qkv.layer_norm_weight``) are read as the local layers' (``input_layernorm.weight``); ``_extra_state``
+entries and the optimizer and random state are ignored. Files are memory-mapped, so a rank's tensors are read
+from disk only when merged.
+"""
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from pathlib import Path
+
+from .files import LEGACY_FILE, IterationFolder, MegatronCheckpointError, rank_dir_name, safe_load
+
+_LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.*)$")
+_EXPERT = re.compile(r"^(.*\.experts\.local_experts\.)(\d+)(\..*)$")
+#: Transformer Engine's fused-norm names -> the local layer spec's.
+TE_NAMES = {
+    "self_attention.linear_qkv.layer_norm_weight": "input_layernorm.weight",
+    "self_attention.linear_qkv.layer_norm_bias": "input_layernorm.bias",
+    "mlp.linear_fc1.layer_norm_weight": "pre_mlp_layernorm.weight",
+    "mlp.linear_fc1.layer_norm_bias": "pre_mlp_layernorm.bias",
+}
+_GATED = ("mlp.linear_fc1.weight", "mlp.linear_fc1.bias")
+
+
+class LegacyReader:
+    """The full tensors of a legacy checkpoint, by their single-process megatron-core names."""
+
+    def __init__(self, it: IterationFolder, args: dict):
+        self.folder = it.folder
+        self.tp = int(args.get("tensor_model_parallel_size") or 1)
+        self.pp = int(args.get("pipeline_model_parallel_size") or 1)
+        self.ep = int(args.get("expert_model_parallel_size") or 1)
+        self.gated = bool(args.get("swiglu"))
+        self.files: dict[tuple[int, int, int], Path] = {}
+        missing = []
+        for t in range(self.tp):
+            for p in range(self.pp):
+                for e in range(self.ep):
+                    file = self.folder / rank_dir_name(t, p, e, self.pp, self.ep) / LEGACY_FILE
+                    (self.files.__setitem__((t, p, e), file) if file.is_file() else missing.append(file))
+        if missing:
+            raise MegatronCheckpointError(
+                f"{missing[0]}: missing ({len(missing)} of {self.tp * self.pp * self.ep} rank files; the args say "
+                f"tensor parallel {self.tp}, pipeline parallel {self.pp}, expert parallel {self.ep}); copy the "
+                "whole checkpoint folder")
+        self._states = {rank: self._model_chunks(file) for rank, file in self.files.items()}
+        self._index = self._build_index()
+
+    def _model_chunks(self, file: Path) -> list[dict]:
+        state = safe_load(file, mmap=True)
+        if "model" in state:
+            return [state["model"]]
+        chunks = sorted((k for k in state if re.fullmatch(r"model\d+", k)), key=lambda k: int(k[5:]))
+        if not chunks:
+            raise MegatronCheckpointError(f"{file}: no 'model' entry (found {sorted(state)}): not a model checkpoint")
+        return [state[k] for k in chunks]
+
+    def _build_index(self) -> dict[str, list[tuple[tuple[int, int, int], int, str]]]:
+        """global name -> [(rank, chunk, stored key)] for every tensor-parallel rank that holds it."""
+        vpp = {len(c) for c in self._states.values()}
+        if len(vpp) != 1:
+            raise MegatronCheckpointError(f"{self.folder}: the rank files hold different numbers of model chunks")
+        vpp = vpp.pop()
+        # Layers per (virtual stage, pipeline stage), from tensor rank 0 / expert rank 0.
+        offsets, start = {}, 0
+        for v in range(vpp):
+            for p in range(self.pp):
+                offsets[(v, p)] = start
+                start += len({m.group(1) for k in self._states[(0, p, 0)][v] if (m := _LAYER.match(k))})
+        experts_per_rank: dict[int, int] = {}
+        index: dict[str, list] = defaultdict(list)
+        for (t, p, e), chunks in self._states.items():
+            for v, state in enumerate(chunks):
+                for key, value in state.items():
+                    if key.endswith("_extra_state") or value is None:
+                        continue
+                    name = key
+                    m = _LAYER.match(key)
+                    if m:
+                        rest = TE_NAMES.get(m.group(2), m.group(2))
+                        name = f"decoder.layers.{int(m.group(1)) + offsets[(v, p)]}.{rest}"
+                    x = _EXPERT.match(name)
+                    if x:
+                        n_local = experts_per_rank.setdefault((t, p, v), len({_EXPERT.match(k).group(2) for k in state
+                                                                              if _EXPERT.match(k)}))
+                        name = f"{x.group(1)}{int(x.group(2)) + e * n_local}{x.group(3)}"
+                    elif e:
+                        continue  # the dense tensors are the same on every expert rank
+                    index[name].append(((t, p, e), v, key))
+        self.num_layers = start
+        return dict(index)
+
+    def keys(self) -> list[str]:
+        return list(self._index)
+
+    def global_shape(self, name: str) -> tuple[int, ...]:
+        shards = [self._tensor(r) for r in self._index[name]]
+        shape = list(shards[0].shape)
+        if len(shards) > 1 and any(tuple(s.shape) != tuple(shards[0].shape) for s in shards):
+            raise MegatronCheckpointError(f"{self.folder}: tensor {name} has shards of different shapes")
+        if name in ("embedding.word_embeddings.weight", "output_layer.weight"):
+            shape[0] *= len(shards)
+        return tuple(shape)
+
+    def dtype(self, name: str):
+        return self._tensor(self._index[name][0]).dtype
+
+    def _tensor(self, ref):
+        rank, chunk, key = ref
+        return self._states[rank][chunk][key]
+
+    def check_layout(self, layout, family: str) -> None:
+        """The stored tensors are exactly the model's (names and, after merging, shapes)."""
+        want, have = set(layout.local_shapes), set(self._index)
+        missing, unexpected = sorted(want - have), sorted(have - want)
+        if missing or unexpected:
+            raise MegatronCheckpointError(
+                f"{self.folder}: the rank files do not hold the {family} model the args describe: missing "
+                f"{missing[:8]}{' ...' if len(missing) > 8 else ''}, unexpected {unexpected[:8]}"
+                f"{' ...' if len(unexpected) > 8 else ''}")
+        for name in want:
+            if len(self._index[name]) not in (1, self.tp):
+                raise MegatronCheckpointError(f"{self.folder}: tensor {name} is on {len(self._index[name])} of "
+                                              f"{self.tp} tensor-parallel ranks")
+
+    def read_local(self, layout, name: str):
+        """The full tensor ``name`` (shape ``layout.local_shapes[name]``), tensor-parallel shards joined."""
+        import torch
+
+        full = tuple(layout.local_shapes[name])
+        refs = sorted(self._index[name], key=lambda r: r[0])
+        shards = [self._tensor(r) for r in refs]
+        where = f"{self.folder}: tensor {name}"
+        if tuple(shards[0].shape) == full:
+            return shards[0].to(layout.dtype)
+        dims = [d for d in range(len(full)) if shards[0].shape[d] * len(shards) == full[d]]
+        same = all(shards[0].shape[d] == full[d] for d in range(len(full)) if d not in dims[:1])
+        if len(shards[0].shape) != len(full) or not dims or not same:
+            raise MegatronCheckpointError(f"{where}: shards of shape {tuple(shards[0].shape)} on {len(shards)} ranks "
+                                          f"do not make the model's {full}")
+        dim = dims[0]
+        if self.gated and dim == 0 and name.endswith(_GATED):
+            gates, ups = zip(*(s.chunk(2, dim=0) for s in shards))
+            return torch.cat([*gates, *ups], dim=0).to(layout.dtype)
+        return torch.cat(shards, dim=dim).to(layout.dtype)
+
+    def close(self) -> None:
+        self._states.clear()
