@@ -131,32 +131,14 @@ def layout_of(family: Family, config: McoreConfig, dtype: torch.dtype, padded_vo
 
 
 def megatron_lm_args(
-    config: McoreConfig, tp: int, pp: int, padded_vocab_size: int, dtype: torch.dtype
+    config: McoreConfig, tp: int, pp: int, padded_vocab_size: int, dtype: torch.dtype, **tokenizer: Any
 ) -> argparse.Namespace:
-    """The model arguments Megatron-LM stores in a checkpoint (for ``--use-checkpoint-args``)."""
-    from .rope import megatron_lm_rope_scaling
+    """The args Megatron-LM stores in a checkpoint (for ``--use-checkpoint-args``), under its own names:
+    :func:`pai_zoo.mcore.megatron_lm_args.megatron_lm_args` (``tokenizer``: its ``tokenizer_type`` /
+    ``tokenizer_model``)."""
+    from .megatron_lm_args import megatron_lm_args as args_for_megatron_lm
 
-    a = config.arch
-    rope_scaling = megatron_lm_rope_scaling(config)
-    return argparse.Namespace(
-        num_layers=a["num_layers"], hidden_size=a["hidden_size"], ffn_hidden_size=a.get("ffn_hidden_size"),
-        num_attention_heads=a["num_attention_heads"], num_query_groups=config.num_query_groups,
-        group_query_attention=config.num_query_groups != a["num_attention_heads"], kv_channels=config.kv_channels,
-        max_position_embeddings=a.get("max_sequence_length"), seq_length=a.get("max_sequence_length"),
-        position_embedding_type=a.get("position_embedding_type", "learned_absolute"),
-        add_position_embedding=a.get("position_embedding_type", "learned_absolute") == "learned_absolute",
-        use_rotary_position_embeddings=a.get("position_embedding_type") == "rope",
-        rotary_base=a.get("rotary_base", 10000), rotary_percent=a.get("rotary_percent", 1.0),
-        use_rope_scaling=rope_scaling[0], rope_scaling_factor=rope_scaling[1],
-        add_bias_linear=a.get("add_bias_linear", True), add_qkv_bias=a.get("add_qkv_bias", False),
-        swiglu=bool(a.get("gated_linear_unit")) and a.get("activation_func") == "silu",
-        untie_embeddings_and_output_weights=not config.tied_embeddings,
-        normalization=a.get("normalization", "LayerNorm"), norm_epsilon=a.get("layernorm_epsilon", 1e-5),
-        qk_layernorm=bool(a.get("qk_layernorm", False)),
-        make_vocab_size_divisible_by=config.make_vocab_size_divisible_by, padded_vocab_size=padded_vocab_size,
-        vocab_size=a["vocab_size"], tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-        bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16, params_dtype=dtype, ckpt_format="torch_dist",
-    )
+    return args_for_megatron_lm(config, tp, pp, padded_vocab_size, dtype, **tokenizer)
 
 
 class DistCheckpointWriter:
