@@ -17,7 +17,6 @@ afterwards, so an interrupted save leaves the previous checkpoint as the latest.
 
 from __future__ import annotations
 
-import os
 import random
 import shutil
 from pathlib import Path
@@ -27,6 +26,7 @@ import torch
 
 from .errors import PaiZooError
 from .mcore.dist_ckpt import TRACKER, iteration_dir
+from .util.files import publish, write_text_atomic
 
 #: Bumped when the content of the common state changes incompatibly.
 FORMAT = 1
@@ -98,14 +98,6 @@ def _sharded_state(model, optimizer, scheduler, common: dict, loading: bool) -> 
     return state
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 _manager = None
 
 
@@ -155,20 +147,10 @@ def save_checkpoint(folder: Path, iteration: int, model, optimizer, scheduler, c
     dist_checkpointing.save(state, str(tmp))
     torch.distributed.barrier()
     if rank == 0:
-        for file in tmp.iterdir():  # durable before the rename makes it visible
-            with open(file, "rb") as f:
-                os.fsync(f.fileno())
-        if final.exists():  # left by a run killed between the rename and the tracker update
-            shutil.rmtree(final)
-        tmp.rename(final)
-        _fsync_dir(folder)
-        tracker_tmp = folder / (TRACKER + ".tmp")
-        with open(tracker_tmp, "w") as f:
-            f.write(str(iteration))
-            f.flush()
-            os.fsync(f.fileno())
-        tracker_tmp.replace(folder / TRACKER)
-        _fsync_dir(folder)
+        # durable before the rename makes it visible; replace: an iter_N left by a run killed between the rename
+        # and the tracker update. The tracker's temporary has a fixed name, so a killed save leaves none behind.
+        publish(tmp, final, replace=True, durable=True)
+        write_text_atomic(folder / TRACKER, str(iteration), tmp=folder / (TRACKER + ".tmp"), durable=True)
     torch.distributed.barrier()
     return final
 

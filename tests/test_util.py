@@ -9,7 +9,7 @@ import pytest
 
 from pai_zoo.util import dist
 from pai_zoo.util.cache import cache_dir
-from pai_zoo.util.files import atomic_path, write_text_atomic
+from pai_zoo.util.files import AtomicFiles, atomic_folder, atomic_path, publish, write_text_atomic
 
 
 def test_write_text_atomic_replaces_the_file_and_leaves_no_temporary(tmp_path):
@@ -41,6 +41,51 @@ def test_a_folder_appears_complete_or_not_at_all(tmp_path):
         tmp.mkdir()
         (tmp / "a").write_text("1")
     assert (target / "a").read_text() == "1" and [p.name for p in tmp_path.iterdir()] == ["folder"]
+
+
+def test_atomic_folder_publishes_or_keeps_the_one_published_first(tmp_path):
+    target = tmp_path / "tok"
+    with pytest.raises(OSError, match="disk full"):
+        with atomic_folder(target) as tmp:
+            (tmp / "a").write_text("1")
+            raise OSError("disk full")
+    assert list(tmp_path.iterdir()) == []
+    with atomic_folder(target, durable=True) as tmp:
+        (tmp / "a").write_text("1")
+    assert (target / "a").read_text() == "1"
+    with atomic_folder(target, exist_ok=True) as tmp:  # another process was first: theirs is kept
+        (tmp / "a").write_text("2")
+    assert (target / "a").read_text() == "1" and [p.name for p in tmp_path.iterdir()] == ["tok"]
+    with pytest.raises(OSError):
+        with atomic_folder(target) as tmp:
+            (tmp / "a").write_text("3")
+    assert (target / "a").read_text() == "1" and [p.name for p in tmp_path.iterdir()] == ["tok"]
+
+
+def test_publish_replaces_a_folder_only_when_asked(tmp_path):
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "x").write_text("old")
+    new = tmp_path / "new"
+    new.mkdir()
+    (new / "y").write_text("new")
+    with pytest.raises(OSError):
+        publish(new, tmp_path / "old")
+    assert publish(new, tmp_path / "old", replace=True, durable=True) == tmp_path / "old"
+    assert [p.name for p in (tmp_path / "old").iterdir()] == ["y"] and not new.exists()
+
+
+def test_atomic_files_commit_in_order_and_abort_removes_the_rest(tmp_path, monkeypatch):
+    files = AtomicFiles()
+    names = [tmp_path / "d.bin", tmp_path / "d.idx"]
+    for name in names:
+        Path(files.temporary(name)).write_text(name.suffix)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"d.bin.{files.tag}", f"d.idx.{files.tag}"]
+    real = Path.replace
+    monkeypatch.setattr(Path, "replace", lambda a, b: real(a, b) if str(b).endswith(".bin") else 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        files.commit()
+    files.abort()
+    assert [p.name for p in tmp_path.iterdir()] == ["d.bin"] and names[0].read_text() == ".bin"
 
 
 def test_rank_and_world_come_from_torchruns_environment_before_init(monkeypatch):

@@ -28,7 +28,7 @@ if __name__ == "__main__":
     moment, iteration = sys.argv[1], int(sys.argv[2])
     name = f"iter_{iteration:07d}"
     if moment == "publish":
-        _kill_on("rename", lambda src, dst: dst.name == name)
+        _kill_on("replace", lambda src, dst: dst.name == name)  # pai_zoo.util.files.publish renames with replace
     elif moment == "tracker":
         def match(src, dst):
             if dst.name == "latest_checkpointed_iteration.txt" and (src.parent / (name)).is_dir():

@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
+from ..util.files import atomic_path
 from ._common import add_command, defaults
 
 #: prompts per forward pass when the command line does not say
@@ -81,14 +81,9 @@ def run(args, out=None) -> int:
     results = generate(handle, prompts, labels=labels, **options)
     if rank0:
         target = Path(args.output)
-        temporary = target.with_name(f".{target.name}.pai-zoo-tmp-{os.getpid()}")
-        try:
-            with open(temporary, "w", encoding="utf-8") as sink:
-                for (_, record, _), result in zip(records, results):
-                    sink.write(json.dumps({**record, **result.to_json()}, ensure_ascii=False) + "\n")
-            os.replace(temporary, target)
-        finally:
-            temporary.unlink(missing_ok=True)
+        with atomic_path(target) as temporary, open(temporary, "w", encoding="utf-8") as sink:
+            for (_, record, _), result in zip(records, results):
+                sink.write(json.dumps({**record, **result.to_json()}, ensure_ascii=False) + "\n")
         print(f"generated {len(results)} completions ({sum(len(r.token_ids) for r in results)} tokens) -> {target}",
               file=sys.stderr)
     return 0

@@ -17,13 +17,11 @@ third-party package.
 """
 from __future__ import annotations
 
-import os
-import secrets
-import shutil
 from pathlib import Path
 from typing import NamedTuple
 
 from ..errors import PaiZooError, looks_like_path, no_such_path
+from ..util.files import atomic_folder
 
 __all__ = ["NoBundledTokenizerError", "TokenizerRef", "bundled_tokenizer_folder", "describe_tokenizer",
            "family_tokenizer", "model_tokenizer", "resolve_tokenizer"]
@@ -82,17 +80,8 @@ def bundled_tokenizer_folder(family, kind: str = "test") -> Path:
         raise PaiZooError(f"family {family.name!r} bundles no {kind} tokenizer (Family.{attribute}); "
                           "pass a checkpoint folder or a tokenizer file")
     folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = folder.with_name(f".{folder.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
-    try:
-        tmp.mkdir()
+    with atomic_folder(folder, exist_ok=True) as tmp:  # exist_ok: another process wrote it first, use theirs
         writer(tmp)
-        try:
-            os.rename(tmp, folder)
-        except OSError:
-            if not folder.is_dir():  # else another process wrote it first: use theirs
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return folder
 
 

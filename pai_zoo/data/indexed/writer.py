@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import operator
 import os
-import secrets
 import shutil
 from array import array
 from typing import Iterable
@@ -14,6 +13,7 @@ from typing import Iterable
 import numpy as np
 
 from ...errors import DataError
+from ...util.files import AtomicFiles
 from . import layout
 from .layout import (
     _HEADER,
@@ -54,13 +54,12 @@ class IndexedDatasetWriter:
         self.min_token_id: int | None = None
         self.max_token_id: int | None = None
         self._file_dtype = _le(self.dtype)
-        self._tag = f"tmp-{os.getpid()}-{secrets.token_hex(4)}"
-        self._bin_tmp = f"{self.bin_path}.{self._tag}"
-        self._idx_tmp = f"{self.idx_path}.{self._tag}"
+        self._files = AtomicFiles()  # .bin, then .idx, then the sidecar
+        self._bin_tmp = self._files.temporary(self.bin_path)
+        self._idx_tmp = self._files.temporary(self.idx_path)
         self._lengths = array(_I32)
         self._document_indices = array(_I64, [0])
         self.tokens_written = 0
-        self._tmp_files: list[str] = []
         self._state = "open"
         self._bin = open(self._bin_tmp, "xb")
 
@@ -168,23 +167,20 @@ class IndexedDatasetWriter:
         self.tokens_written += tokens
 
     # finishing ------------------------------------------------------------------------------------
-    def _sidecar_tmp(self) -> str | None:
-        """With ``metadata``, write the sidecar to a temporary name; its path, or None (no sidecar: no metadata,
-        or ``PREFIX.json`` is a file that is not a pai-zoo sidecar)."""
+    def _write_sidecar(self) -> None:
+        """With ``metadata``, write the sidecar to its temporary name (none without metadata, or when
+        ``PREFIX.json`` is a file that is not a pai-zoo sidecar)."""
         path = sidecar_path(self.prefix)
         if self.metadata is None or (os.path.exists(path) and _read_json(path) is None):
-            return None
+            return
         record = {
             "format": SIDECAR_FORMAT, "version": _SIDECAR_VERSION, "dtype": self.dtype.name,
             "sequences": len(self._lengths), "documents": self.documents_written, "tokens": self.tokens_written,
             "bin_bytes": self.tokens_written * self.dtype.itemsize,
             "min_token_id": self.min_token_id, "max_token_id": self.max_token_id, **self.metadata,
         }
-        tmp = f"{path}.{self._tag}"
-        with open(tmp, "x", encoding="utf-8") as f:
+        with open(self._files.temporary(path), "x", encoding="utf-8") as f:
             f.write(json.dumps(record, indent=2, ensure_ascii=False) + "\n")
-        self._tmp_files.append(tmp)
-        return tmp
 
     def finalize(self) -> None:
         """Write the index (and the sidecar), then rename ``.bin``, ``.idx`` and last the sidecar into place (an
@@ -215,7 +211,7 @@ class IndexedDatasetWriter:
                 _write_array(f, self._document_indices, "i8")
                 f.flush()
                 os.fsync(f.fileno())
-            sidecar = self._sidecar_tmp()
+            self._write_sidecar()
             stale = [self.idx_path]
             if _read_json(sidecar_path(self.prefix)) is not None:
                 stale.append(sidecar_path(self.prefix))
@@ -224,10 +220,7 @@ class IndexedDatasetWriter:
                     os.unlink(path)
                 except FileNotFoundError:
                     pass
-            os.replace(self._bin_tmp, self.bin_path)
-            os.replace(self._idx_tmp, self.idx_path)
-            if sidecar is not None:
-                os.replace(sidecar, sidecar_path(self.prefix))
+            self._files.commit()
         except BaseException:
             self.abort()
             raise
@@ -241,11 +234,7 @@ class IndexedDatasetWriter:
         try:
             self._bin.close()
         finally:
-            for path in (self._bin_tmp, self._idx_tmp, *self._tmp_files):
-                try:
-                    os.unlink(path)
-                except FileNotFoundError:
-                    pass
+            self._files.abort()
 
     def __enter__(self) -> "IndexedDatasetWriter":
         return self
