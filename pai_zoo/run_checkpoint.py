@@ -26,6 +26,7 @@ import torch
 
 from .errors import PaiZooError
 from .mcore.dist_ckpt import TRACKER, iteration_dir
+from .util.dist import is_rank0
 from .util.files import publish, write_text_atomic
 
 #: Bumped when the content of the common state changes incompatibly.
@@ -136,8 +137,8 @@ def save_checkpoint(folder: Path, iteration: int, model, optimizer, scheduler, c
     folder = Path(folder)
     final = folder / iteration_name(iteration)
     tmp = folder / (iteration_name(iteration) + ".tmp")
-    rank = torch.distributed.get_rank()
-    if rank == 0:
+    rank0 = is_rank0()
+    if rank0:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     torch.distributed.barrier()
@@ -146,7 +147,7 @@ def save_checkpoint(folder: Path, iteration: int, model, optimizer, scheduler, c
     )
     dist_checkpointing.save(state, str(tmp))
     torch.distributed.barrier()
-    if rank == 0:
+    if rank0:
         # durable before the rename makes it visible; replace: an iter_N left by a run killed between the rename
         # and the tracker update. The tracker's temporary has a fixed name, so a killed save leaves none behind.
         publish(tmp, final, replace=True, durable=True)

@@ -5,6 +5,7 @@ import json
 import sys
 from pathlib import Path
 
+from ..util.dist import is_rank0
 from ..util.files import atomic_path
 from ._common import add_command, defaults
 
@@ -63,7 +64,7 @@ def run(args, out=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     handle = load(args.model, backend=args.backend, tensor_parallel_size=args.tp if args.tp > 1 else None)
-    rank0 = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
+    rank0 = is_rank0()
     options = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                    top_p=args.top_p, seed=args.seed, stop=tuple(args.stop or ()), chat=args.chat,
                    truncate=args.truncate, batch_size=args.batch_size)

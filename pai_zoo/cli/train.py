@@ -5,8 +5,7 @@ default. A flag overrides the YAML file, which overrides the defaults (so the fl
 """
 from __future__ import annotations
 
-import os
-
+from ..util.dist import is_rank0
 from ._common import add_command, defaults
 
 #: TrainConfig field -> (flag names, help without the default)
@@ -65,7 +64,7 @@ def run(args) -> int:
         overrides["progress"] = False
     cfg = TrainConfig.load(args.config, overrides)
     last = train(cfg)
-    if last and int(os.environ.get("RANK", 0)) == 0:
+    if last and is_rank0():
         print(f"trained {cfg.model} -> {cfg.save}: step {last['step']}, loss {last['loss']:.4f}"
               + (f", eval loss {last['eval_loss']:.4f}" if "eval_loss" in last else ""))
     return 0
