@@ -1,5 +1,8 @@
 """Checkpoint conversion on disk: Hugging Face folder <-> Megatron-Core distributed checkpoint.
 
+The Megatron side is pai-zoo's own ``torch_dist`` folder or any checkpoint Megatron-LM wrote (``torch_dist``
+or legacy ``torch``, any layout), read from its args by :mod:`pai_zoo.megatron_lm`.
+
 Streams tensor by tensor: a source tensor is read (memory-mapped), transformed by the
 family's weight table and written; a fused tensor holds only its parts. Before anything is
 written the whole conversion is rehearsed on meta tensors, so a wrong shape or a missing or
@@ -31,6 +34,8 @@ from .errors import PaiZooError, no_such_path
 from .family import Family
 from .mapping import TO_MCORE, MappingContext
 from .mcore import dist_ckpt
+from .mcore import megatron_lm_args as mla
+from .megatron_lm import is_megatron_checkpoint, is_megatron_lm_checkpoint, open_checkpoint
 from .registry import get_registry
 from .util.progress import Progress
 
@@ -50,6 +55,7 @@ class ConversionReport:
     bytes: int = 0
     seconds: float = 0.0
     verification: dict | None = field(default=None)
+    notes: list[str] = field(default_factory=list)  # what the reader assumed or took from elsewhere
 
     @property
     def ok(self) -> bool:
@@ -67,10 +73,13 @@ def parse_dtype(value) -> torch.dtype | None:
 
 def convert(src, dst, to: str, *, family: str | None = None, tp: int = 1, pp: int = 1, dtype=None,
             force: bool = False, max_shard_size: str | int = "5GB", verify: bool = False,
-            progress: bool | None = None) -> ConversionReport:
-    """Convert ``src`` to ``dst``: ``to="mcore"`` (HF folder -> Megatron-Core checkpoint with a
-    ``tp``/``pp`` layout) or ``to="hf"`` (Megatron-Core checkpoint -> HF folder). ``verify``
-    compares the logits of both sides on a sample prompt (see :func:`verify_conversion`)."""
+            progress: bool | None = None, tokenizer=None, iteration=None) -> ConversionReport:
+    """Convert ``src`` to ``dst``: ``to="mcore"`` (HF folder, or a Megatron-LM checkpoint -> pai-zoo's
+    Megatron-Core checkpoint with a ``tp``/``pp`` layout) or ``to="hf"`` (Megatron-Core checkpoint, pai-zoo's or
+    Megatron-LM's -> HF folder). For a Megatron-LM source, ``tokenizer`` is a folder whose tokenizer files are
+    copied and whose ``config.json`` (the original HF model's) supplies what the args lack; ``iteration`` picks
+    a saved iteration. ``verify`` compares the logits of both sides on a sample prompt (see
+    :func:`verify_conversion`)."""
     import time
 
     src, dst = Path(src), Path(dst)
@@ -86,6 +95,8 @@ def convert(src, dst, to: str, *, family: str | None = None, tp: int = 1, pp: in
         get_registry().family(family)  # an unknown --family fails before anything is written
     if tp < 1 or pp < 1:
         raise PaiZooError(f"--tp and --pp must be positive (got tp={tp}, pp={pp})")
+    if tokenizer is not None and not Path(tokenizer).is_dir():
+        raise no_such_path(tokenizer, "the --tokenizer folder")
     if dst.exists() and not force:
         raise PaiZooError(f"{dst} exists; pass --force to replace it")
     if dst.resolve() == src.resolve():
@@ -96,17 +107,21 @@ def convert(src, dst, to: str, *, family: str | None = None, tp: int = 1, pp: in
         shutil.rmtree(tmp)
     dst.parent.mkdir(parents=True, exist_ok=True)
     try:
-        if to == "mcore":
-            report = _hf_to_mcore(src, tmp, family, tp, pp, parse_dtype(dtype), progress)
+        if to == "mcore" and is_megatron_lm_checkpoint(src):
+            report = _megatron_lm_to_mcore(src, tmp, family, tp, pp, parse_dtype(dtype), progress, tokenizer,
+                                           iteration, final=dst)
+        elif to == "mcore":
+            report = _hf_to_mcore(src, tmp, family, tp, pp, parse_dtype(dtype), progress, final=dst)
         else:
-            report = _mcore_to_hf(src, tmp, family, parse_dtype(dtype), max_shard_size, progress)
+            report = _mcore_to_hf(src, tmp, family, parse_dtype(dtype), max_shard_size, progress, tokenizer,
+                                  iteration)
         _move_into_place(tmp, dst)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     report.src, report.dst, report.seconds = src, dst, time.perf_counter() - start
     if verify:
-        report.verification = verify_conversion(src, dst)
+        report.verification = verify_conversion(src, dst, tokenizer=tokenizer, iteration=iteration)
     return report
 
 
@@ -126,7 +141,8 @@ def _family_for(config: dict, where: Path, name: str | None) -> Family:
 
 
 # -- HF -> Megatron-Core ------------------------------------------------------------------------
-def _hf_to_mcore(src: Path, out: Path, family_name, tp: int, pp: int, dtype, progress) -> ConversionReport:
+def _hf_to_mcore(src: Path, out: Path, family_name, tp: int, pp: int, dtype, progress,
+                 final: Path | None = None) -> ConversionReport:
     if not is_hf_checkpoint(src):
         raise PaiZooError(f"{src}: not a Hugging Face checkpoint folder (no {CONFIG})")
     raw_config = read_config(src)
@@ -138,14 +154,16 @@ def _hf_to_mcore(src: Path, out: Path, family_name, tp: int, pp: int, dtype, pro
         raise PaiZooError(f"--tp {tp} does not fit the model's {config.num_query_groups} key/value head groups")
     source = HFCheckpoint(src)
     try:
-        return _write_mcore(src, out, family, config, source, tp, pp, dtype, progress)
+        return _write_mcore(src, out, family, config, source, tp, pp, dtype, progress, final)
     finally:
         source.close()
 
 
 def _write_mcore(
-    src: Path, out: Path, family: Family, config: McoreConfig, source: HFCheckpoint, tp, pp, dtype, progress
+    src: Path, out: Path, family: Family, config: McoreConfig, source: HFCheckpoint, tp, pp, dtype, progress,
+    final: Path | None = None,
 ):
+    """Write ``out`` (renamed to ``final`` afterwards: the folder Megatron-LM's ``--load`` is given)."""
     dtype = dtype or _floating_dtype(source)
     padded = config.padded_vocab_size(tp)
     layout = dist_ckpt.layout_of(family, config, dtype, padded)
@@ -170,11 +188,15 @@ def _write_mcore(
     bar.close()
     for key, obj in layout.objects.items():
         writer.write_object(key, obj)
-    args = dist_ckpt.megatron_lm_args(config, tp, pp, padded, dtype)
+    final = Path(final or out).resolve()
+    tokenizer_model = str(final / dist_ckpt.HF_DIR) if tokenizer_files(src) else None
+    args = mla.megatron_lm_args(config, tp, pp, padded, dtype, tokenizer_model=tokenizer_model)
     writer.finish({"args": args, "checkpoint_version": 3.0, "iteration": 0})
     (out / dist_ckpt.TRACKER).write_text(dist_ckpt.RELEASE)
     dist_ckpt.write_pai_zoo_config(out, config, tp, pp, dtype, padded)
     _copy_hf_side(src, out / dist_ckpt.HF_DIR)
+    mla.write_readme(out, config, args, load_dir=final)
+    report.notes.append("Megatron-LM: add " + mla.load_command(final, config, dtype))
     return report
 
 
@@ -195,21 +217,35 @@ def _copy_hf_side(src: Path, dst: Path) -> None:
 
 
 # -- Megatron-Core -> HF ------------------------------------------------------------------------
-def _mcore_to_hf(src: Path, out: Path, family_name, dtype, max_shard_size, progress) -> ConversionReport:
-    if not dist_ckpt.is_mcore_checkpoint(src):
-        raise PaiZooError(f"{src}: not a Megatron-Core checkpoint folder (no {dist_ckpt.TRACKER})")
-    family = get_registry().family(family_name) if family_name else None
-    with dist_ckpt.MegatronCheckpoint(src, family) as checkpoint:
-        return _write_hf(checkpoint, out, dtype or checkpoint.stored_dtype, max_shard_size, progress)
+def _mcore_to_hf(src: Path, out: Path, family_name, dtype, max_shard_size, progress, tokenizer=None,
+                 iteration=None) -> ConversionReport:
+    if not is_megatron_checkpoint(src):
+        hint = " (it is a Hugging Face folder: use --to mcore)" if is_hf_checkpoint(src) else ""
+        raise PaiZooError(f"{src}: not a Megatron-Core checkpoint folder (no {dist_ckpt.TRACKER}, no release/ or "
+                          f"iter_*/ folder){hint}")
+    with open_checkpoint(src, family_name, reference=tokenizer, iteration=iteration) as checkpoint:
+        return _write_hf(checkpoint, out, dtype or checkpoint.stored_dtype, max_shard_size, progress, tokenizer)
 
 
-def _write_hf(checkpoint: dist_ckpt.MegatronCheckpoint, out: Path, dtype, max_shard_size, progress) -> ConversionReport:
+def _megatron_lm_to_mcore(src: Path, out: Path, family_name, tp, pp, dtype, progress, tokenizer,
+                          iteration, final: Path | None = None) -> ConversionReport:
+    """A Megatron-LM checkpoint re-laid out as pai-zoo's: through a Hugging Face folder inside ``out``."""
+    staging = out / ".hf-staging"
+    first = _mcore_to_hf(src, staging, family_name, dtype, "5GB", progress, tokenizer, iteration)
+    report = _hf_to_mcore(staging, out, first.family, tp, pp, dtype, progress, final)
+    shutil.rmtree(staging)
+    report.notes = first.notes + report.notes
+    return report
+
+
+def _write_hf(checkpoint: dist_ckpt.MegatronCheckpoint, out: Path, dtype, max_shard_size, progress,
+              tokenizer=None) -> ConversionReport:
     tied = set(checkpoint.table.tied_outputs(checkpoint.ctx))
     plan = [(n, tuple(t.shape), dtype) for n, t in checkpoint.hf_tensors(meta=True) if n not in tied]
     out.mkdir(parents=True)
     writer = SafetensorsWriter(out, plan, max_shard_size)
     bar = Progress("mcore -> hf", writer.total_size, totals={"tensors": len(plan)}, enabled=progress)
-    report = ConversionReport(checkpoint.path, out, "hf", checkpoint.family.name)
+    report = ConversionReport(checkpoint.path, out, "hf", checkpoint.family.name, notes=list(checkpoint.notes))
     with BackgroundWriter() as background:
         for name, tensor in checkpoint.hf_tensors():
             if name in tied:
@@ -222,13 +258,30 @@ def _write_hf(checkpoint: dist_ckpt.MegatronCheckpoint, out: Path, dtype, max_sh
             del tensor
     writer.close()
     bar.close()
-    _write_hf_configs(checkpoint.path, out, checkpoint.family, checkpoint.config, dtype, checkpoint.head)
+    hf_side = _hf_side(checkpoint, tokenizer, report)
+    _write_hf_configs(hf_side, out, checkpoint.family, checkpoint.config, dtype, checkpoint.head)
     return report
 
 
-def _write_hf_configs(src: Path, out: Path, family: Family, config: McoreConfig, dtype: torch.dtype,
+def _hf_side(checkpoint: dist_ckpt.MegatronCheckpoint, tokenizer, report: ConversionReport) -> Path | None:
+    """The folder with the tokenizer files and generation_config.json that go with the HF output."""
+    if tokenizer is not None:
+        return Path(tokenizer)
+    own = checkpoint.path / dist_ckpt.HF_DIR
+    if own.is_dir():
+        return own
+    description = getattr(checkpoint, "description", None)
+    model = description.args.get("tokenizer_model") if description else None
+    if model and Path(model).is_dir():
+        report.notes.append(f"tokenizer: copied from {model} (args.tokenizer_model)")
+        return Path(model)
+    report.notes.append(f"warning: the Hugging Face output has no tokenizer: the checkpoint records none "
+                        f"(args.tokenizer_model={model!r}); pass --tokenizer DIR to copy one")
+    return None
+
+
+def _write_hf_configs(hf_side: Path | None, out: Path, family: Family, config: McoreConfig, dtype: torch.dtype,
                       head: dict | None = None) -> None:
-    hf_side = src / dist_ckpt.HF_DIR
     hf_config = hf.hf_config_from_mcore(family, config)
     hf_config.dtype = dtype
     if not getattr(hf_config, "architectures", None):
@@ -238,13 +291,13 @@ def _write_hf_configs(src: Path, out: Path, family: Family, config: McoreConfig,
 
         sequence_classification_config(hf_config, head)
     hf_config.save_pretrained(out)
-    if (hf_side / GENERATION_CONFIG).is_file():
+    if hf_side is not None and (hf_side / GENERATION_CONFIG).is_file():
         shutil.copy2(hf_side / GENERATION_CONFIG, out / GENERATION_CONFIG)
     else:
         from transformers import GenerationConfig
 
         GenerationConfig.from_model_config(hf_config).save_pretrained(out)
-    for file in tokenizer_files(hf_side):
+    for file in tokenizer_files(hf_side) if hf_side is not None else ():
         shutil.copy2(file, out / file.name)
 
 
@@ -262,7 +315,7 @@ def compare_logits(reference, candidate) -> dict:
     return {"max_abs_delta": (a - b).abs().max().item(), "cosine": cosine, "next_token_agreement": agree}
 
 
-def verify_conversion(src, dst) -> dict:
+def verify_conversion(src, dst, tokenizer=None, iteration=None) -> dict:
     """Load both sides in float32 (HF with transformers, megatron-core with megatron-core's own
     loader), run a sample prompt, and compare the logits within :data:`LOGITS_ATOL`."""
     from .handle import load
@@ -270,7 +323,8 @@ def verify_conversion(src, dst) -> dict:
     src, dst = Path(src), Path(dst)
     hf_side, mcore_side = (src, dst) if is_hf_checkpoint(src) else (dst, src)
     reference = load(hf_side, backend="hf", dtype=torch.float32)
-    candidate = load(mcore_side, backend="mcore", dtype=torch.float32)
+    options = {"tokenizer": tokenizer, "iteration": iteration} if mcore_side == src else {}
+    candidate = load(mcore_side, backend="mcore", dtype=torch.float32, **options)
     vocab = candidate.vocab_size
     ids = torch.randint(0, vocab, (1, SAMPLE_PROMPT_LENGTH), generator=torch.Generator().manual_seed(0))
     if reference.tokenizer is not None:

@@ -86,12 +86,21 @@ class Source:
     mcore_config: McoreConfig | None = None
     record: dict | None = None
     preset: str | None = None
+    tokenizer_dir: Path | None = None  # kind "megatron-lm": the folder given as tokenizer= (or args.tokenizer_model)
+    iteration: int | str | None = None  # kind "megatron-lm": the saved iteration read (None: the tracker's)
+
+    def open_megatron(self):
+        """The Megatron checkpoint (kinds ``"mcore"`` and ``"megatron-lm"``) as a ``MegatronCheckpoint``."""
+        from .megatron_lm import open_checkpoint
+
+        return open_checkpoint(self.path, self.family, reference=self.tokenizer_dir, iteration=self.iteration)
 
 
-def resolve(name_or_path, checkpoint=None) -> Source:
+def resolve(name_or_path, checkpoint=None, *, tokenizer=None, iteration=None) -> Source:
     """Work out what ``name_or_path`` (and ``checkpoint``) name; see :func:`load`."""
     from . import hf
     from .mcore import dist_ckpt
+    from .megatron_lm import describe, is_megatron_checkpoint, is_megatron_lm_checkpoint
 
     registry = get_registry()
     name = str(name_or_path)
@@ -108,6 +117,14 @@ def resolve(name_or_path, checkpoint=None) -> Source:
         family = registry.preset(name)[0]
     elif checkpoint is not None:
         raise UnknownModelError(registry._unknown(name))
+    if is_megatron_lm_checkpoint(path) or (iteration is not None and is_megatron_checkpoint(path)):
+        info = describe(path, family=family.name if family else None, reference=tokenizer, iteration=iteration)
+        info.reader.close()
+        _warn(info.derived.notes)
+        family, config = info.derived.family, info.derived.config
+        tokenizer_dir = Path(tokenizer) if tokenizer else info.derived.reference
+        return Source(family, hf.config_dict(hf.hf_config_from_mcore(family, config)), path, "megatron-lm", config,
+                      info.record(), tokenizer_dir=tokenizer_dir, iteration=iteration)
     if dist_ckpt.is_mcore_checkpoint(path):
         config, record = dist_ckpt.mcore_config_of(path)
         family = family or registry.family(config.family)
@@ -122,6 +139,16 @@ def resolve(name_or_path, checkpoint=None) -> Source:
     raise UnknownModelError(registry._unknown(name))
 
 
+def _warn(notes: list[str]) -> None:
+    import warnings
+
+    from .errors import PaiZooWarning
+
+    for note in notes:
+        if note.startswith("warning: "):
+            warnings.warn(note.removeprefix("warning: "), PaiZooWarning, stacklevel=3)
+
+
 def load(
     name_or_path,
     backend: str = "mcore",
@@ -131,14 +158,19 @@ def load(
     seed: int = 0,
     tensor_parallel_size: int | None = None,
     pipeline_parallel_size: int | None = None,
+    tokenizer=None,
+    iteration=None,
     **overrides,
 ) -> ModelHandle:
     """Load a model as a :class:`ModelHandle`.
 
     ``name_or_path`` is a preset (``"llama3-tiny"``), a family name or alias (with
     ``checkpoint=`` a folder; alone it builds the family's tiny preset), a Hugging Face
-    checkpoint folder (family detected from its ``config.json``) or a Megatron-Core checkpoint
-    written by ``pai-zoo convert`` (family and config from its ``pai_zoo.json``). Without a
+    checkpoint folder (family detected from its ``config.json``), a Megatron-Core checkpoint
+    written by ``pai-zoo convert`` (family and config from its ``pai_zoo.json``) or one that Megatron-LM wrote
+    (``torch_dist`` or legacy ``torch``; family and config from its args, ``tokenizer`` the original HF folder
+    with the tokenizer and the config.json fields Megatron does not store, ``iteration`` a saved iteration
+    other than the tracker's). Without a
     checkpoint the weights are random (seeded by ``seed``). ``overrides`` replace HF config
     fields (``num_hidden_layers=4``). ``backend="mcore"`` gives a megatron-core ``GPTModel``,
     ``backend="hf"`` a transformers model. Under ``torchrun``, ``tensor_parallel_size`` and
@@ -150,9 +182,9 @@ def load(
 
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, not {backend!r}")
-    source = resolve(name_or_path, checkpoint)
+    source = resolve(name_or_path, checkpoint, tokenizer=tokenizer, iteration=iteration)
     family = source.family
-    if overrides and source.kind == "mcore":
+    if overrides and source.kind in ("mcore", "megatron-lm"):
         raise PaiZooError(
             f"{source.path}: config overrides {sorted(overrides)} cannot change a trained Megatron checkpoint"
         )
@@ -178,11 +210,10 @@ def _load_hf(source: Source, hf_config, dtype):
         cls = hf.model_class(source.family, hf_config.model_type)
         return cls.from_pretrained(source.path, config=hf_config, dtype=dtype).eval()
     model = hf.build_hf_model(source.family, hf_config, dtype)
-    if source.kind == "mcore":
-        from .mcore.dist_ckpt import MegatronCheckpoint
+    if source.kind in ("mcore", "megatron-lm"):
         from .weights import load_into
 
-        with MegatronCheckpoint(source.path, source.family) as checkpoint:
+        with source.open_megatron() as checkpoint:
             state = dict(checkpoint.hf_tensors(expected=model.state_dict().keys()))
         load_into(model, {k: v.to(dtype) for k, v in state.items()}, f"{source.path} -> transformers")
     return model
@@ -217,9 +248,9 @@ def _load_mcore(source: Source, config: McoreConfig, dtype, seed: int, tp: int |
         from .mcore.heads import attach_score_head
 
         attach_score_head(model)
-    if source.kind == "hf" and have != (1, 1):
-        raise PaiZooError(f"{source.path}: a Hugging Face folder loads into one process; for tp/pp > 1 "
-                          f"convert it first (pai-zoo convert {source.path} DST --to mcore)")
+    if source.kind in ("hf", "megatron-lm") and have != (1, 1):
+        raise PaiZooError(f"{source.path}: a {source.kind} checkpoint loads into one process; for tp/pp > 1 "
+                          f"convert it first (pai-zoo convert {source.path} DST --to mcore --tp N --pp M)")
     load_mcore_weights(model, source, config, dtype)
     return model.eval()
 
@@ -243,16 +274,21 @@ def load_mcore_weights(model, source: Source, config: McoreConfig, dtype, scratc
     from .mcore.dist_ckpt import load_model_weights
     from .weights import load_into, mcore_tensors
 
+    single = parallel_state.get_model_parallel_group().size() == 1
     if source.kind == "mcore":
         load_model_weights(model, source.path)
-    elif source.kind == "hf" and parallel_state.get_model_parallel_group().size() == 1:
+    elif source.kind == "megatron-lm" and single:
+        with source.open_megatron() as checkpoint:
+            state = dict(checkpoint.mcore_tensors())
+        load_into(model, {k: v.to(dtype) for k, v in state.items()}, f"{source.path} -> megatron-core")
+    elif source.kind == "hf" and single:
         checkpoint = HFCheckpoint(source.path)
         table = get_registry().weight_map(source.family, config)
         ctx = MappingContext.from_config(config, padded_vocab_size=model_vocab_rows(model))
         target = mcore_tensors(model)
         state = dict(table.iter_convert(TO_MCORE, ctx, checkpoint.get, checkpoint.names(), target.keys()))
         load_into(model, {k: v.to(dtype) for k, v in state.items()}, f"{source.path} -> megatron-core")
-    elif source.kind == "hf":
+    elif source.kind in ("hf", "megatron-lm"):
         if scratch is None:
             raise PaiZooError(f"{source.path}: a Hugging Face folder loads into one process; for tp/pp > 1 "
                               f"convert it first (pai-zoo convert {source.path} DST --to mcore)")
@@ -277,6 +313,10 @@ def load_mcore_weights(model, source: Source, config: McoreConfig, dtype, scratc
                 "--pp",
                 str(parallel_state.get_pipeline_model_parallel_world_size()),
             ]
+            if source.tokenizer_dir is not None:
+                command += ["--tokenizer", str(source.tokenizer_dir)]
+            if source.iteration is not None:
+                command += ["--iteration", str(source.iteration)]
             proc = subprocess.run(command, capture_output=True, text=True, env=single_process_env())
             failed[0] = proc.returncode != 0
         torch.distributed.all_reduce(failed)

@@ -175,6 +175,8 @@ def arch_from_args(args: Any, where: str = "args") -> dict:
         arch["kv_channels"] = arch["hidden_size"] // arch["num_attention_heads"]
     if arch.get("ffn_hidden_size") is None:
         arch["ffn_hidden_size"] = 4 * arch["hidden_size"]
+    if arch.get("rotary_percent") == 1.0:  # every channel rotated: what its absence means
+        del arch["rotary_percent"]
     if arch["position_embedding_type"] != "rope":  # rotary fields mean nothing then
         for key in _ROTARY_ONLY:
             arch.pop(key, None)
@@ -206,6 +208,11 @@ def effective(arch: Mapping[str, Any], key: str) -> Any:
     if isinstance(value, (int, float)):
         return float(value)
     return value
+
+
+def shown(arch: Mapping[str, Any], key: str) -> Any:
+    """``arch[key]`` as given, or the value its absence means (for messages)."""
+    return arch[key] if arch.get(key) is not None else effective(arch, key)
 
 
 def differences(ours: Mapping[str, Any], theirs: Mapping[str, Any], keys=None) -> list[str]:

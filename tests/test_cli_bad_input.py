@@ -51,6 +51,8 @@ def files(tmp_path) -> Path:
     (tmp_path / "bad_tokenizer").mkdir()
     (tmp_path / "bad_tokenizer" / "tokenizer.json").write_text("{not json")
     (tmp_path / "bad.model").write_bytes(b"not a sentencepiece model")
+    (tmp_path / "bad_tracker").mkdir()
+    (tmp_path / "bad_tracker" / "latest_checkpointed_iteration.txt").write_text("soon\n")
     with IndexedDatasetWriter(tmp_path / "good", np.int32) as writer:
         writer.add_document([1, 2, 3])
     return tmp_path
@@ -86,6 +88,14 @@ CASES = {
     "convert-not-mcore": (["convert", "{t}/unknown_family", "{t}/out", "--to", "hf"], 1,
                           "{t}/unknown_family: not a Megatron-Core checkpoint", ["{t}/out"]),
     "convert-usage": (["convert", "{t}/unknown_family", "{t}/out", "--to", "onnx"], 2, "onnx", ["{t}/out"]),
+    "convert-missing-tokenizer": (["convert", "{t}/unknown_family", "{t}/out", "--to", "hf", "--tokenizer",
+                                   "{t}/missing_tok"], 1, "no such file or folder: {t}/missing_tok", ["{t}/out"]),
+    "inspect-missing": (["inspect", "{t}/missing"], 1, "no such file or folder: {t}/missing", []),
+    "inspect-not-a-checkpoint": (["inspect", "{t}/bad_tokenizer"], 1, "{t}/bad_tokenizer: not a checkpoint folder",
+                                 []),
+    "inspect-unknown-family": (["inspect", "{t}/unknown_family"], 1, "no installed family handles", []),
+    "inspect-bad-tracker": (["inspect", "{t}/bad_tracker"], 1, "latest_checkpointed_iteration.txt: expected", []),
+    "inspect-usage": (["inspect"], 2, "checkpoint", []),
     "preprocess-missing": (["preprocess", "--input", "{t}/missing.jsonl", "--output-prefix", "{t}/out",
                             "--tokenizer", "llama3-tiny"], 1, "no such file or folder: {t}/missing.jsonl",
                            ["{t}/out_text_document.bin", "{t}/out_text_document.idx"]),

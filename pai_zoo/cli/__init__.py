@@ -27,7 +27,7 @@ from ..errors import PaiZooError, PaiZooWarning
 from ._common import HelpFormatter
 
 #: the command modules, in the order ``pai-zoo --help`` lists them
-COMMANDS = ("list", "info", "conformance", "convert", "preprocess", "dataset", "generate", "train", "rl")
+COMMANDS = ("list", "info", "conformance", "inspect", "convert", "preprocess", "dataset", "generate", "train", "rl")
 
 #: exit codes (also in ``pai-zoo --help`` and README's CLI section)
 OK, USER_ERROR, USAGE, VERIFY_FAILED, INTERRUPTED = 0, 1, 2, 3, 130

@@ -9,10 +9,17 @@ VERIFY_FAILED = 3
 
 def add_parser(subparsers) -> None:
     p = add_command(subparsers, "convert", "convert a Hugging Face folder <-> a Megatron-Core checkpoint")
-    p.add_argument("src", help="Hugging Face folder (--to mcore) or Megatron-Core checkpoint (--to hf)")
+    p.add_argument("src", help="Hugging Face folder (--to mcore) or Megatron checkpoint, pai-zoo's or Megatron-LM's "
+                               "(--to hf; a Megatron-LM one also --to mcore)")
     p.add_argument("dst", help="output folder (must not exist unless --force)")
     p.add_argument("--to", required=True, choices=("mcore", "hf"))
-    p.add_argument("--family", help="family name (default: detected from config.json / pai_zoo.json)")
+    p.add_argument("--family", help="family name (default: detected from config.json / pai_zoo.json / the args)")
+    p.add_argument("--tokenizer", metavar="DIR",
+                   help="Megatron-LM source: copy this folder's tokenizer files; when it is the original HF folder, "
+                        "its config.json supplies token ids, the true vocabulary and other fields Megatron "
+                        "does not store (default: args.tokenizer_model when it is a folder)")
+    p.add_argument("--iteration", help="Megatron source: the saved iteration to read, a number or 'release' "
+                                       "(default: latest_checkpointed_iteration.txt)")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel size the checkpoint is laid out for")
     p.add_argument("--pp", type=int, default=1, help="pipeline-parallel size the checkpoint is laid out for")
     p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"),
@@ -30,7 +37,10 @@ def run(args) -> int:
     report = convert(
         args.src, args.dst, args.to, family=args.family, tp=args.tp, pp=args.pp, dtype=args.dtype,
         force=args.force, max_shard_size=args.max_shard_size, verify=args.verify, progress=None,
+        tokenizer=args.tokenizer, iteration=args.iteration,
     )
+    for note in report.notes:
+        print(note)
     rate = report.bytes / report.seconds / 1e9 if report.seconds else 0.0
     print(f"converted {report.src} -> {report.dst} ({report.family}, to {report.to}): {report.tensors} tensors, "
           f"{report.bytes / 1e9:.3f} GB in {report.seconds:.1f} s ({rate:.2f} GB/s)")

@@ -15,7 +15,7 @@ from ..checkpoint import CONFIG, is_hf_checkpoint, read_config
 from ..config_map import McoreConfig
 from ..errors import ConfigTranslationError, UnknownModelError
 from ..family import Family
-from ..megatron_args import HF_WINS, arch_from_args, differences, effective
+from ..megatron_args import HF_WINS, arch_from_args, differences, shown
 from ..registry import get_registry
 
 #: Megatron-LM's values for the fields its Llama/Mistral loader does not take from the HF config.
@@ -40,14 +40,14 @@ def _family_from_args(arch: dict, where: str, name: str | None) -> Family:
     claims = registry.families_for_megatron_args(arch)
     if len(claims) == 1:
         return claims[0]
-    shown = ", ".join(f"{k}={effective(arch, k)!r}" for k in (
+    values = ", ".join(f"{k}={shown(arch, k)!r}" for k in (
         "normalization", "gated_linear_unit", "add_qkv_bias", "add_bias_linear", "qk_layernorm",
         "position_embedding_type"))
     if claims:
         names = ", ".join(f.name for f in claims)
-        raise UnknownModelError(f"{where}: the args ({shown}) fit several families: {names}; pass --family NAME")
+        raise UnknownModelError(f"{where}: the args ({values}) fit several families: {names}; pass --family NAME")
     others = ", ".join(sorted(registry.families))
-    raise UnknownModelError(f"{where}: no installed family claims these args ({shown}); if one of them has this "
+    raise UnknownModelError(f"{where}: no installed family claims these args ({values}); if one of them has this "
                             f"architecture, pass --family NAME (installed: {others})")
 
 
@@ -62,8 +62,8 @@ def _family_config(family: Family, arch: dict, vocab_size: int, divisor: int, wh
         raise ConfigTranslationError(f"{where}: the {family.name} family cannot express these args: {exc}") from None
     lost = differences(arch, config.arch)
     if lost:
-        shown = ", ".join(f"{k}={effective(arch, k)!r} (the family gives {effective(config.arch, k)!r})" for k in lost)
-        raise ConfigTranslationError(f"{where}: the {family.name} family cannot express these args: {shown}")
+        lost_values = ", ".join(f"{k}={shown(arch, k)!r} (the family gives {shown(config.arch, k)!r})" for k in lost)
+        raise ConfigTranslationError(f"{where}: the {family.name} family cannot express these args: {lost_values}")
     config.make_vocab_size_divisible_by = divisor
     return config
 
@@ -119,13 +119,13 @@ def _with_reference(arch: dict, folder: Path, where: str, family: str | None, pa
                                      f"{ref_family.name} model")
     wrong = differences(arch, ref.arch, keys=[k for k in arch if k not in HF_WINS])
     if wrong:
-        shown = "; ".join(f"{k}: {effective(ref.arch, k)!r} in {folder / CONFIG}, {effective(arch, k)!r} in the args"
+        wrong_values = "; ".join(f"{k}: {shown(ref.arch, k)!r} in {folder / CONFIG}, {shown(arch, k)!r} in the args"
                           for k in wrong)
-        raise ConfigTranslationError(f"{where}: the checkpoint is not the model of {folder / CONFIG}: {shown}; pass "
-                                     "the tokenizer folder of the model this checkpoint was trained from")
+        raise ConfigTranslationError(f"{where}: the checkpoint is not the model of {folder / CONFIG}: "
+                                     f"{wrong_values}; pass the folder of the model it was trained from")
     for key in differences(arch, ref.arch, keys=[k for k in HF_WINS if k in arch]):
-        notes.append(f"note: {key}: the args hold {effective(arch, key)!r}, {folder / CONFIG} has "
-                     f"{effective(ref.arch, key)!r}; using {effective(ref.arch, key)!r}")
+        notes.append(f"note: {key}: the args hold {shown(arch, key)!r}, {folder / CONFIG} has "
+                     f"{shown(ref.arch, key)!r}; using {shown(ref.arch, key)!r}")
     if ref["vocab_size"] > padded:
         raise ConfigTranslationError(f"{where}: {folder / CONFIG} has vocab_size={ref['vocab_size']}, more than the "
                                      f"checkpoint's {padded} embedding rows")

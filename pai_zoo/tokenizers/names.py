@@ -233,6 +233,9 @@ def model_tokenizer(source, vocab_size: int | None = None):
     """The tokenizer that belongs with a model (a :class:`pai_zoo.handle.Source`), or None: a checkpoint's own
     files, a test preset's test tokenizer, or a published preset's bundled published tokenizer, when its ids fit
     ``vocab_size`` (the model's, overrides included). Family names and other presets have none."""
+    if source.kind == "megatron-lm":  # its args name no tokenizer files: the folder given with it, if any
+        folder = getattr(source, "tokenizer_dir", None)
+        return TokenizerRef(str(folder), source.family.name).load() if folder is not None else None
     if source.path is not None:
         folder = Path(source.path) / _HF_DIR if source.kind == "mcore" else Path(source.path)
         try:

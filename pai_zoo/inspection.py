@@ -1,0 +1,105 @@
+"""``inspect``: what a checkpoint folder holds, whoever wrote it (Hugging Face, pai-zoo, Megatron-LM), and what a
+conversion of it would need. Reads headers, args and shapes only, never the tensors' data."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .checkpoint import CONFIG, HFCheckpoint, is_hf_checkpoint, read_config, tokenizer_files
+from .errors import PaiZooError, no_such_path
+from .megatron_args import shown
+from .megatron_lm import is_megatron_checkpoint, open_checkpoint
+from .registry import get_registry
+
+#: The architecture fields shown, in megatron-core's names.
+SHOWN = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups", "kv_channels",
+         "vocab_size", "max_sequence_length", "normalization", "layernorm_epsilon", "gated_linear_unit",
+         "activation_func", "add_qkv_bias", "add_bias_linear", "qk_layernorm", "position_embedding_type",
+         "rotary_base", "rotary_percent", "share_embeddings_and_output_weights")
+
+
+@dataclass
+class Inspection:
+    """The answer of :func:`inspect_checkpoint`, as lines for the CLI (:meth:`lines`)."""
+
+    path: Path
+    format: str
+    family: str
+    parameters: int
+    dtype: str
+    iteration: object = None
+    layout: dict = field(default_factory=dict)
+    architecture: dict = field(default_factory=dict)
+    needs: list[str] = field(default_factory=list)  # what a conversion needs, or has to assume
+
+    def lines(self) -> list[str]:
+        out = [f"checkpoint:   {self.path}", f"format:       {self.format}"]
+        if self.iteration is not None:
+            out.append(f"iteration:    {self.iteration}")
+        if self.layout:
+            out.append("layout:       " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in self.layout.items()
+                                                     if v is not None))
+        out += [f"family:       {self.family}", f"parameters:   {self.parameters:,} ({self.dtype})", "architecture:"]
+        out += [f"  {k:<36} {v}" for k, v in self.architecture.items()]
+        out += ["conversion:"] + [f"  {n}" for n in (self.needs or ["needs nothing more"])]
+        return out
+
+
+def _architecture(arch: dict) -> dict:
+    derived = ("kv_channels", "num_query_groups")  # absent means a value computed from the others
+    return {k: shown(arch, k) for k in SHOWN if k in arch or k in derived}
+
+
+def inspect_checkpoint(path, *, family: str | None = None, tokenizer=None, iteration=None) -> Inspection:
+    """Describe the checkpoint folder ``path``; ``family``, ``tokenizer`` and ``iteration`` as for ``convert``."""
+    path = Path(path)
+    if not path.exists():
+        raise no_such_path(path, "the checkpoint to inspect")
+    if is_megatron_checkpoint(path):
+        return _megatron(path, family, tokenizer, iteration)
+    if is_hf_checkpoint(path):
+        return _hf(path, family)
+    raise PaiZooError(f"{path}: not a checkpoint folder: no {CONFIG} (Hugging Face) and no "
+                      "latest_checkpointed_iteration.txt, release/ or iter_*/ (Megatron)")
+
+
+def _hf(path: Path, family_name: str | None) -> Inspection:
+    from . import hf
+
+    registry = get_registry()
+    raw = read_config(path)
+    family = registry.family(family_name) if family_name else registry.family_for_hf_config(raw, str(path / CONFIG))
+    config = family.to_mcore_config(hf.config_dict(hf.hf_config(family, raw)))
+    weights = HFCheckpoint(path)
+    try:
+        metas = [weights.meta(n) for n in weights.names()]
+    finally:
+        weights.close()
+    dtypes = sorted({str(m.dtype).removeprefix("torch.") for m in metas})
+    needs = [] if tokenizer_files(path) else ["the folder has no tokenizer files: `preprocess` and `generate` "
+                                              "need --tokenizer DIR"]
+    return Inspection(path, f"Hugging Face ({weights.format})", family.name, sum(m.numel() for m in metas),
+                      "/".join(dtypes), architecture=_architecture(config.arch), needs=needs)
+
+
+def _megatron(path: Path, family: str | None, tokenizer, iteration) -> Inspection:
+    with open_checkpoint(path, family, reference=tokenizer, iteration=iteration) as checkpoint:
+        description = getattr(checkpoint, "description", None)
+        layout = checkpoint.layout
+        parameters = sum(math.prod(s) for s in layout.local_shapes.values())
+        record = checkpoint.record
+        if description is None:
+            fmt, it = "torch_dist (written by pai-zoo)", None
+            shape = {"tensor_parallel": record.get("tensor_parallel"),
+                     "pipeline_parallel": record.get("pipeline_parallel")}
+        else:
+            fmt = f"{description.iteration.format} (written by Megatron-LM: no pai_zoo.json, read from its args)"
+            it, shape = description.iteration.iteration, description.layout
+        needs = [n.removeprefix("note: ") for n in checkpoint.notes]
+        if description is not None and tokenizer is None and description.derived.reference is None:
+            needs.append("the checkpoint records no tokenizer folder: pass --tokenizer DIR (the original HF folder) "
+                         "to copy its tokenizer and take the fields Megatron does not store")
+        return Inspection(path, fmt, checkpoint.family.name, parameters,
+                          str(checkpoint.stored_dtype).removeprefix("torch."), it, shape,
+                          _architecture(checkpoint.config.arch), needs)
