@@ -58,6 +58,11 @@ class TokenizerError(PaiZooError, ValueError):
     """A tokenizer file is malformed (names the file, and the line where it has lines), or cannot encode/decode."""
 
 
+class NoBundledTokenizerError(PaiZooError):
+    """A family name or published preset whose plugin ships no real tokenizer that fits it (the message says to pass
+    the checkpoint's folder or a tokenizer file instead)."""
+
+
 class VocabularyMismatchError(PaiZooError):
     """Token ids reach past a model's vocabulary: the data was made with another tokenizer than the model's."""
 

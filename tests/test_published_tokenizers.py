@@ -9,10 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from pai_zoo.errors import PaiZooError, PluginError
+from pai_zoo.errors import NoBundledTokenizerError, PaiZooError, PluginError
 from pai_zoo.registry import get_registry
+from pai_zoo.tokenizers import names
 from pai_zoo.tokenizers.names import (
-    NoBundledTokenizerError,
     bundled_tokenizer_folder,
     model_tokenizer,
     resolve_tokenizer,
@@ -35,6 +35,7 @@ def test_a_family_without_a_bundled_tokenizer_is_refused_not_given_its_toy(cache
     assert str(err.value).startswith("--tokenizer qwen2: family 'qwen2' bundles no published tokenizer; pass the "
                                      "checkpoint's folder (--tokenizer /path/to/")
     assert "or a tokenizer.json" in str(err.value) and isinstance(err.value, PaiZooError)
+    assert names.NoBundledTokenizerError is NoBundledTokenizerError  # still importable from its old place
     with pytest.raises(NoBundledTokenizerError, match=r"preset 'qwen2-7b' of family 'qwen2' bundles no published "
                                                       r"tokenizer.*/path/to/qwen2-7b"):
         resolve_tokenizer("qwen2-7b")

@@ -20,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import NamedTuple
 
-from ..errors import PaiZooError, looks_like_path, no_such_path
+from ..errors import NoBundledTokenizerError, PaiZooError, looks_like_path, no_such_path
 from ..util.files import atomic_folder
 
 __all__ = ["NoBundledTokenizerError", "TokenizerRef", "bundled_tokenizer_folder", "describe_tokenizer",
@@ -124,10 +124,6 @@ def _path_ref(path: Path) -> TokenizerRef:
         with contextlib.suppress(PaiZooError):
             family = get_registry().family_for_hf_config(read_config(path)).name
     return TokenizerRef(str(path), family)
-
-
-class NoBundledTokenizerError(PaiZooError):
-    """A family name or published preset whose plugin ships no real tokenizer that fits it."""
 
 
 def _published_presets(family) -> list[str]:
