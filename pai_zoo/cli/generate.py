@@ -18,7 +18,11 @@ def add_parser(subparsers) -> None:
 
     sampling = defaults(SamplingParams)
     p = add_command(subparsers, "generate", "complete prompts (JSON Lines in and out, or one streamed --prompt)")
-    p.add_argument("--model", required=True, help="Megatron-Core checkpoint, Hugging Face folder or preset")
+    p.add_argument("--model", required=True, help="Megatron checkpoint (pai-zoo's or Megatron-LM's), Hugging Face "
+                                                  "folder or preset")
+    p.add_argument("--tokenizer", metavar="DIR", help="Megatron-LM checkpoint: the original HF folder (its tokenizer "
+                                                      "and config.json)")
+    p.add_argument("--iteration", help="Megatron checkpoint: a saved iteration other than the tracker's")
     p.add_argument("--prompts", help='JSON Lines: {"prompt": ...} (or {"messages": [...]} with --chat) per line')
     p.add_argument("--output", help="JSON Lines: each input record plus completion, token_ids, stop_reason")
     p.add_argument("--prompt", help="one prompt; the completion is streamed to stdout")
@@ -63,7 +67,8 @@ def run(args, out=None) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    handle = load(args.model, backend=args.backend, tensor_parallel_size=args.tp if args.tp > 1 else None)
+    handle = load(args.model, backend=args.backend, tensor_parallel_size=args.tp if args.tp > 1 else None,
+                  tokenizer=args.tokenizer, iteration=args.iteration)
     rank0 = is_rank0()
     options = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                    top_p=args.top_p, seed=args.seed, stop=tuple(args.stop or ()), chat=args.chat,

@@ -46,6 +46,9 @@ class TrainConfig:
     bf16: bool = False              #: bfloat16 parameters with fp32 main weights (GPU)
     sft: bool = False               #: SFT data: loss mask and document boundaries from preprocess --sft
     progress: bool | None = None    #: progress bar (default: on a terminal)
+    keep_last: int = 0              #: keep only the newest N checkpoints (0: keep all)
+    save_optim: bool = True         #: save the optimizer state with each checkpoint (False: weights only)
+    extend: bool = False            #: continue a finished run to a larger train_tokens budget
 
     # ---- derived quantities -------------------------------------------------------------
     @property
@@ -113,7 +116,7 @@ class TrainConfig:
         for name in positive:
             if getattr(self, name) <= 0:
                 raise TrainConfigError(f"{name} must be positive, not {getattr(self, name)}")
-        for name in ("warmup_tokens", "eval_interval", "eval_iters", "weight_decay", "clip_grad"):
+        for name in ("warmup_tokens", "eval_interval", "eval_iters", "weight_decay", "clip_grad", "keep_last"):
             if getattr(self, name) < 0:
                 raise TrainConfigError(f"{name} must not be negative, not {getattr(self, name)}")
         if not 0 <= self.min_learning_rate <= self.learning_rate:
