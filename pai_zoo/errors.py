@@ -63,6 +63,11 @@ class NoBundledTokenizerError(PaiZooError):
     the checkpoint's folder or a tokenizer file instead)."""
 
 
+class SettingError(PaiZooError, ValueError):
+    """A setting (a command-line flag or an argument) has a value pai-zoo cannot use; the message names the
+    setting, the value and what it accepts."""
+
+
 class VocabularyMismatchError(PaiZooError):
     """Token ids reach past a model's vocabulary: the data was made with another tokenizer than the model's."""
 

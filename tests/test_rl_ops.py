@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from pai_zoo.errors import SettingError
 from pai_zoo.rl import ops
 
 
@@ -92,7 +93,7 @@ def test_kl_estimators_by_hand():
     close(ops.kl_penalty(q, p, "k1"), [-0.693147])
     close(ops.kl_penalty(q, p, "k2"), [0.240227])
     close(ops.kl_penalty(q, p, "k3"), [0.306853])
-    with pytest.raises(ValueError, match="k4"):
+    with pytest.raises(SettingError, match="unknown KL estimator 'k4' \\(--kl-estimator\\); use one of k1, k2, k3"):
         ops.kl_penalty(p, q, "k4")
 
 
@@ -140,6 +141,10 @@ def test_adaptive_kl_controller_by_hand():
     fixed = ops.kl_controller(0.1)
     fixed.update(100.0, 256)
     assert fixed.value == 0.1 and isinstance(ops.kl_controller(0.1, 6.0), ops.AdaptiveKLController)
+    with pytest.raises(SettingError, match="not --kl-target 0.0 and --kl-horizon 10000; give both above 0"):
+        ops.kl_controller(0.1, 0.0, 10000)
+    with pytest.raises(SettingError, match="--kl-horizon 0;"):
+        ops.AdaptiveKLController(0.1, target=6.0, horizon=0)
 
 
 def test_pairwise_loss_entropy_and_logprobs_by_hand():

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from pai_zoo.errors import TokenizerError
 from pai_zoo.tokenizers import (
     CL100K_PAT_STR,
     HFTokenizer,
@@ -260,6 +261,11 @@ def test_hf_chat_template_matches_transformers(hf_folder, auto_tokenizer):
     rendered = tok.apply_chat_template(CHAT)
     assert rendered.startswith("<|begin_of_text|><|im_start|>system\n") and rendered.endswith("assistant\n")
     assert tok.encode(rendered, add_special_tokens=False) == ref.encode(rendered, add_special_tokens=False)
+
+
+def test_a_chat_message_that_is_not_a_dict_is_a_tokenizer_error(hf_folder):
+    with pytest.raises(TokenizerError, match=r"chat message 1 is a str, not a dict: 'hi'; give each message as \{"):
+        load_tokenizer(hf_folder).apply_chat_template([CHAT[0], "hi"])
 
 
 def test_hf_split_special_tokens_flag(tmp_path, hf_folder, auto_tokenizer):

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import SettingError
+
 KL_ESTIMATORS = ("k1", "k2", "k3")
 
 
@@ -69,7 +71,7 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: st
         return 0.5 * log_ratio ** 2
     if estimator == "k3":
         return torch.expm1(-log_ratio) + log_ratio
-    raise ValueError(f"unknown KL estimator {estimator!r}; use one of {KL_ESTIMATORS}")
+    raise SettingError(f"unknown KL estimator {estimator!r} (--kl-estimator); use one of {', '.join(KL_ESTIMATORS)}")
 
 
 def kl_penalised_rewards(scores: torch.Tensor, logprobs: torch.Tensor, ref_logprobs: torch.Tensor,
@@ -146,7 +148,9 @@ class AdaptiveKLController(FixedKLController):
     def __init__(self, value: float, target: float, horizon: int):
         super().__init__(value)
         if target <= 0 or horizon <= 0:
-            raise ValueError(f"adaptive KL needs a positive target and horizon (got {target}, {horizon})")
+            raise SettingError(f"adaptive KL needs a positive target and horizon, not --kl-target {target} and "
+                               f"--kl-horizon {horizon}; give both above 0, or leave out --kl-target for a fixed "
+                               "--kl-coef")
         self.target, self.horizon = float(target), int(horizon)
 
     def update(self, current_kl: float, n_steps: int) -> None:

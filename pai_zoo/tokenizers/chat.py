@@ -7,6 +7,8 @@ import json
 from datetime import datetime
 from typing import Any
 
+from ..errors import TokenizerError
+
 __all__ = ["render_chat_template"]
 
 
@@ -24,9 +26,10 @@ def render_chat_template(source: str, messages: list[dict], add_generation_promp
 def _normalize_messages(messages: list[dict]) -> list[dict]:
     """Drop ``None`` values and alias reasoning fields, as transformers does before rendering."""
     out = []
-    for message in messages:
+    for index, message in enumerate(messages):
         if not isinstance(message, dict):
-            raise TypeError(f"chat messages must be dicts, got {message!r}")
+            raise TokenizerError(f"chat message {index} is a {type(message).__name__}, not a dict: {message!r}; "
+                                 'give each message as {"role": ..., "content": ...}')
         message = {k: v for k, v in message.items() if v is not None}
         reasoning = next((message[k] for k in ("reasoning_content", "thinking", "reasoning") if k in message), None)
         if reasoning is not None:
