@@ -37,7 +37,8 @@ EPILOG = f"""exit codes:
   {USER_ERROR}    user error: a missing file or folder, an unknown name, malformed input (one line: pai-zoo: error: ...)
   {USAGE}    usage error: unknown command or flag, missing or invalid argument (argparse)
   {VERIFY_FAILED}    failed verification: convert --verify found different logits, conformance checks failed
-  {INTERRUPTED}  interrupted (Ctrl-C)
+  {INTERRUPTED}  interrupted (Ctrl-C, SIGINT)
+  143  terminated (SIGTERM; pai-zoo train stops at a step boundary, as for Ctrl-C)
 --debug shows the traceback of an error."""
 
 
@@ -79,11 +80,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         return args.func(args)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:  # also util.interrupt.Interrupted: its line (empty off rank 0) and 128 + signal
         if debug:
             raise
-        print("pai-zoo: interrupted", file=sys.stderr)
-        return INTERRUPTED
+        message = getattr(exc, "message", "interrupted")
+        if message:
+            print(f"pai-zoo: {message}", file=sys.stderr)
+        return getattr(exc, "exit_code", INTERRUPTED)
     except (PaiZooError, OSError) as exc:
         if debug:
             traceback.print_exc()

@@ -1,0 +1,76 @@
+"""Clean interrupts for long runs: SIGINT (Ctrl-C) and SIGTERM (a scheduler, ``kill``) ask the run to stop at the
+next step boundary; a second signal stops it at once. Either way the run ends with :class:`Interrupted`, which the
+command line prints as one line and turns into the shell's exit code for the signal (130 for SIGINT, 143 for
+SIGTERM), without a traceback.
+
+    with StopRequest() as stop:
+        for step in ...:
+            ...                       # one whole step
+            if stop.requested():      # agreed by every rank under torchrun
+                raise Interrupted(stop.signum, "interrupted at step N; ...")
+"""
+from __future__ import annotations
+
+import signal
+import threading
+
+__all__ = ["Interrupted", "StopRequest", "exit_code"]
+
+
+def exit_code(signum: int) -> int:
+    """The shell's exit code of a process ended by ``signum``: 128 + the signal number."""
+    return 128 + int(signum)
+
+
+class Interrupted(KeyboardInterrupt):
+    """A run stopped by a signal. ``exit_code`` is 128 + the signal number; ``message`` is the one line to print
+    (empty on the ranks other than 0, which print nothing)."""
+
+    def __init__(self, signum: int = signal.SIGINT, message: str = "interrupted"):
+        super().__init__(message)
+        self.signum, self.message, self.exit_code = int(signum), message, exit_code(signum)
+
+
+class StopRequest:
+    """Catches SIGINT and SIGTERM while active (the previous handlers come back on exit). The first signal sets
+    :attr:`signum` (checked at step boundaries with :meth:`requested`); the second raises :class:`Interrupted` at
+    once, from wherever the run is. ``message`` is called for the text of that immediate stop. Outside the main
+    thread (where Python cannot set handlers) it does nothing."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, message=lambda: "interrupted"):
+        self.signum: int | None = None
+        self.message = message
+        self._previous: dict = {}
+
+    def _handle(self, signum, frame) -> None:
+        if self.signum is not None:
+            raise Interrupted(signum, self.message())
+        self.signum = signum
+
+    def __enter__(self) -> StopRequest:
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def requested(self) -> bool:
+        """Whether a signal asked to stop, on any rank (a collective under torch.distributed, so that every rank
+        stops after the same step)."""
+        import torch
+
+        dist = torch.distributed
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+            return self.signum is not None
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
+        flag = torch.tensor([self.signum or 0], dtype=torch.int64, device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if flag.item() and self.signum is None:
+            self.signum = int(flag.item())
+        return bool(flag.item())
