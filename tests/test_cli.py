@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -22,17 +21,8 @@ from pai_zoo.cli import main
 from pai_zoo.registry import PLUGINS_ENV, Registry, get_registry, reset_registry
 from pai_zoo_llama import CONFIG, weights
 
-BIN = Path(sys.executable).parent
-PAI_ZOO = str(BIN / "pai-zoo") if (BIN / "pai-zoo").exists() else shutil.which("pai-zoo")
-
-
-@pytest.fixture(autouse=True)
-def fresh_registry(monkeypatch):
-    """Every test sees the registry of the really installed plugins, built afresh."""
-    monkeypatch.delenv(PLUGINS_ENV, raising=False)
-    reset_registry(None)
-    yield
-    reset_registry(None)
+# every test sees the registry of the really installed plugins, built afresh (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("fresh_registry")
 
 
 def _env(pythonpath: Path | None = None) -> dict:
@@ -43,9 +33,15 @@ def _env(pythonpath: Path | None = None) -> dict:
     return env
 
 
-def run_script(*args: str, pythonpath: Path | None = None) -> subprocess.CompletedProcess:
-    assert PAI_ZOO, "the pai-zoo console script is not installed"
-    return subprocess.run([PAI_ZOO, *args], env=_env(pythonpath), capture_output=True, text=True, timeout=600)
+@pytest.fixture
+def run_script(pai_zoo_script):
+    """``run_script(*args, pythonpath=None)``: the installed console script, run in a subprocess."""
+
+    def run(*args: str, pythonpath: Path | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run([pai_zoo_script, *args], env=_env(pythonpath), capture_output=True, text=True,
+                              timeout=600)
+
+    return run
 
 
 def _plugin(name: str, families) -> types.ModuleType:
@@ -175,7 +171,7 @@ def test_usage_errors(capsys):
 
 
 # -- the installed console script ----------------------------------------------------------
-def test_console_script_info_and_errors():
+def test_console_script_info_and_errors(run_script):
     proc = run_script("info", "llama3-tiny")
     assert proc.returncode == 0, proc.stderr
     assert "family:        llama" in proc.stdout and "self_attention.linear_qkv.weight" in proc.stdout
@@ -187,7 +183,7 @@ def test_console_script_info_and_errors():
     assert proc.returncode == 1 and "'nosuch'" in proc.stderr
 
 
-def test_console_script_list_json_with_a_broken_plugin(tmp_path):
+def test_console_script_list_json_with_a_broken_plugin(tmp_path, run_script):
     info = tmp_path / "pai_zoo_broken-1.0.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: pai-zoo-broken\nVersion: 1.0\n")
@@ -217,7 +213,7 @@ def test_python_dash_m_entry():
     assert any(line.split()[:2] == ["llama", "pai-zoo-llama"] for line in proc.stdout.splitlines())
 
 
-def test_conformance_runs_the_suite_on_an_installed_family():
+def test_conformance_runs_the_suite_on_an_installed_family(run_script):
     proc = run_script("conformance", "mistral", "-p", "no:warnings")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     # The alias resolves to the llama family and every check of the suite runs and passes.

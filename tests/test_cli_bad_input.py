@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,18 +16,8 @@ import pytest
 
 from pai_zoo.cli import main
 from pai_zoo.data.indexed import IndexedDatasetWriter
-from pai_zoo.registry import PLUGINS_ENV, reset_registry
 
-BIN = Path(sys.executable).parent
-PAI_ZOO = str(BIN / "pai-zoo") if (BIN / "pai-zoo").exists() else shutil.which("pai-zoo")
-
-
-@pytest.fixture(autouse=True)
-def fresh_registry(monkeypatch):
-    monkeypatch.delenv(PLUGINS_ENV, raising=False)
-    reset_registry(None)
-    yield
-    reset_registry(None)
+pytestmark = pytest.mark.usefixtures("fresh_registry")  # tests/conftest.py
 
 
 @pytest.fixture
@@ -203,10 +191,9 @@ def test_debug_shows_the_traceback(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv", [["dataset", "inspect", "MISSING"], ["dataset", "merge", "MISSING", "MISSING2",
                                                                       "--output-prefix", "OUT"]])
-def test_console_script_prints_one_line_and_a_hint(argv, tmp_path):
-    assert PAI_ZOO, "the pai-zoo console script is not installed"
+def test_console_script_prints_one_line_and_a_hint(argv, tmp_path, pai_zoo_script):
     argv = [str(tmp_path / a) if a.isupper() else a for a in argv]
-    proc = subprocess.run([PAI_ZOO, *argv], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([pai_zoo_script, *argv], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr + proc.stdout
     hint = "hint: give the PREFIX that pai-zoo preprocess wrote (PREFIX.bin and PREFIX.idx)"
     assert proc.stderr.splitlines() == [f"pai-zoo: error: no such file or folder: {tmp_path / 'MISSING.idx'} "
