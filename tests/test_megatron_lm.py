@@ -331,3 +331,26 @@ def test_convert_megatron_lm_to_pai_zoo_layout(llama, tmp_path):
     assert report.family == "llama" and (tmp_path / "mcore" / "pai_zoo.json").is_file()
     with open_checkpoint(tmp_path / "mcore") as checkpoint:
         _assert_same_hf_tensors(checkpoint, model)
+
+
+def test_megatron_core_reads_the_generated_common_state_entry(llama, tmp_path):
+    """megatron-core's own load_common_state_dict (0.19 reads the common_state entry) sees what pai-zoo reads."""
+    import argparse
+    import signal
+
+    from megatron.core.dist_checkpointing import serialization
+    from megatron.core.enums import ModelType
+    from megatron.core.transformer.enums import AttnBackend
+
+    if not hasattr(serialization, "_legacy_common_state_exists"):
+        pytest.skip("this megatron-core reads only common.pt (the common_state entry came with 0.19); "
+                    "the Python 3.12 pass runs it")
+    model, config = llama
+    _write("dist", model, config, tmp_path / "ckpt", tp=2, common_in_metadata=True)
+    folder = tmp_path / "ckpt" / "iter_0000001"
+    assert not (folder / "common.pt").exists()
+    with torch.serialization.safe_globals([argparse.Namespace, signal.Signals, ModelType, AttnBackend]):
+        theirs = serialization.load_common_state_dict(str(folder))
+    with open_checkpoint(tmp_path / "ckpt") as checkpoint:
+        ours = checkpoint.description.common
+    assert sorted(theirs) == sorted(ours) and vars(theirs["args"]) == vars(ours["args"])
