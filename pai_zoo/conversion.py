@@ -101,6 +101,11 @@ def convert(src, dst, to: str, *, family: str | None = None, tp: int = 1, pp: in
         raise PaiZooError(f"{dst} exists; pass --force to replace it")
     if dst.resolve() == src.resolve():
         raise PaiZooError(f"{dst}: the destination is the source")
+    run_note = None
+    if to == "hf" and not is_megatron_checkpoint(src) and is_megatron_checkpoint(src / "actor"):
+        run_note = (f"{src} is an RL run folder: converting its actor, the trained policy ({src / 'actor'}); "
+                    f"convert {src / 'critic'} for the critic")
+        src = src / "actor"
     start = time.perf_counter()
     tmp = dst.parent / f".{dst.name}.pai-zoo-tmp-{os.getpid()}"
     if tmp.exists():
@@ -120,6 +125,8 @@ def convert(src, dst, to: str, *, family: str | None = None, tp: int = 1, pp: in
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     report.src, report.dst, report.seconds = src, dst, time.perf_counter() - start
+    if run_note:
+        report.notes.insert(0, run_note)
     if verify:
         report.verification = verify_conversion(src, dst, tokenizer=tokenizer, iteration=iteration)
     return report

@@ -329,3 +329,15 @@ def test_background_writer_keeps_order_and_raises_errors():
         for i in range(100):
             background.submit(seen.append, i)
         background.close()
+
+
+def test_an_rl_run_folder_converts_its_actor(hf_folder, tmp_path):
+    """`convert runs/ppo --to hf` takes the run's actor/ (the trained policy), and says so."""
+    convert(hf_folder, tmp_path / "m", "mcore")
+    (tmp_path / "run").mkdir()
+    shutil.copytree(tmp_path / "m", tmp_path / "run" / "actor")
+    report = convert(tmp_path / "run", tmp_path / "hf", "hf")
+    assert report.src == tmp_path / "run" / "actor" and "RL run folder" in report.notes[0]
+    from pai_zoo.checkpoint import HFCheckpoint
+
+    assert sorted(HFCheckpoint(tmp_path / "hf").names()) == sorted(HFCheckpoint(hf_folder).names())
