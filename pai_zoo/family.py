@@ -125,6 +125,12 @@ class Family:
     megatron_args: tuple[Mapping[str, Any], ...] = ()
     plugin: str = field(default="", compare=False)
 
+    def __repr__(self) -> str:
+        """One line: ``Family('llama', 7 presets, plugin 'pai-zoo-llama')`` (not every preset's config)."""
+        count = len(self.presets)
+        return (f"Family({self.name!r}, {count} preset{'s' if count != 1 else ''}, "
+                f"plugin {self.plugin or '?'!r})")
+
     def __post_init__(self) -> None:
         if self.tiny not in self.presets:
             raise PluginError(

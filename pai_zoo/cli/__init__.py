@@ -24,6 +24,7 @@ import traceback
 import warnings
 
 from ..errors import PaiZooError, PaiZooWarning
+from ..util.quiet import quiet_run
 from ._common import HelpFormatter
 
 #: the command modules, in the order ``pai-zoo --help`` lists them
@@ -46,6 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pai-zoo", description="A plugin-based model zoo for Megatron-Core.",
                                      epilog=EPILOG, formatter_class=HelpFormatter)
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    parser.add_argument("--verbose", action="store_true",
+                        help="show third-party warnings (FutureWarnings, ...) and progress bars (transformers')")
     sub = parser.add_subparsers(dest="command", required=True)
     for name in COMMANDS:
         importlib.import_module(f"{__name__}.{name}").add_parser(sub)
@@ -79,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     warnings.showwarning = _show_warning
     try:
         args = build_parser().parse_args(argv)
-        return args.func(args)
+        with quiet_run(verbose=args.verbose):  # third-party warnings and progress bars only with --verbose
+            return args.func(args)
     except KeyboardInterrupt as exc:  # also util.interrupt.Interrupted: its line (empty off rank 0) and 128 + signal
         if debug:
             raise

@@ -1,0 +1,94 @@
+"""Quiet command-line runs: third-party FutureWarnings/DeprecationWarnings and progress bars off.
+
+:func:`quiet_run` is what ``pai-zoo`` (without ``--verbose``) wraps a command in. Everything it changes is
+restored when the ``with`` block ends: the warning filters (``warnings.catch_warnings``) and transformers'
+progress-bar switch (:func:`transformers.utils.logging.disable_progress_bar`). Importing pai_zoo changes
+neither. transformers is not imported for this: when it is not imported yet (``pai-zoo list`` never imports
+it), the switch is turned off the moment ``transformers.utils.logging`` is imported inside the block.
+pai-zoo's own warnings (:class:`~pai_zoo.errors.PaiZooWarning`) and pai-zoo's own progress bars still show.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib.abc
+import sys
+import warnings
+
+#: warning categories hidden in a quiet run (they are third-party deprecation notices, not the user's problem)
+HIDDEN_CATEGORIES = (FutureWarning, DeprecationWarning, PendingDeprecationWarning)
+#: modules whose UserWarnings are hidden in a quiet run (e.g. megatron-core's "Apex is not installed")
+HIDDEN_USER_WARNING_MODULES = r"(megatron|torch|transformers|huggingface_hub)(\.|$)"
+
+_TRANSFORMERS_LOGGING = "transformers.utils.logging"
+
+
+def hide_third_party_warnings() -> None:
+    """Add the quiet run's filters (call inside ``warnings.catch_warnings()``)."""
+    for category in HIDDEN_CATEGORIES:
+        warnings.filterwarnings("ignore", category=category)
+    warnings.filterwarnings("ignore", category=UserWarning, module=HIDDEN_USER_WARNING_MODULES)
+
+
+class _OnImport(importlib.abc.MetaPathFinder):
+    """Calls ``callback(module)`` right after the module ``name`` is first executed."""
+
+    def __init__(self, name: str, callback):
+        self.name, self.callback = name, callback
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.name:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                loader, callback = spec.loader, self.callback
+
+                class _Loader(importlib.abc.Loader):
+                    def create_module(self, spec):
+                        return loader.create_module(spec)
+
+                    def exec_module(self, module):
+                        loader.exec_module(module)
+                        callback(module)
+
+                spec.loader = _Loader()
+                return spec
+        return None
+
+
+@contextlib.contextmanager
+def transformers_progress_bars_off():
+    """transformers' progress bars ("Loading weights", "Writing model shards") off inside the block."""
+    state = {}
+
+    def turn_off(module) -> None:
+        state["module"], state["was_active"] = module, module.is_progress_bar_enabled()
+        module.disable_progress_bar()
+
+    hook = None
+    if _TRANSFORMERS_LOGGING in sys.modules:
+        turn_off(sys.modules[_TRANSFORMERS_LOGGING])
+    else:
+        hook = _OnImport(_TRANSFORMERS_LOGGING, turn_off)
+        sys.meta_path.insert(0, hook)
+    try:
+        yield
+    finally:
+        if hook is not None and hook in sys.meta_path:
+            sys.meta_path.remove(hook)
+        if state.get("was_active"):
+            state["module"].enable_progress_bar()
+
+
+@contextlib.contextmanager
+def quiet_run(verbose: bool = False):
+    """A command run: with ``verbose`` nothing changes; without, third-party deprecation warnings (and
+    megatron-core's/torch's/transformers' UserWarnings) and transformers' progress bars are off."""
+    if verbose:
+        yield
+        return
+    with warnings.catch_warnings(), transformers_progress_bars_off():
+        hide_third_party_warnings()
+        yield

@@ -1,0 +1,72 @@
+"""Quiet by default: no third-party FutureWarnings or progress bars in a CLI run unless ``--verbose``, nothing
+changed outside the run, and ``repr(Family)`` on one line."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import warnings
+
+import pytest
+
+import pai_zoo
+from pai_zoo.util.quiet import quiet_run
+
+pytestmark = pytest.mark.usefixtures("fresh_registry")
+
+
+def test_quiet_run_hides_future_warnings_and_progress_bars_and_restores_both():
+    import transformers.utils.logging as tlogging
+
+    from pai_zoo.errors import PaiZooWarning
+
+    assert tlogging.is_progress_bar_enabled()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with quiet_run():
+            warnings.warn("old api", FutureWarning)
+            warnings.warn("ours", PaiZooWarning)
+            assert not tlogging.is_progress_bar_enabled()
+        assert [str(w.message) for w in caught] == ["ours"]
+        assert tlogging.is_progress_bar_enabled()
+        warnings.warn("after the run", FutureWarning)
+        with quiet_run(verbose=True):
+            warnings.warn("verbose", FutureWarning)
+            assert tlogging.is_progress_bar_enabled()
+    assert [str(w.message) for w in caught] == ["ours", "after the run", "verbose"]
+
+
+def test_quiet_run_turns_off_transformers_bars_when_imported_inside_the_run():
+    code = ("import sys\nfrom pai_zoo.util.quiet import quiet_run\nassert 'transformers' not in sys.modules\n"
+            "with quiet_run():\n    import transformers.utils.logging as t\n    print(t.is_progress_bar_enabled())\n"
+            "print(t.is_progress_bar_enabled())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    assert out.stdout.split() == ["False", "True"]
+
+
+@pytest.fixture(scope="module")
+def mcore_folder(tmp_path_factory):
+    from pai_zoo.conversion import convert
+
+    root = tmp_path_factory.mktemp("quiet")
+    pai_zoo.load("llama3-tiny", backend="hf", seed=0).model.save_pretrained(root / "hf")
+    convert(root / "hf", root / "mcore", "mcore")
+    return root / "mcore"
+
+
+def test_convert_verify_is_quiet_unless_verbose(mcore_folder, tmp_path, pai_zoo_script):
+    quiet = subprocess.run([pai_zoo_script, "convert", str(mcore_folder), str(tmp_path / "a"), "--to", "hf",
+                            "--verify"], capture_output=True, text=True, timeout=600)
+    assert quiet.returncode == 0, quiet.stderr
+    assert "OK" in quiet.stdout
+    assert "Warning" not in quiet.stderr and "Loading weights" not in quiet.stderr, quiet.stderr
+    verbose = subprocess.run([pai_zoo_script, "--verbose", "convert", str(mcore_folder), str(tmp_path / "b"),
+                              "--to", "hf", "--verify"], capture_output=True, text=True, timeout=600)
+    assert verbose.returncode == 0, verbose.stderr
+    assert "FutureWarning" in verbose.stderr and "Loading weights" in verbose.stderr
+
+
+def test_family_repr_is_one_line():
+    family = pai_zoo.get_registry().family("llama")
+    text = repr(family)
+    assert text == f"Family('llama', {len(family.presets)} presets, plugin {family.plugin!r})"
+    assert "\n" not in text and len(text) < 80
