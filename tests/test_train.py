@@ -28,10 +28,11 @@ PARALLEL_LOSS_ATOL = 1e-4
 def test_defaults_are_the_recipe_table():
     c = TrainConfig()
     assert (c.batch_size, c.global_batch_size, c.learning_rate, c.min_learning_rate, c.sequence_length,
-            c.pad_length, c.save_interval, c.train_tokens, c.warmup_tokens) == \
-        (1, 32, 5e-5, 5e-6, 1024, 128, 1000, 1638400, 163840)
-    # steps = tokens / (global batch x sequence length): 1638400 / (32 * 1024) = 50, 163840 / 32768 = 5
-    assert (c.train_steps, c.warmup_steps) == (50, 5)
+            c.pad_length, c.save_interval, c.train_tokens, c.warmup_fraction, c.lr_decay_style) == \
+        (1, 32, 5e-5, 5e-6, 1024, 128, 1000, 1638400, 0.1, "cosine")
+    # steps = tokens / (global batch x sequence length): 1638400 / (32 * 1024) = 50; the default warm-up is a
+    # tenth of the run: 5 steps, the recipe's 163840 tokens
+    assert (c.train_steps, c.warmup_steps, c.to_dict()["warmup_tokens"]) == (50, 5, 163840)
 
 
 def test_yaml_file_with_flag_overrides(tmp_path):
@@ -70,7 +71,14 @@ def test_bad_yaml_names_the_file(tmp_path, text, message):
         ),
         (dict(train_tokens=100), 1, "zero training steps"),
         (dict(sequence_length=4096), 1, "longer than the model's 2048 positions"),
-        (dict(warmup_tokens=10**9), 1, "exceed train_tokens"),
+        (dict(warmup_tokens=10**9), 1, "warmup_tokens 1000000000 (30517 steps) exceeds the run's 50 steps"),
+        (dict(warmup_iters=50), 1, "warmup_iters 50 is as long as the run's 50 steps"),
+        (dict(warmup_fraction=1.0), 1, "the warm-up fraction must be at least 0 and below 1"),
+        (dict(train_iters=8, train_tokens=4096), 1, "train_tokens 4096 and train_iters 8 both give the budget"),
+        (dict(warmup_iters=1, warmup_tokens=0), 1, "warmup_tokens 0 and warmup_iters 1 both give the warm-up"),
+        (dict(lr_decay_style="exponential"), 1, "lr_decay_style exponential: unknown decay style; expected cosine"),
+        (dict(train_iters=0), 1, "train_iters must be positive"),
+        (dict(model=""), 1, "--model is required"),
         (dict(min_learning_rate=1.0), 1, "min_learning_rate 1.0 must be between"),
         (dict(split="1,2"), 1, "split '1,2'"),
         (dict(data=["0.5", "a", "b"]), 1, "WEIGHT PREFIX"),

@@ -1,5 +1,18 @@
 """The settings of one ``pai-zoo train`` run: names and defaults of the PAI continued-pretraining
-recipe, read from a YAML file and/or flags, and checked before any work starts."""
+recipe, read from a YAML file and/or flags, and checked before any work starts.
+
+:data:`SETTINGS` is the one table of spellings: each field's pai-zoo flags (the first is the primary
+spelling, shown first in ``--help``), Megatron-LM's flag for the same setting, and its meaning. The
+flag parser (:mod:`pai_zoo.cli.train`) and the YAML reader both accept every spelling: a YAML key
+is a field name or any of its flags without the dashes (``lr``, ``micro_batch_size``, ``data_path``,
+``lr_warmup_iters``, ``no_save_optim``...).
+
+The budget is given in tokens (``train_tokens``) or in steps (``train_iters``), the warm-up in tokens
+(``warmup_tokens``), in steps (``warmup_iters``) or as a fraction of the run's steps
+(``warmup_fraction``); giving two forms of one is an error. Without a warm-up setting the warm-up is
+:data:`DEFAULT_WARMUP_FRACTION` of the run's steps (rounded down), so a short run never fails for
+it; at the default budget of 50 steps that is the recipe's 5 steps (163,840 tokens).
+"""
 from __future__ import annotations
 
 import dataclasses
@@ -9,46 +22,156 @@ from typing import Any
 
 from ..errors import PaiZooError, no_such_path
 
+#: The warm-up as a fraction of the run's steps when no warm-up setting is given (Megatron-LM's
+#: ``--lr-warmup-fraction``): the PAI recipe's 163,840 of 1,638,400 tokens.
+DEFAULT_WARMUP_FRACTION = 0.1
+
+#: ``lr_decay_style``'s choices (styles of megatron-core's ``OptimizerParamScheduler``)
+DECAY_STYLES = ("cosine", "linear", "constant")
+
+#: Settings given in more than one form, and what they set: at most one form of each may be given.
+FORMS = {"budget": ("train_tokens", "train_iters"), "warm-up": ("warmup_tokens", "warmup_iters", "warmup_fraction")}
+
 
 class TrainConfigError(PaiZooError):
     """Inconsistent or unknown training settings."""
 
 
+@dataclass(frozen=True)
+class Setting:
+    """How one :class:`TrainConfig` field is spelled, and what it means."""
+
+    flags: tuple[str, ...]       #: pai-zoo's flags, the primary one first
+    help: str                    #: its meaning (``--help`` and ``docs/configuration.md``)
+    megatron: str | None = None  #: Megatron-LM's flag for the same setting (also accepted), if it has one
+    switch: bool | None = None   #: a flag without a value: the value it sets (False for a ``--no-...`` flag)
+
+    @property
+    def all_flags(self) -> tuple[str, ...]:
+        """pai-zoo's flags, then Megatron-LM's where it is another spelling."""
+        return self.flags + ((self.megatron,) if self.megatron and self.megatron not in self.flags else ())
+
+
+def _s(*flags: str, help: str, megatron: str | None = None, switch: bool | None = None) -> Setting:
+    return Setting(tuple(flags), help, megatron, switch)
+
+
+#: TrainConfig field -> its spellings and meaning; every field has one (tests/test_configuration_docs.py).
+SETTINGS: dict[str, Setting] = {
+    "model": _s("--model", megatron="--load",
+                help="the model to start from: a preset, a Hugging Face folder or a Megatron checkpoint "
+                     "(pai-zoo's or Megatron-LM's); required"),
+    "data": _s("--data", megatron="--data-path",
+               help="PREFIX (preprocess output) or WEIGHT PREFIX WEIGHT PREFIX ... to blend"),
+    "save": _s("--save", megatron="--save",
+               help="output folder: checkpoints, metrics.jsonl; rerun the same command to resume; required"),
+    "batch_size": _s("--batch-size", megatron="--micro-batch-size",
+                     help="samples per data-parallel rank per micro-step"),
+    "global_batch_size": _s("--global-batch-size", megatron="--global-batch-size",
+                            help="samples per optimizer step across all ranks"),
+    "learning_rate": _s("--learning-rate", megatron="--lr", help="peak learning rate"),
+    "min_learning_rate": _s("--min-learning-rate", megatron="--min-lr",
+                            help="the learning rate at the end of the decay"),
+    "lr_decay_style": _s("--lr-decay-style", megatron="--lr-decay-style",
+                         help="the decay after the warm-up: " + ", ".join(DECAY_STYLES)),
+    "sequence_length": _s("--sequence-length", megatron="--seq-length", help="tokens per sample"),
+    "pad_length": _s("--pad-length", help="SFT: pad each sequence up to a multiple of this"),
+    "save_interval": _s("--save-interval", megatron="--save-interval", help="steps between checkpoints"),
+    "train_tokens": _s("--train-tokens", help="the budget in tokens (steps = tokens // (global batch x "
+                                              "sequence length)), unless train_iters is given"),
+    "train_iters": _s("--train-iters", megatron="--train-iters",
+                      help="the budget in optimizer steps, instead of train_tokens"),
+    "warmup_tokens": _s("--warmup-tokens", help="tokens of linear warm-up, instead of warmup_fraction"),
+    "warmup_iters": _s("--warmup-iters", megatron="--lr-warmup-iters",
+                       help="steps of linear warm-up, instead of warmup_fraction"),
+    "warmup_fraction": _s("--warmup-fraction", megatron="--lr-warmup-fraction",
+                          help="the warm-up as a fraction of the run's steps (rounded down), unless warmup_tokens "
+                               "or warmup_iters is given"),
+    "weight_decay": _s("--weight-decay", megatron="--weight-decay", help="AdamW weight decay"),
+    "adam_beta1": _s("--adam-beta1", megatron="--adam-beta1", help="AdamW beta1"),
+    "adam_beta2": _s("--adam-beta2", megatron="--adam-beta2", help="AdamW beta2"),
+    "adam_eps": _s("--adam-eps", megatron="--adam-eps", help="AdamW epsilon"),
+    "clip_grad": _s("--clip-grad", megatron="--clip-grad", help="max global gradient norm (0 disables clipping)"),
+    "seed": _s("--seed", megatron="--seed", help="random seed (a preset's initialisation, the data order)"),
+    "split": _s("--split", megatron="--split", help="train,validation,test weights of the documents"),
+    "eval_interval": _s("--eval-interval", megatron="--eval-interval",
+                        help="steps between evaluations (0: never)"),
+    "eval_iters": _s("--eval-iters", megatron="--eval-iters", help="global batches per evaluation"),
+    "log_interval": _s("--log-interval", megatron="--log-interval", help="steps between log lines"),
+    "tensor_parallel_size": _s("--tensor-parallel-size", "--tp", megatron="--tensor-model-parallel-size",
+                               help="tensor-parallel size (run under torchrun)"),
+    "pipeline_parallel_size": _s("--pipeline-parallel-size", "--pp", megatron="--pipeline-model-parallel-size",
+                                 help="pipeline-parallel size (run under torchrun)"),
+    "bf16": _s("--bf16", megatron="--bf16", switch=True, help="bfloat16 parameters with fp32 main weights (GPU)"),
+    "recompute_activations": _s(
+        "--recompute-activations", megatron="--recompute-activations", switch=True,
+        help="recompute the core attention in the backward pass (megatron-core's selective recompute): "
+             "less activation memory for a little more compute"),
+    "sft": _s("--sft", switch=True, help="SFT data from preprocess --sft: loss mask and document boundaries"),
+    "progress": _s("--no-progress", switch=False,
+                   help="a progress bar (default: on a terminal); --no-progress prints plain log lines"),
+    "keep_last": _s("--keep-last", help="keep only the newest N checkpoints (0: keep all)"),
+    "save_optim": _s("--no-save-optim", megatron="--no-save-optim", switch=False,
+                     help="save the optimizer state with each checkpoint; --no-save-optim saves the weights only"),
+    "extend": _s("--extend", switch=True, help="continue a finished run to a larger budget"),
+}
+
+
+def _key(name: str) -> str:
+    """A flag or a YAML key in the field names' spelling: ``--lr-warmup-iters`` -> ``lr_warmup_iters``."""
+    return str(name).lstrip("-").replace("-", "_")
+
+
+def aliases() -> dict[str, tuple[str, bool]]:
+    """Every accepted key (a field name, or a flag without its dashes) -> (field, whether it negates)."""
+    table = {f.name: (f.name, False) for f in fields(TrainConfig)}
+    for name, setting in SETTINGS.items():
+        for flag in setting.all_flags:
+            table.setdefault(_key(flag), (name, setting.switch is False))
+    return table
+
+
 @dataclass
 class TrainConfig:
     """Everything a training run needs. Token budgets become steps by
-    ``steps = tokens // (global_batch_size * sequence_length)``."""
+    ``steps = tokens // (global_batch_size * sequence_length)``; :data:`SETTINGS` gives each field's
+    flags, Megatron-LM's name and meaning (``docs/configuration.md`` is generated from both)."""
 
-    model: str = ""                 #: preset, Hugging Face folder or Megatron-Core checkpoint
-    data: list[str] = field(default_factory=list)  #: ``PREFIX`` or ``WEIGHT PREFIX WEIGHT PREFIX ...``
-    save: str = ""                  #: output folder (checkpoints, metrics.jsonl)
-    batch_size: int = 1             #: samples per data-parallel rank per micro-step
-    global_batch_size: int = 32     #: samples per optimizer step across all ranks
-    learning_rate: float = 5e-5     #: peak learning rate
-    min_learning_rate: float = 5e-6  #: floor of the cosine decay
-    sequence_length: int = 1024     #: tokens per sample
-    pad_length: int = 128           #: SFT: pad each sequence up to a multiple of this
-    save_interval: int = 1000       #: steps between checkpoints
-    train_tokens: int = 1638400     #: total tokens
-    warmup_tokens: int = 163840     #: tokens of linear warm-up
+    model: str = ""
+    data: list[str] = field(default_factory=list)
+    save: str = ""
+    batch_size: int = 1
+    global_batch_size: int = 32
+    learning_rate: float = 5e-5
+    min_learning_rate: float = 5e-6
+    lr_decay_style: str = "cosine"
+    sequence_length: int = 1024
+    pad_length: int = 128
+    save_interval: int = 1000
+    train_tokens: int = 1638400
+    train_iters: int | None = None
+    warmup_tokens: int | None = None
+    warmup_iters: int | None = None
+    warmup_fraction: float = DEFAULT_WARMUP_FRACTION
     weight_decay: float = 0.1
     adam_beta1: float = 0.9
     adam_beta2: float = 0.95
     adam_eps: float = 1e-8
-    clip_grad: float = 1.0          #: max global gradient norm (0 disables clipping)
+    clip_grad: float = 1.0
     seed: int = 1234
-    split: str = "99,1,0"           #: train,validation,test weights of the documents
-    eval_interval: int = 0          #: steps between evaluations (0: never)
-    eval_iters: int = 10            #: global batches per evaluation
-    log_interval: int = 1           #: steps between log lines
+    split: str = "99,1,0"
+    eval_interval: int = 0
+    eval_iters: int = 10
+    log_interval: int = 1
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
-    bf16: bool = False              #: bfloat16 parameters with fp32 main weights (GPU)
-    sft: bool = False               #: SFT data: loss mask and document boundaries from preprocess --sft
-    progress: bool | None = None    #: progress bar (default: on a terminal)
-    keep_last: int = 0              #: keep only the newest N checkpoints (0: keep all)
-    save_optim: bool = True         #: save the optimizer state with each checkpoint (False: weights only)
-    extend: bool = False            #: continue a finished run to a larger train_tokens budget
+    bf16: bool = False
+    recompute_activations: bool = False
+    sft: bool = False
+    progress: bool | None = None
+    keep_last: int = 0
+    save_optim: bool = True
+    extend: bool = False
 
     # ---- derived quantities -------------------------------------------------------------
     @property
@@ -57,11 +180,20 @@ class TrainConfig:
 
     @property
     def train_steps(self) -> int:
+        """The run's optimizer steps: ``train_iters``, else ``train_tokens // tokens_per_step``."""
+        if self.train_iters is not None:
+            return self.train_iters
         return self.train_tokens // self.tokens_per_step
 
     @property
     def warmup_steps(self) -> int:
-        return self.warmup_tokens // self.tokens_per_step
+        """Steps of linear warm-up: ``warmup_iters``, else ``warmup_tokens // tokens_per_step``, else
+        ``warmup_fraction`` of :attr:`train_steps`, rounded down."""
+        if self.warmup_iters is not None:
+            return self.warmup_iters
+        if self.warmup_tokens is not None:
+            return self.warmup_tokens // self.tokens_per_step
+        return int(self.warmup_fraction * self.train_steps + 1e-9)
 
     def data_parallel_size(self, world_size: int) -> int:
         model_parallel = self.tensor_parallel_size * self.pipeline_parallel_size
@@ -102,23 +234,60 @@ class TrainConfig:
             raise TrainConfigError(f"--data {' '.join(items)}: expected PREFIX... or WEIGHT PREFIX [WEIGHT PREFIX ...]")
         return items[1::2], [float(w) for w in items[0::2]]
 
+    # ---- how the user spelled a setting --------------------------------------------------
+    def given(self, name: str) -> str:
+        """Setting ``name`` as the user gave it, for an error message: ``--lr-warmup-iters 20``,
+        ``lr_warmup_iters: 20 (run.yaml)``, or ``warmup_fraction 0.1 (the default)``."""
+        value = getattr(self, name)
+        value = " ".join(map(str, value)) if isinstance(value, list) else value
+        spelled = self.__dict__.get("_spelled", {}).get(name)
+        if spelled is None:
+            return f"{name} {value}" + (" (the default)" if value == _DEFAULTS.get(name) else "")
+        key, where = spelled
+        return f"{key} {value}" if key.startswith("--") else f"{key}: {value} ({where})"
+
+    def _is_given(self, name: str) -> bool:
+        return name in self.__dict__.get("_spelled", {}) or getattr(self, name) != _DEFAULTS.get(name)
+
+    def _budget(self) -> str:
+        if self.train_iters is not None:
+            return self.given("train_iters")
+        return f"{self.given('train_tokens')} / {self.tokens_per_step} tokens per step"
+
     # ---- checks -----------------------------------------------------------------------
+    def check_required(self) -> None:
+        """``--model`` and ``--save`` are given (flags or YAML)."""
+        if not self.model:
+            raise TrainConfigError("--model is required: the model to start from (a preset, a Hugging Face folder "
+                                   "or a Megatron checkpoint), as a flag or `model:` in the YAML file")
+        if not self.save:
+            raise TrainConfigError("--save is required: the output folder (checkpoints, metrics.jsonl), as a flag "
+                                   "or `save:` in the YAML file")
+
     def validate(self, world_size: int = 1, max_positions: int | None = None) -> None:
         """Raise :class:`TrainConfigError` for settings that cannot run, before any work starts."""
-        if not self.model:
-            raise TrainConfigError(
-                "no model: give --model (a preset, a Hugging Face folder or a Megatron-Core checkpoint)"
-            )
-        if not self.save:
-            raise TrainConfigError("no output folder: give --save DIR")
-        positive = ("batch_size", "global_batch_size", "sequence_length", "save_interval", "train_tokens",
-                    "tensor_parallel_size", "pipeline_parallel_size", "pad_length", "log_interval")
+        self.check_required()
+        for what, group in FORMS.items():
+            given = [name for name in group if self._is_given(name)]
+            if len(given) > 1:
+                raise TrainConfigError(f"{self.given(given[0])} and {self.given(given[1])} both give the {what}; "
+                                       f"give one of {', '.join(SETTINGS[n].flags[0] for n in group)}")
+        positive = ["batch_size", "global_batch_size", "sequence_length", "save_interval",
+                    "tensor_parallel_size", "pipeline_parallel_size", "pad_length", "log_interval"]
+        positive.append("train_tokens" if self.train_iters is None else "train_iters")
         for name in positive:
             if getattr(self, name) <= 0:
-                raise TrainConfigError(f"{name} must be positive, not {getattr(self, name)}")
-        for name in ("warmup_tokens", "eval_interval", "eval_iters", "weight_decay", "clip_grad", "keep_last"):
-            if getattr(self, name) < 0:
-                raise TrainConfigError(f"{name} must not be negative, not {getattr(self, name)}")
+                raise TrainConfigError(f"{name} must be positive, not {getattr(self, name)} ({self.given(name)})")
+        for name in ("warmup_tokens", "warmup_iters", "eval_interval", "eval_iters", "weight_decay", "clip_grad",
+                     "keep_last"):
+            if getattr(self, name) is not None and getattr(self, name) < 0:
+                raise TrainConfigError(f"{name} must not be negative, not {getattr(self, name)} ({self.given(name)})")
+        if not 0 <= self.warmup_fraction < 1:
+            raise TrainConfigError(f"{self.given('warmup_fraction')}: the warm-up fraction must be at least 0 and "
+                                   "below 1 (the warm-up must end before the run does)")
+        if self.lr_decay_style not in DECAY_STYLES:
+            raise TrainConfigError(f"{self.given('lr_decay_style')}: unknown decay style; "
+                                   f"expected {', '.join(DECAY_STYLES)}")
         if not 0 <= self.min_learning_rate <= self.learning_rate:
             raise TrainConfigError(f"min_learning_rate {self.min_learning_rate} must be between 0 and "
                                    f"learning_rate {self.learning_rate}")
@@ -129,11 +298,16 @@ class TrainConfig:
                 f"data-parallel size {dp}")
         if self.train_steps == 0:
             raise TrainConfigError(
-                f"train_tokens {self.train_tokens} is less than one step of global_batch_size x sequence_length = "
-                f"{self.tokens_per_step} tokens: zero training steps")
-        if self.warmup_steps > self.train_steps:
-            raise TrainConfigError(f"warmup_tokens {self.warmup_tokens} ({self.warmup_steps} steps) exceed "
-                                   f"train_tokens {self.train_tokens} ({self.train_steps} steps)")
+                f"{self.given('train_tokens')} is less than one step of global_batch_size x sequence_length = "
+                f"{self.tokens_per_step} tokens: zero training steps; raise it or give --train-iters")
+        warm, steps = self.warmup_steps, self.train_steps
+        if warm >= steps and warm > 0:
+            form = next((n for n in ("warmup_iters", "warmup_tokens") if getattr(self, n) is not None),
+                        "warmup_fraction")
+            what = self.given(form) + ("" if form == "warmup_iters" else f" ({warm} steps)")
+            raise TrainConfigError(
+                f"{what} {'exceeds' if warm > steps else 'is as long as'} the run's {steps} steps ({self._budget()}); "
+                f"lower it below {steps} steps (or give --warmup-fraction), or lengthen the run")
         if max_positions is not None and self.sequence_length > max_positions:
             raise TrainConfigError(f"sequence_length {self.sequence_length} is longer than the model's "
                                    f"{max_positions} positions (max_position_embeddings)")
@@ -143,28 +317,71 @@ class TrainConfig:
     # ---- reading ----------------------------------------------------------------------
     @classmethod
     def from_mapping(cls, values: dict[str, Any], where: str = "settings") -> TrainConfig:
-        known = {f.name: f for f in fields(cls)}
-        unknown = sorted(set(values) - set(known))
-        if unknown:
-            raise TrainConfigError(
-                f"{where}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
-            )
-        config = cls()
-        for name, value in values.items():
-            setattr(config, name, _coerce(known[name], value, where))
-        return config
+        """Settings from one mapping whose keys are field names, flags (``--lr``) or flags without their
+        dashes (``lr``, ``micro_batch_size``); see :data:`SETTINGS`."""
+        return cls._build(_resolve(values, where))
 
     @classmethod
     def load(cls, path=None, overrides: dict[str, Any] | None = None) -> TrainConfig:
-        """Settings from a YAML file (optional) with ``overrides`` (flags) on top."""
-        values: dict[str, Any] = {}
-        if path is not None:
-            values = _read_yaml(Path(path))
-        values.update({k: v for k, v in (overrides or {}).items() if v is not None})
-        return cls.from_mapping(values, str(path) if path else "flags")
+        """Settings from a YAML file (optional) with ``overrides`` (flags; None values are left out) on top.
+        A flag of one form of the budget or warm-up replaces the file's other forms of it."""
+        given = _resolve(_read_yaml(Path(path)), str(path)) if path is not None else {}
+        flags = _resolve({k: v for k, v in (overrides or {}).items() if v is not None}, "flags")
+        for name in flags:
+            for group in FORMS.values():
+                if name in group:
+                    for other in group:
+                        given.pop(other, None)
+        return cls._build({**given, **flags})
+
+    @classmethod
+    def _build(cls, values: dict[str, tuple[Any, str, str]]) -> TrainConfig:
+        config = cls()
+        for name, (value, _, _) in values.items():
+            setattr(config, name, value)
+        config._spelled = {name: (key, where) for name, (_, key, where) in values.items()}
+        return config
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The fields, with ``train_tokens`` and ``warmup_tokens`` the run's budget and warm-up in tokens
+        whatever form they were given in (so a resumed run compares them as numbers)."""
+        values = dataclasses.asdict(self)
+        if self.train_iters is not None:
+            values["train_tokens"] = self.train_steps * self.tokens_per_step
+        if self.warmup_tokens is None:
+            values["warmup_tokens"] = self.warmup_steps * self.tokens_per_step
+        return values
+
+
+_DEFAULTS = {f.name: f.default for f in fields(TrainConfig) if f.default is not dataclasses.MISSING}
+
+
+def _resolve(values: dict[str, Any], where: str) -> dict[str, tuple[Any, str, str]]:
+    """``{key: value}`` in any spelling -> ``{field: (coerced value, key as given, where)}``."""
+    table = aliases()
+    known = {f.name: f for f in fields(TrainConfig)}
+    out: dict[str, tuple[Any, str, str]] = {}
+    unknown = []
+    for key, value in values.items():
+        key = str(key)
+        if _key(key) not in table:
+            unknown.append(key)
+            continue
+        name, negated = table[_key(key)]
+        if name in out and out[name][1] != key:
+            raise TrainConfigError(f"{where}: {out[name][1]} and {key} both set {name}; give one")
+        value = _coerce(known[name], value, where, key)
+        out[name] = (not value if negated and value is not None else value, key, where)
+    if unknown:
+        raise TrainConfigError(
+            f"{where}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))} "
+            "(or a flag's name, such as lr, micro_batch_size or data_path: see docs/configuration.md)"
+        )
+    for what, group in FORMS.items():
+        both = [out[name][1] for name in group if name in out]
+        if len(both) > 1:
+            raise TrainConfigError(f"{where}: {both[0]} and {both[1]} both give the {what}; give one")
+    return out
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
@@ -182,16 +399,21 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         return {}
     if not isinstance(values, dict):
         raise TrainConfigError(f"{path}: expected a mapping of settings, found {type(values).__name__}")
-    return {str(k).replace("-", "_"): v for k, v in values.items()}
+    return {str(k): v for k, v in values.items()}
 
 
-def _coerce(f: dataclasses.Field, value: Any, where: str) -> Any:
+def _coerce(f: dataclasses.Field, value: Any, where: str, key: str | None = None) -> Any:
     kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+    optional = kind.endswith("| None")
+    kind = kind.split("|")[0].strip()
+    key = key or f.name
     try:
+        if value is None and optional:
+            return None
         if kind.startswith("list"):
             return [str(v) for v in value] if isinstance(value, (list, tuple)) else str(value).split()
-        if kind.startswith("bool"):
-            if value is None or isinstance(value, bool):
+        if kind == "bool":
+            if isinstance(value, bool):
                 return value
             if str(value).lower() in ("1", "true", "yes", "on"):
                 return True
@@ -206,5 +428,7 @@ def _coerce(f: dataclasses.Field, value: Any, where: str) -> Any:
         if kind == "float":
             return float(value)
         return str(value)
-    except (TypeError, ValueError):
-        raise TrainConfigError(f"{where}: {f.name} = {value!r} is not a valid {kind}") from None
+    except (TypeError, ValueError, OverflowError):
+        if key.startswith("--"):
+            raise TrainConfigError(f"{key} {value}: not a valid {kind}") from None
+        raise TrainConfigError(f"{where}: {key} = {value!r} is not a valid {kind}") from None

@@ -139,6 +139,7 @@ class Trainer:
         model = build_gpt_model(
             self.family, self.mcore_config, self.dtype, pre_process=self.first_stage, post_process=self.last_stage,
             padded_vocab_size=padded, parallel_output=True, calculate_per_token_loss=True,
+            **({"recompute_granularity": "selective"} if cfg.recompute_activations else {}),
         )
         self.padded_vocab_size = padded or self.mcore_config.padded_vocab_size(cfg.tensor_parallel_size)
         mask_padded_vocab(model, self.mcore_config["vocab_size"])
@@ -185,7 +186,7 @@ class Trainer:
         self.ddp, self.optimizer, self.scheduler = megatron_optimizer(
             self.model, lr=cfg.learning_rate, min_lr=cfg.min_learning_rate, weight_decay=cfg.weight_decay,
             adam_beta1=cfg.adam_beta1, adam_beta2=cfg.adam_beta2, adam_eps=cfg.adam_eps, clip_grad=cfg.clip_grad,
-            warmup_steps=cfg.warmup_steps, decay_steps=cfg.train_steps, decay_style="cosine",
+            warmup_steps=cfg.warmup_steps, decay_steps=cfg.train_steps, decay_style=cfg.lr_decay_style,
         )
 
     def _build_data(self) -> None:
