@@ -354,3 +354,20 @@ def test_megatron_core_reads_the_generated_common_state_entry(llama, tmp_path):
     with open_checkpoint(tmp_path / "ckpt") as checkpoint:
         ours = checkpoint.description.common
     assert sorted(theirs) == sorted(ours) and vars(theirs["args"]) == vars(ours["args"])
+
+
+def test_args_tokenizer_model_folder_is_the_reference_and_an_unknown_vocabulary_keeps_the_padding(llama, tmp_path):
+    model, config = llama
+    hf_dir = tmp_path / "hf"
+    model.save_pretrained(hf_dir)
+    _write("legacy", model, config, tmp_path / "named", args_overrides={"tokenizer_model": str(hf_dir)})
+    report = convert(tmp_path / "named", tmp_path / "out", "hf")
+    assert any("args.tokenizer_model" in n for n in report.notes)
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["vocab_size"] == 250
+    _write("legacy", model, config, tmp_path / "bare", args_overrides={"vocab_size": None})
+    with open_checkpoint(tmp_path / "bare") as checkpoint:
+        assert checkpoint.config["vocab_size"] == checkpoint.padded_vocab_size == 256
+        assert any(n.startswith("warning:") and "256 padded rows" in n for n in checkpoint.notes)
+        got = dict(checkpoint.hf_tensors())
+    assert torch.equal(got["model.embed_tokens.weight"][:250], model.state_dict()["model.embed_tokens.weight"])
+    assert not got["model.embed_tokens.weight"][250:].any()  # Megatron's padding rows, kept
