@@ -106,6 +106,155 @@ def test_cli_refuses_bad_settings_before_loading_anything(tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
+def test_yaml_takes_the_flags_and_megatron_lms_names(tmp_path):
+    file = tmp_path / "megatron.yaml"
+    file.write_text(
+        "load: llama3-tiny\ndata_path: [0.3, a, 0.7, b]\nsave: out\nmicro_batch_size: 2\nglobal-batch-size: 8\n"
+        "lr: 1e-4\nmin_lr: 1e-5\nseq_length: 64\ntrain_iters: 20\nlr_warmup_iters: 3\nlr_decay_style: linear\n"
+        "tensor_model_parallel_size: 2\npipeline_model_parallel_size: 1\nno_save_optim: true\nkeep_last: 2\n"
+        "recompute_activations: true\n"
+    )
+    c = TrainConfig.load(file)
+    assert (c.model, c.data, c.batch_size, c.learning_rate, c.min_learning_rate, c.sequence_length) == \
+        ("llama3-tiny", ["0.3", "a", "0.7", "b"], 2, 1e-4, 1e-5, 64)
+    assert (c.train_steps, c.warmup_steps, c.lr_decay_style, c.tensor_parallel_size) == (20, 3, "linear", 2)
+    assert (c.save_optim, c.keep_last, c.recompute_activations) == (False, 2, True)
+    c.validate(world_size=2)
+    # the budget and warm-up are stored in tokens too, so that a resume compares them whatever their form
+    assert (c.to_dict()["train_tokens"], c.to_dict()["warmup_tokens"]) == (20 * 8 * 64, 3 * 8 * 64)
+
+
+def train_flags(argv):
+    """``pai-zoo train ARGV`` parsed into its TrainConfig, as the command does."""
+    from pai_zoo.cli import build_parser, parse
+    from pai_zoo.cli.train import GIVEN
+
+    args = parse(build_parser(), ["train", *argv])
+    return TrainConfig.load(args.config, getattr(args, GIVEN, None) or {})
+
+
+def test_megatron_lms_flags_are_aliases():
+    c = train_flags(["--load", "m", "--data-path", "p", "--save", "s", "--micro-batch-size", "2",
+                     "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2", "--train-iters", "8",
+                     "--lr-warmup-fraction", "0.25", "--lr-decay-style", "constant", "--no-save-optim", "--keep-last",
+                     "3", "--extend", "--recompute-activations", "--lr", "1e-3", "--min-lr", "1e-4", "--seq-length",
+                     "16", "--global-batch-size", "4"])
+    assert (c.model, c.data, c.save, c.batch_size, c.tensor_parallel_size, c.pipeline_parallel_size) == \
+        ("m", ["p"], "s", 2, 2, 2)
+    assert (c.train_steps, c.warmup_steps, c.lr_decay_style, c.learning_rate, c.min_learning_rate) == \
+        (8, 2, "constant", 1e-3, 1e-4)
+    assert (c.save_optim, c.keep_last, c.extend, c.recompute_activations, c.sequence_length) == \
+        (False, 3, True, True, 16)
+    c.validate(world_size=8)
+    assert train_flags(["--tp", "2", "--warmup-iters", "1"]).tensor_parallel_size == 2
+    assert train_flags([]).save_optim and not train_flags([]).recompute_activations  # the switches' defaults
+
+
+def test_help_shows_pai_zoos_names_first():
+    from pai_zoo.cli import build_parser, command_parser
+
+    parser = build_parser()
+    text = command_parser(parser, parser.parse_args(["train"])).format_help()
+    for primary, megatron in [("--batch-size", "--micro-batch-size"), ("--model", "--load"), ("--data", "--data-path"),
+                              ("--tensor-parallel-size", "--tensor-model-parallel-size"),
+                              ("--warmup-iters", "--lr-warmup-iters"), ("--learning-rate", "--lr")]:
+        assert f"{primary} " in text and f", {megatron} " in text
+        assert text.index(f"{primary} ") < text.index(f", {megatron} "), primary
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--train-iters", "8", "--train-tokens", "4096"], "--train-iters and --train-tokens both give the budget"),
+    (["--lr-warmup-iters", "2", "--warmup-tokens", "0"], "--lr-warmup-iters and --warmup-tokens both give the warm-up"),
+    (["--lr", "1", "--learning-rate", "2"], "--lr and --learning-rate both set learning_rate"),
+    (["--batch-size", "two"], "--batch-size two: not a valid int"),
+])
+def test_two_spellings_of_one_setting_are_refused(argv, message):
+    with pytest.raises(TrainConfigError) as e:
+        train_flags(argv)
+    assert message in str(e.value)
+
+
+def test_a_flag_replaces_the_files_other_form_of_the_budget(tmp_path):
+    file = tmp_path / "run.yaml"
+    file.write_text("train_tokens: 4096\nwarmup_tokens: 256\n")
+    c = train_flags([str(file), "--train-iters", "6", "--lr-warmup-fraction", "0.5"])
+    assert (c.train_iters, c.train_tokens, c.warmup_tokens, c.warmup_steps) == (6, 1638400, None, 3)
+    file.write_text("train_tokens: 4096\ntrain_iters: 8\n")
+    with pytest.raises(TrainConfigError, match="train_tokens and train_iters both give the budget"):
+        TrainConfig.load(file)
+
+
+def test_warmup_longer_than_the_run_names_the_flag_given(tmp_path, capsys):
+    from pai_zoo.cli import main
+
+    common = ["train", "--model", "llama3-tiny", "--data", str(tmp_path / "d"), "--save", str(tmp_path / "o"),
+              "--global-batch-size", "4", "--seq-length", "32"]
+    assert main([*common, "--train-iters", "8", "--lr-warmup-iters", "20"]) == 1
+    err = capsys.readouterr().err
+    assert "--lr-warmup-iters 20 exceeds the run's 8 steps (--train-iters 8); lower it below 8 steps" in err
+    assert len(err.strip().splitlines()) == 1
+    assert main([*common, "--train-tokens", "1024", "--warmup-tokens", "1024"]) == 1
+    assert "--warmup-tokens 1024 (8 steps) is as long as the run's 8 steps (--train-tokens 1024 / 128 tokens " \
+           "per step)" in capsys.readouterr().err
+    file = tmp_path / "run.yaml"
+    file.write_text("train_iters: 8\nlr_warmup_iters: 9\n")
+    assert main([*common, str(file)]) == 1
+    assert f"lr_warmup_iters: 9 ({file}) exceeds the run's 8 steps (train_iters: 8 ({file}))" in \
+        capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("steps, warmup", [(1, 0), (3, 0), (9, 0), (10, 1), (20, 2), (50, 5), (1000, 100)])
+def test_the_default_warmup_is_a_tenth_of_the_run_and_fits_short_runs(steps, warmup):
+    c = TrainConfig(model="m", data=["d"], save="s", global_batch_size=4, sequence_length=32, train_iters=steps)
+    c.validate()
+    assert c.warmup_steps == warmup
+    c = TrainConfig(model="m", data=["d"], save="s", global_batch_size=4, sequence_length=32,
+                    train_tokens=steps * 128)
+    c.validate()
+    assert c.warmup_steps == warmup
+
+
+def test_train_without_model_says_it_is_required(capsys):
+    from pai_zoo.cli import main
+
+    assert main(["train"]) == 1
+    err = capsys.readouterr().err
+    assert "pai-zoo: error: --model is required" in err and "checkpoint" not in err.split("required")[0]
+    assert main(["train", "--model", "llama3-tiny"]) == 1
+    assert "pai-zoo: error: --save is required" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, usage", [
+    (["train", "--bogus"], "usage: pai-zoo train "),
+    (["train", "--model", "m", "--tp"], "usage: pai-zoo train "),
+    (["list", "--bogus"], "usage: pai-zoo list "),
+    (["dataset", "inspect", "p", "--bogus"], "usage: pai-zoo dataset inspect "),
+])
+def test_a_subcommands_usage_error_prints_its_own_usage(argv, usage, capsys):
+    from pai_zoo.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith(usage), err
+    assert "{list,info" not in err  # not the top-level usage
+
+
+def test_scheduler_gets_the_decay_style_and_steps(monkeypatch):
+    from pai_zoo.training import optim
+    from pai_zoo.training.trainer import Trainer
+
+    seen = {}
+    monkeypatch.setattr(optim, "megatron_optimizer", lambda model, **kw: (seen.update(kw), None, None))
+    cfg = train_flags(["--train-iters", "12", "--lr-warmup-iters", "2", "--lr-decay-style", "linear",
+                       "--global-batch-size", "4", "--seq-length", "8"])
+    trainer = Trainer(cfg)
+    trainer.model = None
+    trainer._build_optimizer()
+    assert (seen["decay_style"], seen["decay_steps"], seen["warmup_steps"]) == ("linear", 12, 2)
+
+
 # ---------------------------------------------------------------------------------------------
 # data
 # ---------------------------------------------------------------------------------------------

@@ -362,6 +362,7 @@ def _resolve(values: dict[str, Any], where: str) -> dict[str, tuple[Any, str, st
     known = {f.name: f for f in fields(TrainConfig)}
     out: dict[str, tuple[Any, str, str]] = {}
     unknown = []
+    at = "" if where == "flags" else f"{where}: "
     for key, value in values.items():
         key = str(key)
         if _key(key) not in table:
@@ -369,18 +370,18 @@ def _resolve(values: dict[str, Any], where: str) -> dict[str, tuple[Any, str, st
             continue
         name, negated = table[_key(key)]
         if name in out and out[name][1] != key:
-            raise TrainConfigError(f"{where}: {out[name][1]} and {key} both set {name}; give one")
+            raise TrainConfigError(f"{at}{out[name][1]} and {key} both set {name}; give one of them")
         value = _coerce(known[name], value, where, key)
         out[name] = (not value if negated and value is not None else value, key, where)
     if unknown:
         raise TrainConfigError(
-            f"{where}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))} "
+            f"{at}unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))} "
             "(or a flag's name, such as lr, micro_batch_size or data_path: see docs/configuration.md)"
         )
     for what, group in FORMS.items():
-        both = [out[name][1] for name in group if name in out]
+        both = [key for name, (_, key, _) in out.items() if name in group]
         if len(both) > 1:
-            raise TrainConfigError(f"{where}: {both[0]} and {both[1]} both give the {what}; give one")
+            raise TrainConfigError(f"{at}{both[0]} and {both[1]} both give the {what}; give one of them")
     return out
 
 
