@@ -196,6 +196,7 @@ def test_console_script_prints_one_line_and_a_hint(argv, tmp_path, pai_zoo_scrip
     proc = subprocess.run([pai_zoo_script, *argv], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr + proc.stdout
     hint = "hint: give the PREFIX that pai-zoo preprocess wrote (PREFIX.bin and PREFIX.idx)"
+    tried = f"{tmp_path / 'MISSING'}.bin/.idx and {tmp_path / 'MISSING_text_document'}.bin/.idx"
     assert proc.stderr.splitlines() == [f"pai-zoo: error: no such file or folder: {tmp_path / 'MISSING.idx'} "
-                                        f"(dataset {tmp_path / 'MISSING'})", hint]
+                                        f"(dataset {tmp_path / 'MISSING'}: tried {tried})", hint]
     assert not list(tmp_path.iterdir())

@@ -279,8 +279,56 @@ def test_sft_packs_tokens_and_loss_mask_with_record_boundaries(tmp_path, bpe):
     trained = tok.decode([t for seq, m in zip(tokens, masks) for t, keep in zip(seq, m) if keep])
     assert "It is 4." in trained and "chat" in trained and "Goodbye." in trained
     assert "What is 2+2?" not in trained and "Translate" not in trained
-    assert summary.documents == len(SFT_RECORDS) and summary.extra["packs"] == len(token_docs) - 1
+    assert summary.records == len(SFT_RECORDS) and summary.extra["packs"] == len(token_docs) - 1
+    assert summary.documents == len(token_docs) - 1 and summary.sequences == len(tokens)
     assert summary.extra["truncated"] == 0 and max(map(len, (e[0] for e in examples))) < 256
+    padding = [t for t, m in zip(tokens, masks) if not any(m)]
+    assert padding and all(set(t) == {tok.pad_id} for t in padding)  # the tokenizer's own pad id: <pad>
+    assert tok.pad_id != tok.eod_id and summary.extra["padding_note"] is None
+
+
+def test_sft_counts_agree_with_dataset_inspect_and_say_what_they_count(tmp_path, bpe, capsys):
+    from pai_zoo.cli import main
+    from pai_zoo.data.indexed import statistics
+
+    src = tmp_path / "sft.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in SFT_RECORDS))
+    assert main(["preprocess", "--sft", "--input", str(src), "--output-prefix", str(tmp_path / "sft"),
+                 "--tokenizer", str(bpe), "--seq-length", "256"]) == 0
+    line = capsys.readouterr().out
+    stats = statistics(output_prefix(tmp_path / "sft", "text"))
+    padding = stats["sequences"] - len(SFT_RECORDS)
+    assert padding > 0 and stats["documents"] < len(SFT_RECORDS)
+    assert line.startswith(f"{len(SFT_RECORDS)} records -> {stats['documents']} documents (packed sequences; "
+                           f"{stats['sequences']} sequences = {len(SFT_RECORDS)} records + {padding} padding), "
+                           f"{stats['tokens']} tokens"), line
+    assert main(["dataset", "inspect", str(tmp_path / "sft")]) == 0  # the SFT prefix, without _text_document
+    out = capsys.readouterr().out
+    assert f"documents:             {stats['documents']}\n" in out
+    assert f"sequences:             {stats['sequences']}\n" in out
+    assert f"records:               {len(SFT_RECORDS)}\n" in out
+    assert (f"SFT data: {len(SFT_RECORDS)} chat records packed into {stats['documents']} documents (one per packed "
+            f"sequence); {stats['sequences']} sequences = {len(SFT_RECORDS)} records + {padding} padding") in out
+    assert main(["preprocess", "--sft", "--no-pack", "--input", str(src), "--output-prefix", str(tmp_path / "flat"),
+                 "--tokenizer", str(bpe)]) == 0
+    assert capsys.readouterr().out.startswith(f"{len(SFT_RECORDS)} records -> {len(SFT_RECORDS)} documents "
+                                              "(one record each)")
+
+
+def test_sft_without_a_pad_token_pads_with_eod_and_says_so(tmp_path, bpe):
+    from pai_zoo.data.preprocess import preprocess_sft
+
+    folder = tmp_path / "nopad"
+    shutil.copytree(bpe, folder)
+    (folder / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>"}))
+    tok = load_tokenizer(folder)
+    assert tok.pad_id is None
+    src = tmp_path / "sft.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in SFT_RECORDS[:3]))
+    summary = preprocess_sft([src], tmp_path / "sft", folder, seq_length=256)
+    assert summary.extra["pad_id"] == tok.eod_id
+    assert (f"the tokenizer has no pad token: padded with the end-of-document token '</s>' (id {tok.eod_id}; "
+            "loss mask 0") in summary.line()
 
 
 def test_sft_bad_record_names_file_and_line(tmp_path, bpe):

@@ -9,26 +9,32 @@ def add_parser(subparsers) -> None:
     p = add_command(subparsers, "dataset", "inspect or merge indexed datasets")
     dsub = p.add_subparsers(dest="dataset_command", required=True)
     q = add_command(dsub, "inspect", "counts and token statistics; decode a document")
-    q.add_argument("prefix", help="PREFIX of PREFIX.bin/PREFIX.idx")
+    q.add_argument("prefix", help="PREFIX of PREFIX.bin/PREFIX.idx, or of PREFIX_text_document.bin/.idx")
     q.add_argument("--document", type=int, help="show this document")
     q.add_argument("--tokenizer", help="decode the document with this tokenizer")
     q.set_defaults(func=run_inspect)
     q = add_command(dsub, "merge", "concatenate datasets")
-    q.add_argument("prefixes", nargs="+", help="PREFIX of each input PREFIX.bin/PREFIX.idx")
+    q.add_argument("prefixes", nargs="+", help="PREFIX of each input PREFIX.bin/PREFIX.idx (or PREFIX_text_document)")
     q.add_argument("--output-prefix", required=True, help="writes OUT.bin/OUT.idx")
     q.set_defaults(func=run_merge)
 
 
 def run_inspect(args) -> int:
     from ..data.indexed import IndexedDatasetReader, statistics
+    from ..data.prefix import resolve_prefix
 
-    stats = statistics(args.prefix)
+    prefix = resolve_prefix(args.prefix)
+    if str(prefix) != args.prefix:
+        print(f"{'dataset:':<22} {prefix}")
+    stats = statistics(prefix)
     for key, value in stats.items():
         print(f"{key + ':':<22} {value:.2f}" if isinstance(value, float) else f"{key + ':':<22} {value}")
+    for line in _sft_lines(prefix, stats):
+        print(line)
     if args.document is not None:
-        reader = IndexedDatasetReader(args.prefix)
+        reader = IndexedDatasetReader(prefix)
         if not 0 <= args.document < reader.num_documents:
-            raise PaiZooError(f"{args.prefix}: document {args.document} is out of range "
+            raise PaiZooError(f"{prefix}: document {args.document} is out of range "
                               f"(0..{reader.num_documents - 1})")
         ids = reader.document(args.document).tolist()
         print(f"document {args.document}: {len(ids)} tokens")
@@ -41,10 +47,30 @@ def run_inspect(args) -> int:
     return 0
 
 
+def _sft_lines(prefix, stats: dict) -> list[str]:
+    """What the counts of an SFT dataset (``preprocess --sft``'s sidecar) mean."""
+    from ..data.indexed import read_sidecar
+
+    record = (read_sidecar(prefix) or {}).get("sft")
+    if not isinstance(record, dict) or not isinstance(record.get("records"), int):
+        return []
+    records, padding = record["records"], record.get("padding_sequences") or 0
+    if record.get("packed"):
+        meaning = (f"SFT data: {records} chat records packed into {stats['documents']} documents (one per packed "
+                   f"sequence); {stats['sequences']} sequences = {records} records + {padding} padding")
+    else:
+        meaning = f"SFT data: {records} chat records, one document and one sequence each"
+    lines = [f"{'records:':<22} {records}", meaning]
+    if record.get("pad_id") is not None:
+        lines.append(f"{'pad_id:':<22} {record['pad_id']} (padding has loss mask 0)")
+    return lines
+
+
 def run_merge(args) -> int:
     from ..data.indexed import merge, statistics
+    from ..data.prefix import resolve_prefix
 
-    merge(args.prefixes, args.output_prefix)
+    merge([resolve_prefix(p) for p in args.prefixes], args.output_prefix)
     stats = statistics(args.output_prefix)
     print(f"merged {len(args.prefixes)} datasets -> {args.output_prefix}: {stats['documents']} documents, "
           f"{stats['tokens']} tokens")

@@ -12,7 +12,9 @@ def add_parser(subparsers) -> None:
     plain, sft = defaults(preprocess), defaults(preprocess_sft)
     p = add_command(subparsers, "preprocess", "tokenize text into Megatron indexed datasets (.bin/.idx)")
     p.add_argument("--input", nargs="+", required=True, help="JSON Lines (.jsonl[.gz|.zst]) or text files, or globs")
-    p.add_argument("--output-prefix", required=True, help="writes PREFIX_{key}_document.bin/.idx")
+    p.add_argument("--output-prefix", required=True,
+                   help="writes PREFIX_{key}_document.bin/.idx (train --data and dataset take PREFIX or "
+                        "PREFIX_text_document)")
     p.add_argument("--tokenizer", required=True, help="checkpoint folder, tokenizer file, family or preset")
     p.add_argument("--json-keys", nargs="+", default=list(plain["json_keys"]),
                    help="keys to tokenize (one dataset each)")

@@ -27,7 +27,13 @@ from .sources import BadRecord, iter_raw_records
 
 @dataclass
 class PreprocessSummary:
-    """What a run wrote, and what it skipped (``--skip-bad``)."""
+    """What a run wrote, and what it skipped (``--skip-bad``).
+
+    ``documents`` and ``sequences`` are the counts of the index that ``pai-zoo dataset inspect`` shows. For
+    pretraining data a document is one record, in one sequence. For SFT data ``records`` is the number of chat
+    records read; packed, a document is one sequence of ``seq_length`` tokens holding several records, each record a
+    sequence, plus a padding sequence where the pack is not full (so ``sequences = records + padding sequences``);
+    unpacked, a document is one record padded to a multiple of ``pad_length`` (one sequence)."""
 
     outputs: list[str]
     documents: int = 0
@@ -37,16 +43,27 @@ class PreprocessSummary:
     skipped_examples: list[str] = field(default_factory=list)
     seconds: float = 0.0
     extra: dict = field(default_factory=dict)
+    records: int | None = None  # SFT: the records read (None for pretraining, where it equals documents)
+    sequences: int | None = None  # SFT: the sequences written (records + padding sequences when packed)
 
     def line(self) -> str:
         rate = self.seconds or 1e-9
+        if self.records is None:
+            counts = f"{self.documents} documents"
+        else:
+            packs = self.extra.get("padding_sequences") is not None
+            counts = (f"{self.records} records -> {self.documents} documents "
+                      + (f"(packed sequences; {self.sequences} sequences = {self.records} records + "
+                         f"{self.extra['padding_sequences']} padding)" if packs else "(one record each)"))
         text = (
-            f"{self.documents} documents, {self.tokens} tokens, {self.bytes / 1e6:.1f} MB in {self.seconds:.1f} s "
-            f"({self.documents / rate:.0f} docs/s, {self.tokens / rate:.0f} tokens/s, "
-            f"{self.bytes / 1e6 / rate:.1f} MB/s)"
+            f"{counts}, {self.tokens} tokens, {self.bytes / 1e6:.1f} MB in {self.seconds:.1f} s "
+            f"({(self.records or self.documents) / rate:.0f} {'records' if self.records is not None else 'docs'}/s, "
+            f"{self.tokens / rate:.0f} tokens/s, {self.bytes / 1e6 / rate:.1f} MB/s)"
         )
         if self.skipped:
             text += f"; skipped {self.skipped} bad records"
+        if self.extra.get("padding_note"):
+            text += "; " + self.extra["padding_note"]
         return text + " -> " + ", ".join(self.outputs)
 
 
@@ -290,14 +307,12 @@ def preprocess_sft(inputs, prefix, tokenizer, *, seq_length: int = 1024, pad_len
 
     ref = resolve_tokenizer(tokenizer)
     tok = ref.load()
-    pad_id = tok.pad_id if tok.pad_id is not None else tok.eod_id
-    if pad_id is None:
-        raise PaiZooError(f"--tokenizer {tokenizer}: no pad or end-of-document token to pad with")
+    pad_id, padding_note = sft_pad_id(tok, tokenizer)
     outputs = [output_prefix(prefix, "text"), output_prefix(prefix, "loss_mask")]
-    summary = PreprocessSummary(outputs)
+    summary = PreprocessSummary(outputs, records=0)
     bad = _BadRecords(skip_bad)
     start = time.perf_counter()
-    bar = Progress("preprocess --sft", units=("documents", "tokens"), enabled=progress)
+    bar = Progress("preprocess --sft", units=("records", "tokens"), enabled=progress)
     task = _Task(("messages",), True, False)
     records = iter_raw_records(inputs)
 
@@ -309,8 +324,8 @@ def preprocess_sft(inputs, prefix, tokenizer, *, seq_length: int = 1024, pad_len
                     bad(result[1])
                     continue
                 _, tokens, mask, nbytes = result
-                summary.documents, summary.bytes = summary.documents + 1, summary.bytes + nbytes
-                bar.update(nbytes, documents=1, tokens=len(tokens))
+                summary.records, summary.bytes = summary.records + 1, summary.bytes + nbytes
+                bar.update(nbytes, records=1, tokens=len(tokens))
                 yield tokens, mask
 
     metadata = _metadata(tokenizer, ref, tok)
@@ -322,20 +337,56 @@ def preprocess_sft(inputs, prefix, tokenizer, *, seq_length: int = 1024, pad_len
                 text_writer.add_document(packed.tokens, lengths=packed.boundaries)
                 mask_writer.add_document(packed.loss_mask, lengths=packed.boundaries)
                 summary.tokens += len(packed.tokens)
-            summary.extra = {"packs": stats.packs, "truncated": stats.truncated, "padding": stats.padding}
+                summary.extra["padding_sequences"] = summary.extra.get("padding_sequences", 0) + bool(packed.padding)
+            summary.extra.update(packs=stats.packs, truncated=stats.truncated, padding=stats.padding)
         else:
             for tokens, mask in examples():
                 tokens, mask = sft.pad_to_multiple(tokens, mask, pad_length, pad_id)
                 text_writer.add_document(tokens)
                 mask_writer.add_document(mask)
                 summary.tokens += len(tokens)
-        if summary.documents == 0:
+        if summary.records == 0:
             raise PaiZooError(
                 f"no records in {', '.join(map(str, inputs))}" + (f" ({bad.count} skipped)" if bad.count else "")
             )
+        summary.documents, summary.sequences = text_writer.documents_written, text_writer.sequences_written
+        summary.extra.update(pad_id=pad_id, padding_note=padding_note)
+        sft_record = {"records": summary.records, "packed": pack, "pad_id": pad_id,
+                      "padding_sequences": summary.extra.get("padding_sequences", 0)}
+        for writer in (text_writer, mask_writer):
+            writer.metadata["sft"] = sft_record
         text_writer.finalize()
         mask_writer.finalize()
     bar.close()
     summary.skipped, summary.skipped_examples = bad.count, bad.examples
     summary.seconds = time.perf_counter() - start
     return summary
+
+
+def sft_pad_id(tok, name="") -> tuple[int, str | None]:
+    """``(pad_id, note)``: SFT pads with the tokenizer's pad token; without one, with its end-of-document token,
+    and ``note`` says so (decoded, that padding reads as repeated end-of-document tokens; it has loss mask 0 and
+    its own attention segment, so training never sees it)."""
+    if tok.pad_id is not None:
+        note = None
+        if tok.pad_id == tok.eod_id:
+            note = (f"the tokenizer's pad token is its end-of-document token {_token_text(tok, tok.pad_id)} "
+                    f"(id {tok.pad_id}): padding decodes as repeats of it (loss mask 0, never attended to by the "
+                    "records)")
+        return int(tok.pad_id), note
+    if tok.eod_id is None:
+        raise PaiZooError(f"--tokenizer {name}: no pad or end-of-document token to pad with")
+    shown = _token_text(tok, tok.eod_id)
+    return int(tok.eod_id), (f"the tokenizer has no pad token: padded with the end-of-document token {shown} "
+                             f"(id {tok.eod_id}; loss mask 0, never attended to by the records)")
+
+
+def _token_text(tok, token_id: int) -> str:
+    for name in ("eos_token", "pad_token", "bos_token"):
+        text = getattr(tok, name, None)
+        if text is not None and getattr(tok, name.replace("_token", "_id"), None) == token_id:
+            return repr(text)
+    try:
+        return repr(tok.decode([token_id]))
+    except Exception:  # noqa: BLE001 - only for the message
+        return f"#{token_id}"

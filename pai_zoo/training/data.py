@@ -10,6 +10,9 @@ Batches are drawn in a fixed order: optimizer step ``s``, micro-step ``m`` on da
 ``r`` reads samples ``s*G + m*B*D + r*B + [0, B)`` (``G`` global batch, ``B`` batch size, ``D``
 data-parallel size), so any layout sees the same samples per step and a resumed run continues
 at the same sample.
+
+Each ``--data`` prefix is ``PREFIX`` or ``PREFIX_text_document``, for pretraining and SFT alike
+(:mod:`pai_zoo.data.prefix`).
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import PaiZooError, no_such_path
+from ..errors import PaiZooError
 from .config import TrainConfig
 
 
@@ -37,12 +40,14 @@ class _DatasetTokenizer:
         return {"class": "pai_zoo", "vocab_size": self.vocab_size, "eod": self.eod}
 
 
-def _check_prefixes(prefixes: list[str], suffix: str = "") -> None:
-    for prefix in prefixes:
-        for ext in (".bin", ".idx"):
-            if not Path(prefix + suffix + ext).is_file():
-                hint = "SFT data: give the prefix without _text_document" if suffix else None
-                raise no_such_path(prefix + suffix + ext, f"--data {prefix}", hint=hint)
+def resolved_prefixes(prefixes: list[str], sft: bool = False) -> list[str]:
+    """``--data`` prefixes as the files they name (:mod:`pai_zoo.data.prefix`: ``PREFIX`` or
+    ``PREFIX_text_document``; for SFT the ``PREFIX`` of both datasets); errors list the pairs that exist nearby."""
+    from ..data.prefix import resolve_prefix, resolve_sft_prefix
+
+    if sft:
+        return [str(resolve_sft_prefix(p, what="--data")) for p in prefixes]
+    return [str(resolve_prefix(p, what="--data", first=".bin")) for p in prefixes]
 
 
 def _split_bounds(n: int, weights: list[float]) -> list[tuple[int, int]]:
@@ -61,12 +66,7 @@ def check_data(cfg: TrainConfig, vocab_size: int | None = None) -> None:
     starts; :func:`pai_zoo.data.vocabulary.check_dataset_vocabulary`)."""
     from ..data.vocabulary import check_dataset_vocabulary
 
-    prefixes, _ = cfg.data_blend()
-    if cfg.sft:
-        _check_prefixes(prefixes, "_text_document")
-        _check_prefixes(prefixes, "_loss_mask_document")
-    else:
-        _check_prefixes(prefixes)
+    prefixes = resolved_prefixes(cfg.data_blend()[0], cfg.sft)
     if vocab_size is not None:
         for prefix in prefixes:
             check_dataset_vocabulary(prefix + ("_text_document" if cfg.sft else ""), vocab_size, cfg.model)
@@ -81,7 +81,7 @@ def build_pretraining_datasets(cfg: TrainConfig, vocab_size: int, eod: int, samp
     from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 
     prefixes, weights = cfg.data_blend()
-    _check_prefixes(prefixes)
+    prefixes = resolved_prefixes(prefixes)
     split = ",".join(str(w) for w in cfg.split_weights())
     config = GPTDatasetConfig(
         random_seed=cfg.seed, sequence_length=cfg.sequence_length, blend=(prefixes, weights), split=split,
@@ -173,8 +173,7 @@ def build_sft_datasets(cfg: TrainConfig):
     prefixes, weights = cfg.data_blend()
     if len(prefixes) != 1 or weights is not None:
         raise PaiZooError("--sft takes one dataset prefix (blending SFT datasets is not supported)")
-    _check_prefixes(prefixes, "_text_document")
-    _check_prefixes(prefixes, "_loss_mask_document")
+    prefixes = resolved_prefixes(prefixes, sft=True)
     from ..data.indexed import IndexedDatasetReader
 
     with IndexedDatasetReader(prefixes[0] + "_text_document") as reader:
