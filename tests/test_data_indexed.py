@@ -453,3 +453,12 @@ def test_add_documents_equals_one_add_document_per_document(tmp_path):
         with pytest.raises(ValueError, match="end the current document first"):
             w.add_documents([1], [1])
         w.end_document()
+
+
+def test_writer_makes_the_prefix_folder(tmp_path):
+    """--output-prefix data/corpus in a folder without data/ writes data/corpus.bin/.idx (it used to fail on the
+    temporary file's name)."""
+    with IndexedDatasetWriter(tmp_path / "new" / "deeper" / "corpus", np.int32) as writer:
+        writer.add_document([1, 2, 3])
+    assert (tmp_path / "new" / "deeper" / "corpus.bin").stat().st_size == 12
+    assert (tmp_path / "new" / "deeper" / "corpus.idx").is_file()

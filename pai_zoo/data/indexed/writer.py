@@ -8,6 +8,7 @@ import operator
 import os
 import shutil
 from array import array
+from pathlib import Path
 from typing import Iterable
 
 import numpy as np
@@ -61,6 +62,7 @@ class IndexedDatasetWriter:
         self._document_indices = array(_I64, [0])
         self.tokens_written = 0
         self._state = "open"
+        Path(self.bin_path).parent.mkdir(parents=True, exist_ok=True)  # --output-prefix data/corpus makes data/
         self._bin = open(self._bin_tmp, "xb")
 
     # counters -------------------------------------------------------------------------------------
