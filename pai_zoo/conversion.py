@@ -35,6 +35,7 @@ from .family import Family
 from .mapping import TO_MCORE, MappingContext
 from .mcore import dist_ckpt
 from .mcore import megatron_lm_args as mla
+from .mcore.parallel_sizes import check_layout
 from .megatron_lm import is_megatron_checkpoint, is_megatron_lm_checkpoint, open_checkpoint
 from .registry import get_registry
 from .util.progress import Progress
@@ -155,10 +156,7 @@ def _hf_to_mcore(src: Path, out: Path, family_name, tp: int, pp: int, dtype, pro
     raw_config = read_config(src)
     family = _family_for(raw_config, src / CONFIG, family_name)
     config = family.to_mcore_config(hf.config_dict(hf.hf_config(family, raw_config)))
-    if config.num_layers % pp:
-        raise PaiZooError(f"--pp {pp} does not divide the model's {config.num_layers} layers")
-    if config.num_query_groups % tp and tp % config.num_query_groups:
-        raise PaiZooError(f"--tp {tp} does not fit the model's {config.num_query_groups} key/value head groups")
+    check_layout(config, tp, pp)  # an invalid --tp/--pp names the valid ones
     source = HFCheckpoint(src)
     try:
         return _write_mcore(src, out, family, config, source, tp, pp, dtype, progress, final)

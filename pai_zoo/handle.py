@@ -228,7 +228,9 @@ def _load_mcore(source: Source, config: McoreConfig, dtype, seed: int, tp: int |
 
     from .mcore.build import build_gpt_model
     from .mcore.compat import ensure_model_parallel
+    from .mcore.parallel_sizes import check_layout
 
+    check_layout(config, tp or 1, pp or 1)  # an invalid tp/pp names the valid ones, before any process group
     ensure_model_parallel(tp or 1, pp or 1)
     have = (
         parallel_state.get_tensor_model_parallel_world_size(),

@@ -33,6 +33,9 @@ COMMANDS = ("list", "info", "conformance", "inspect", "convert", "preprocess", "
 #: exit codes (also in ``pai-zoo --help`` and README's CLI section)
 OK, USER_ERROR, USAGE, VERIFY_FAILED, INTERRUPTED = 0, 1, 2, 3, 130
 
+#: the arguments of the running command (for messages that repeat them, e.g. the torchrun command to use)
+ARGV: list[str] | None = None
+
 EPILOG = f"""exit codes:
   {OK}    success
   {USER_ERROR}    user error: a missing file or folder, an unknown name, malformed input (one line: pai-zoo: error: ...)
@@ -53,25 +56,6 @@ def build_parser() -> argparse.ArgumentParser:
     for name in COMMANDS:
         importlib.import_module(f"{__name__}.{name}").add_parser(sub)
     return parser
-
-
-def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
-    """``parser.parse_args(argv)``, except that arguments no parser knows are reported with the usage of
-    the (sub)command they were given to (argparse reports them with the top-level usage)."""
-    args, extra = parser.parse_known_args(argv)
-    if extra:
-        command_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
-    return args
-
-
-def command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
-    """The innermost subcommand's parser that ``args`` went through (``pai-zoo rl ppo`` -> ``ppo``'s)."""
-    while True:
-        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-        chosen = getattr(args, subs[0].dest, None) if subs else None
-        if chosen not in (subs[0].choices if subs else {}):
-            return parser
-        parser = subs[0].choices[chosen]
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None, _default=warnings.showwarning):
@@ -97,10 +81,12 @@ def describe(exc: BaseException) -> tuple[str, str | None]:
 def main(argv: list[str] | None = None) -> int:
     """Run ``pai-zoo ARGV``; returns the exit code (argparse exits 2 itself on a usage error)."""
     argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
+    global ARGV
+    ARGV = argv
     debug = "--debug" in argv[:next((i for i, a in enumerate(argv) if a in COMMANDS), len(argv))]
     warnings.showwarning = _show_warning
     try:
-        args = parse(build_parser(), argv)
+        args = build_parser().parse_args(argv)
         with quiet_run(verbose=args.verbose):  # third-party warnings and progress bars only with --verbose
             return args.func(args)
     except KeyboardInterrupt as exc:  # also util.interrupt.Interrupted: its line (empty off rank 0) and 128 + signal

@@ -54,6 +54,11 @@ def run(args, out=None) -> int:
         raise GenerationError("give either --prompt TEXT or --prompts FILE.jsonl --output OUT.jsonl")
     if args.prompts is not None and args.output is None:
         raise GenerationError("--prompts needs --output OUT.jsonl")
+    if args.tp < 1:
+        raise GenerationError(f"--tp must be positive (got {args.tp})")
+    from ..mcore.parallel_sizes import check_world
+
+    check_world(args.tp)  # --tp 3 in one process: the torchrun command to use, before anything loads
     if args.prompt is not None:
         chat = [{"role": "user", "content": args.prompt}]
         records = [("--prompt", {"prompt": args.prompt}, chat if args.chat else args.prompt)]

@@ -206,11 +206,16 @@ def _free_port() -> int:
 def ensure_model_parallel(tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1, seed: int = 1234) -> None:
     """Make megatron-core usable in this process: the CPU patch (without CUDA), a
     ``torch.distributed`` group (single-process gloo when none exists), megatron's
-    parallel state and its RNG tracker. Does nothing that is already set up."""
+    parallel state and its RNG tracker. Does nothing that is already set up. A layout larger than the world
+    (``tp=3`` in one process) is a :class:`~pai_zoo.errors.PaiZooError` that gives the torchrun command to use."""
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
+    from .parallel_sizes import check_world
+
     apply_cpu_patch()
+    if not parallel_state.model_parallel_is_initialized():
+        check_world(tensor_parallel_size, pipeline_parallel_size)
     if not torch.distributed.is_initialized():
         if launched_by_torchrun():
             backend = "nccl" if torch.cuda.is_available() else "gloo"

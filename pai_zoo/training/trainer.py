@@ -85,17 +85,14 @@ class Trainer:
         self.family = source.family
         self.mcore_config = source.mcore_config or self.family.to_mcore_config(
             config_dict(hf_config(self.family, source.hf_config)))
+        from ..mcore.parallel_sizes import check_layout, check_world
+
+        check_layout(self.mcore_config, cfg.tensor_parallel_size, cfg.pipeline_parallel_size, error=TrainConfigError)
+        check_world(cfg.tensor_parallel_size, cfg.pipeline_parallel_size, world)  # one process: the torchrun command
         cfg.validate(world, self.mcore_config.get("max_sequence_length"))
         from .data import check_data
 
         check_data(cfg, self.mcore_config["vocab_size"])
-        if self.mcore_config.num_layers % cfg.pipeline_parallel_size:
-            raise TrainConfigError(f"pipeline_parallel_size {cfg.pipeline_parallel_size} does not divide the "
-                                   f"model's {self.mcore_config.num_layers} layers")
-        groups = self.mcore_config.num_query_groups
-        if groups % cfg.tensor_parallel_size and cfg.tensor_parallel_size % groups:
-            raise TrainConfigError(f"tensor_parallel_size {cfg.tensor_parallel_size} does not fit the model's "
-                                   f"{groups} key/value head groups")
         self._check_resume_compatible()
         if cfg.bf16 and not torch.cuda.is_available():
             raise TrainConfigError("--bf16 needs a GPU (bfloat16 training with fp32 main weights); "

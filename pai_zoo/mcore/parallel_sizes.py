@@ -1,0 +1,84 @@
+"""Which tensor/pipeline-parallel sizes a model takes, and how many processes a layout needs.
+
+The one place ``convert``, ``train``, ``generate`` and :func:`pai_zoo.load` ask: an invalid ``--tp``/``--pp``
+names the valid ones, and a layout larger than the world (``--tp 3`` without torchrun) is one error line that
+gives the torchrun command to run instead (the user's own ``pai-zoo`` arguments when the CLI is running).
+Imports neither torch nor megatron-core.
+"""
+from __future__ import annotations
+
+import shlex
+import sys
+
+from ..errors import PaiZooError
+from ..util.dist import launched_by_torchrun, world_size
+
+
+def valid_tp_sizes(num_attention_heads: int, num_query_groups: int | None = None) -> list[int]:
+    """The tensor-parallel sizes a model takes: megatron-core splits the attention heads evenly over the TP ranks
+    (``tp`` divides the heads), and the key/value groups either split evenly or are replicated (``tp`` divides the
+    groups, or the groups divide ``tp``)."""
+    groups = num_query_groups or num_attention_heads
+    return [t for t in range(1, num_attention_heads + 1)
+            if num_attention_heads % t == 0 and (groups % t == 0 or t % groups == 0)]
+
+
+def valid_pp_sizes(num_layers: int) -> list[int]:
+    """The pipeline-parallel sizes a model takes: those that divide its layers."""
+    return [p for p in range(1, num_layers + 1) if num_layers % p == 0]
+
+
+def _sizes(values: list[int]) -> str:
+    return ", ".join(map(str, values))
+
+
+def check_tp(tp: int, num_attention_heads: int, num_query_groups: int | None = None, *, flag: str = "--tp",
+             error=PaiZooError) -> None:
+    """Raise ``error`` unless ``tp`` is one of :func:`valid_tp_sizes`; the message lists them."""
+    valid = valid_tp_sizes(num_attention_heads, num_query_groups)
+    if tp not in valid:
+        groups = num_query_groups or num_attention_heads
+        raise error(f"{flag} {tp} does not fit the model's {groups} key/value head groups ({num_attention_heads} "
+                    f"attention heads); valid {flag}: {_sizes(valid)}")
+
+
+def check_pp(pp: int, num_layers: int, *, flag: str = "--pp", error=PaiZooError) -> None:
+    """Raise ``error`` unless ``pp`` divides the model's ``num_layers``; the message lists the valid sizes."""
+    if pp < 1 or num_layers % pp:
+        raise error(f"{flag} {pp} does not divide the model's {num_layers} layers; "
+                    f"valid {flag}: {_sizes(valid_pp_sizes(num_layers))}")
+
+
+def check_layout(config, tp: int = 1, pp: int = 1, *, flags=("--tp", "--pp"), error=PaiZooError) -> None:
+    """:func:`check_tp` and :func:`check_pp` for a :class:`~pai_zoo.config_map.McoreConfig`."""
+    check_pp(pp, config.num_layers, flag=flags[1], error=error)
+    check_tp(tp, config.num_attention_heads, config.num_query_groups, flag=flags[0], error=error)
+
+
+def cli_arguments() -> list[str] | None:
+    """The arguments of the running ``pai-zoo`` command (``None`` outside the CLI)."""
+    cli = sys.modules.get("pai_zoo.cli")
+    return getattr(cli, "ARGV", None)
+
+
+def torchrun_command(nproc: int, arguments: list[str] | None = None) -> str:
+    """``torchrun --nproc-per-node N -m pai_zoo.cli ARGS`` for the running command (``arguments``, default
+    :func:`cli_arguments`); outside the CLI, ``torchrun --nproc-per-node N YOUR_SCRIPT.py``."""
+    arguments = cli_arguments() if arguments is None else arguments
+    tail = f"-m pai_zoo.cli {shlex.join(arguments)}" if arguments is not None else "YOUR_SCRIPT.py"
+    return f"torchrun --nproc-per-node {nproc} {tail}"
+
+
+def check_world(tp: int = 1, pp: int = 1, world: int | None = None) -> None:
+    """Raise :class:`PaiZooError` unless ``world`` processes (default: this run's) hold a ``tp`` x ``pp`` layout:
+    without torchrun the message is the torchrun command to use; under torchrun, the process count to give."""
+    need = tp * pp
+    world = world_size() if world is None else world
+    if world % need == 0:
+        return
+    layout = f"--tp {tp}" + (f" --pp {pp}" if pp > 1 else "") if tp > 1 else f"--pp {pp}"
+    if world == 1 and not launched_by_torchrun():
+        raise PaiZooError(f"{layout} needs {need} processes and this is one (not under torchrun); run: "
+                          f"{torchrun_command(need)}")
+    raise PaiZooError(f"{layout} needs a multiple of {need} processes (tp x pp = {need}), not {world}; "
+                      f"run torchrun with --nproc-per-node {need} (or a multiple of {need})")
