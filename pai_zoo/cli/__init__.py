@@ -58,6 +58,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """``parser.parse_args(argv)``, except that arguments no parser knows are reported with the usage of
+    the (sub)command they were given to (argparse reports them with the top-level usage)."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        command_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
+def command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The innermost subcommand's parser that ``args`` went through (``pai-zoo rl ppo`` -> ``ppo``'s)."""
+    while True:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        chosen = getattr(args, subs[0].dest, None) if subs else None
+        if chosen not in (subs[0].choices if subs else {}):
+            return parser
+        parser = subs[0].choices[chosen]
+
+
 def _show_warning(message, category, filename, lineno, file=None, line=None, _default=warnings.showwarning):
     """pai-zoo's own warnings as one ``pai-zoo: warning:`` line; others as Python shows them."""
     if issubclass(category, PaiZooWarning):
@@ -86,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     debug = "--debug" in argv[:next((i for i, a in enumerate(argv) if a in COMMANDS), len(argv))]
     warnings.showwarning = _show_warning
     try:
-        args = build_parser().parse_args(argv)
+        args = parse(build_parser(), argv)
         with quiet_run(verbose=args.verbose):  # third-party warnings and progress bars only with --verbose
             return args.func(args)
     except KeyboardInterrupt as exc:  # also util.interrupt.Interrupted: its line (empty off rank 0) and 128 + signal
