@@ -5,19 +5,23 @@ A run folder::
 
     DIR/latest_checkpointed_iteration.txt   the last complete iteration ("40")
     DIR/iter_0000040/                       megatron dist_checkpointing (torch_dist): model,
-                                            optimizer, scheduler, RNG states, data position
+                                            optimizer (unless saved weights-only), scheduler,
+                                            RNG states, data position
     DIR/pai_zoo.json, DIR/hf/               model config and tokenizer (as ``pai-zoo convert`` writes)
     DIR/metrics.jsonl                       one line per logged step
 
 The model tensors use the same keys as ``pai-zoo convert`` writes, so ``pai-zoo convert DIR
 OUT --to hf`` and ``pai_zoo.load(DIR)`` read the latest iteration. An iteration is saved into
 ``iter_N.tmp`` and renamed when every rank has finished; the tracker file is replaced
-afterwards, so an interrupted save leaves the previous checkpoint as the latest.
+afterwards, so an interrupted save leaves the previous checkpoint as the latest. :func:`prune_checkpoints` keeps
+the newest N iterations (``pai-zoo train --keep-last N``), each removed by a rename first, so that no half-deleted
+``iter_N`` is ever visible.
 """
 
 from __future__ import annotations
 
 import random
+import re
 import shutil
 from pathlib import Path
 
@@ -76,14 +80,15 @@ def _set_rng_state(state: dict) -> None:
     tensor_parallel.get_cuda_rng_tracker().set_states(state["tracker"])
 
 
-def _sharded_state(model, optimizer, scheduler, common: dict, loading: bool) -> dict:
+def _sharded_state(model, optimizer, scheduler, common: dict, loading: bool, with_optimizer: bool = True) -> dict:
     from megatron.core import parallel_state
     from megatron.core.dist_checkpointing.mapping import ShardedObject
 
     model_state = model.sharded_state_dict()
     state = dict(common)
     state["model"] = model_state
-    state["optimizer"] = optimizer.sharded_state_dict(model_state, is_loading=loading)
+    if with_optimizer:
+        state["optimizer"] = optimizer.sharded_state_dict(model_state, is_loading=loading)
     state["opt_param_scheduler"] = scheduler.state_dict()
     pp, tp = (
         parallel_state.get_pipeline_model_parallel_world_size(),
@@ -111,6 +116,9 @@ def _exit_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except OSError:  # pragma: no cover - not Linux
         pass
+    # Ctrl-C reaches the whole process group: the trainer decides when to stop (util.interrupt), and a save in
+    # progress still needs this process
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _results_queue_dies_with_us() -> None:
@@ -129,8 +137,11 @@ def _results_queue_dies_with_us() -> None:
         filesystem_async._results_queue = _manager.Queue()
 
 
-def save_checkpoint(folder: Path, iteration: int, model, optimizer, scheduler, common: dict) -> Path:
-    """Save one iteration collectively (every rank calls this); returns its folder."""
+def save_checkpoint(folder: Path, iteration: int, model, optimizer, scheduler, common: dict,
+                    save_optim: bool = True) -> Path:
+    """Save one iteration collectively (every rank calls this); returns its folder. ``save_optim=False`` leaves
+    out the optimizer state (weights, scheduler, RNG and data position only: a run resumed from it restarts the
+    optimizer's moments)."""
     from megatron.core import dist_checkpointing
 
     _results_queue_dies_with_us()
@@ -143,7 +154,9 @@ def save_checkpoint(folder: Path, iteration: int, model, optimizer, scheduler, c
         tmp.mkdir(parents=True)
     torch.distributed.barrier()
     state = _sharded_state(
-        model, optimizer, scheduler, {**common, "iteration": iteration, "pai_zoo_format": FORMAT}, False
+        model, optimizer, scheduler,
+        {**common, "iteration": iteration, "pai_zoo_format": FORMAT, "has_optimizer": bool(save_optim)}, False,
+        with_optimizer=save_optim,
     )
     dist_checkpointing.save(state, str(tmp))
     torch.distributed.barrier()
@@ -156,13 +169,25 @@ def save_checkpoint(folder: Path, iteration: int, model, optimizer, scheduler, c
     return final
 
 
+def has_optimizer_state(path: Path) -> bool:
+    """Whether the iteration folder ``path`` holds the optimizer state (not saved weights-only)."""
+    from megatron.core import dist_checkpointing
+
+    return bool(dist_checkpointing.load_common_state_dict(str(path)).get("has_optimizer", True))
+
+
 def load_checkpoint(folder: Path, model, optimizer, scheduler) -> dict:
     """Restore model, optimizer, scheduler and RNG states from the latest iteration; returns the
-    common state (``iteration``, ``consumed_samples`` ...)."""
+    common state (``iteration``, ``consumed_samples`` ...). An iteration saved weights-only
+    (``has_optimizer`` False in the returned state) leaves the optimizer as it is: freshly built."""
     from megatron.core import dist_checkpointing
 
     path = iteration_dir(folder)
-    template = _sharded_state(model, optimizer, scheduler, {}, True)
+    try:
+        with_optimizer = has_optimizer_state(path)
+    except Exception as e:
+        raise PaiZooError(f"{path}: cannot resume from this checkpoint ({type(e).__name__}: {e})") from e
+    template = _sharded_state(model, optimizer, scheduler, {}, True, with_optimizer=with_optimizer)
     try:
         state = dist_checkpointing.load(template, str(path))
     except Exception as e:
@@ -170,8 +195,37 @@ def load_checkpoint(folder: Path, model, optimizer, scheduler) -> dict:
     if state.get("pai_zoo_format") != FORMAT:
         raise PaiZooError(f"{path}: not a pai-zoo training checkpoint (format {state.get('pai_zoo_format')!r})")
     model.load_state_dict(state.pop("model"), strict=False)
-    optimizer.load_state_dict(state.pop("optimizer"))
+    if with_optimizer:
+        optimizer.load_state_dict(state.pop("optimizer"))
+    state["has_optimizer"] = with_optimizer
     scheduler.load_state_dict(state.pop("opt_param_scheduler"))
     rng = state.pop("rng_state")
     _set_rng_state(rng[0] if isinstance(rng, list) else rng)
     return state
+
+
+_ITERATION = re.compile(r"iter_(\d{7})")
+
+
+def prune_checkpoints(folder: Path, keep_last: int, protect=()) -> list[Path]:
+    """Delete the ``iter_*`` folders of ``folder`` older than its newest ``keep_last`` (0: keep all), except the
+    iterations in ``protect`` (the one resumed from, the one just written); on rank 0, after a complete save.
+    Each is renamed to ``iter_N.deleting`` first, then removed (with any such leftover of an earlier run).
+    Returns the folders removed."""
+    folder = Path(folder)
+    if keep_last <= 0 or not is_rank0():
+        return []
+    found = sorted(
+        (int(m.group(1)), p) for p in folder.iterdir() if p.is_dir() and (m := _ITERATION.fullmatch(p.name))
+    )
+    keep = {n for n, _ in found[-keep_last:]} | {int(n) for n in protect if n is not None}
+    removed = []
+    for n, path in found:
+        if n in keep:
+            continue
+        doomed = path.with_name(path.name + ".deleting")
+        path.rename(doomed)
+        removed.append(path)
+    for doomed in folder.glob("iter_*.deleting"):
+        shutil.rmtree(doomed, ignore_errors=True)
+    return removed

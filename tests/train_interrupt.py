@@ -1,9 +1,11 @@
-"""Run ``pai-zoo train`` and SIGKILL the process at a chosen moment of a checkpoint save.
+"""Run ``pai-zoo train`` and SIGKILL the process at a chosen moment of a checkpoint save, or signal it at a step.
 
     python tests/train_interrupt.py MOMENT ITERATION -- <pai-zoo train arguments>
 
 MOMENT ``publish``: just before ``iter_N.tmp`` is renamed to ``iter_N`` (the save is complete
-but not published); ``tracker``: after the rename, before the tracker names it.
+but not published); ``tracker``: after the rename, before the tracker names it. ``sigint``, ``sigterm``: the
+process sends itself that signal when it logs step ITERATION (before that step's checkpoint save); ``sigint2``:
+two SIGINTs there (stop at once). The exit code is ``pai-zoo train``'s.
 """
 import os
 import signal
@@ -36,6 +38,19 @@ if __name__ == "__main__":
             return False
 
         _kill_on("replace", match)
+    elif moment in ("sigint", "sigterm", "sigint2"):
+        from pai_zoo.util.metrics import MetricsLog
+
+        sig = signal.SIGTERM if moment == "sigterm" else signal.SIGINT
+        write = MetricsLog.write
+
+        def signalling_write(self, record):
+            write(self, record)
+            if record.get("step") == iteration:
+                for _ in range(2 if moment == "sigint2" else 1):
+                    os.kill(os.getpid(), sig)
+
+        MetricsLog.write = signalling_write
     else:
         raise SystemExit(f"unknown moment {moment}")
     sys.exit(main(["train", *sys.argv[sys.argv.index("--") + 1:]]))

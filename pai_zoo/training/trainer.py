@@ -5,6 +5,22 @@ The pieces are megatron-core's: ``GPTModel`` in ``DistributedDataParallel``,
 ``get_forward_backward_func`` (gradient accumulation and pipeline schedules),
 ``finalize_model_grads`` and ``dist_checkpointing``. pai-zoo adds the model source (preset, HF
 folder, Megatron checkpoint), the data order, the logs and exact resume.
+
+What a run reports (rank 0): a start-up summary before step 1 (model, parameters, layout, steps, tokens per step,
+warm-up, data, where the logs and checkpoints go), one line per logged step with an ETA (or a progress bar on a
+terminal), one line per checkpoint save. SIGINT (Ctrl-C) or SIGTERM stops the run after the step in progress (a
+second signal at once) with :class:`~pai_zoo.util.interrupt.Interrupted` (exit 130 / 143 from the command line);
+nothing half-written is left, and the same command resumes from the last checkpoint.
+
+Checkpoints: ``keep_last`` N keeps the newest N ``iter_*`` folders (and the one the run resumed from);
+``save_optim=False`` saves the weights, scheduler, RNG and data position without the optimizer state. A run resumed
+from such a checkpoint warns and starts the optimizer's moments from zero (the schedule and data continue).
+
+Extending (``extend``): a run may be resumed with a larger budget (``train_tokens``). The learning-rate schedule is
+then recomputed for the new number of steps (the same warm-up steps, decay to ``min_learning_rate`` at the new last
+step) and continues from the step reached: the learning rate jumps from where the old schedule left it to the new
+schedule's value at that step and decays again over the remaining steps. Without ``extend`` a changed budget is
+refused, and a smaller budget is refused always.
 """
 from __future__ import annotations
 
@@ -20,13 +36,15 @@ from pathlib import Path
 import torch
 
 from ..errors import PaiZooError
-from ..run_checkpoint import latest_iteration, load_checkpoint, save_checkpoint
+from ..run_checkpoint import iteration_name, latest_iteration, load_checkpoint, prune_checkpoints, save_checkpoint
 from ..util.dist import rank, world_size
 from ..util.files import write_text_atomic
+from ..util.interrupt import Interrupted, StopRequest
 from ..util.metrics import MetricsLog
+from ..util.progress import ETA, format_duration
 from .config import TrainConfig, TrainConfigError
 
-#: Settings that must not change when a run is resumed.
+#: Settings that must not change when a run is resumed (the budget, train_tokens, may grow with ``extend``).
 RESUME_INVARIANTS = ("global_batch_size", "sequence_length", "data", "split", "seed", "sft", "train_tokens",
                      "warmup_tokens", "learning_rate", "min_learning_rate")
 
@@ -113,15 +131,32 @@ class Trainer:
         self._build_data()
 
     def _check_resume_compatible(self) -> None:
+        """Refuse to resume a run with other settings; with ``extend``, allow a larger budget (sets
+        ``self.extending_from`` to the run's former number of steps)."""
+        self.extending_from = None
         file = self.save_dir / CONFIG_FILE
         if not file.is_file():
             return
         before = json.loads(file.read_text())
         now = self.cfg.to_dict()
-        changed = [f"{k}: {before.get(k)!r} -> {now[k]!r}" for k in RESUME_INVARIANTS if before.get(k) != now[k]]
+        changed = [f"{k}: {before.get(k)!r} -> {now[k]!r}" for k in RESUME_INVARIANTS
+                   if k not in BUDGET and before.get(k) != now.get(k)]
         if changed:
             raise TrainConfigError(f"{self.save_dir} holds a run with other settings; resuming it with "
                                    f"{'; '.join(changed)} would not continue it (use another --save folder)")
+        old, new = _steps_of(before), self.cfg.train_steps
+        if old is None or old == new:
+            return
+        budget = "; ".join(f"{k}: {before.get(k)!r} -> {now.get(k)!r}" for k in BUDGET if before.get(k) != now.get(k))
+        if new < old:
+            raise TrainConfigError(f"{self.save_dir} holds a run of {old} steps; {budget} ({new} steps) would shorten "
+                                   "it, which a resume cannot do (use another --save folder)")
+        if not self.cfg.extend:
+            raise TrainConfigError(
+                f"{self.save_dir} holds a run of {old} steps; resuming it with {budget} ({new} steps) would not "
+                "continue it", hint="add --extend to continue the run to the larger budget (the learning-rate "
+                "schedule is recomputed for the new steps), or use another --save folder")
+        self.extending_from = old
 
     def _build_model(self, source) -> None:
         from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
@@ -283,45 +318,167 @@ class Trainer:
         return tokens_per_s * model_flops_per_token(self.mcore_config, length) / (peak * self.world)
 
     def save(self, step: int) -> Path:
-        return save_checkpoint(self.save_dir, step, self.model, self.optimizer, self.scheduler,
+        """Save ``step`` (every rank), then drop the checkpoints beyond ``keep_last``; rank 0 reports it."""
+        start = time.perf_counter()
+        path = save_checkpoint(self.save_dir, step, self.model, self.optimizer, self.scheduler,
                                {"consumed_samples": step * self.cfg.global_batch_size,
-                                "train_config": self.cfg.to_dict()})
+                                "train_config": self.cfg.to_dict()}, save_optim=self.cfg.save_optim)
+        seconds = time.perf_counter() - start
+        removed = prune_checkpoints(self.save_dir, self.cfg.keep_last, protect=(step, self.resumed_from))
+        if self.rank == 0:
+            line = f"saved checkpoint {path.name} (step {step}{'' if self.cfg.save_optim else ', weights only'}) " \
+                   f"in {seconds:.1f} s"
+            if removed:
+                line += f"; removed {', '.join(p.name for p in removed)} (keep last {self.cfg.keep_last})"
+            self._say(line)
+        return path
+
+    def _say(self, line: str) -> None:
+        """One line on rank 0, on its own line when the progress bar is showing."""
+        bar = getattr(self, "bar", None)
+        if bar is not None:
+            bar.break_line()
+        self.echo(line)
+
+    def parameter_count(self) -> int:
+        """The model's parameters over all tensor- and pipeline-parallel ranks (a collective), each counted once."""
+        from megatron.core import parallel_state
+
+        tp_rank = parallel_state.get_tensor_model_parallel_rank()
+        count = 0
+        for p in self.model.parameters():
+            if getattr(p, "shared_embedding", False) and not self.first_stage:
+                continue  # the output layer tied to the first stage's embedding
+            if getattr(p, "tensor_model_parallel", False) or tp_rank == 0:
+                count += p.numel()
+        total = torch.tensor([count], dtype=torch.int64, device=_device())
+        torch.distributed.all_reduce(total, group=parallel_state.get_model_parallel_group())
+        return int(total.item())
+
+    def summary(self, parameters: int) -> list[str]:
+        """The start-up lines: what is trained, how, for how long, on what, and where it goes."""
+        cfg = self.cfg
+        prefixes, weights = cfg.data_blend()
+        data = ", ".join(prefixes) if weights is None else ", ".join(f"{w:g} x {p}" for w, p in zip(weights, prefixes))
+        checkpoints = f"{self.save_dir}/iter_* every {cfg.save_interval} steps and at the end"
+        checkpoints += f", keeping the last {cfg.keep_last}" if cfg.keep_last else ""
+        checkpoints += "; weights only (no optimizer state)" if not cfg.save_optim else ""
+        scheduler = self.scheduler
+        return [
+            f"model: {cfg.model} ({self.family.name}), {parameters:,} parameters ({_short(parameters)}), "
+            f"{'bfloat16' if cfg.bf16 else 'float32'}",
+            f"layout: {self.world} process{'es' if self.world > 1 else ''} = TP {cfg.tensor_parallel_size} x "
+            f"PP {cfg.pipeline_parallel_size} x DP {self.dp_size}; {self.microbatches} micro-batch"
+            f"{'es' if self.microbatches > 1 else ''} of {cfg.batch_size} per step (global batch "
+            f"{cfg.global_batch_size})",
+            f"steps: {cfg.train_steps} x {cfg.tokens_per_step:,} tokens per step ({cfg.global_batch_size} x "
+            f"{cfg.sequence_length}) = {cfg.train_steps * cfg.tokens_per_step:,} tokens; warm-up "
+            f"{scheduler.lr_warmup_steps} step{'' if scheduler.lr_warmup_steps == 1 else 's'}, learning rate "
+            f"{scheduler.max_lr:g} {scheduler.lr_decay_style} to {scheduler.min_lr:g}",
+            f"data: {data}{' (SFT)' if cfg.sft else ''}",
+            f"logs: {self.save_dir / METRICS_FILE}; checkpoints: {checkpoints}",
+        ]
+
+    def _stopped(self, step: int) -> str:
+        latest = self._latest()
+        where = f"last checkpoint {iteration_name(latest)}" if latest is not None else "no checkpoint yet"
+        return f"interrupted at step {step}; {where}; rerun the same command to {'resume' if latest else 'start'}"
+
+    def _resume(self) -> int:
+        """Load the latest checkpoint (if any) and say what continues; returns the step to start from."""
+        cfg = self.cfg
+        self.resumed_from = self._latest()
+        if self.resumed_from is None:
+            return 0
+        if self.extending_from is not None:  # the schedule of the new budget (see the module docstring)
+            self.scheduler.override_opt_param_scheduler = True
+        state = load_checkpoint(self.save_dir, self.model, self.optimizer, self.scheduler)
+        start = int(state["iteration"])
+        if self.rank == 0:
+            if self.extending_from is not None:
+                sch = self.scheduler
+                self.echo(f"extending the run from step {start} ({self.extending_from} planned) to step "
+                          f"{cfg.train_steps}: the learning-rate schedule is recomputed for {cfg.train_steps} steps "
+                          f"(warm-up {sch.lr_warmup_steps}, {sch.lr_decay_style} decay to {sch.min_lr:g} at step "
+                          f"{cfg.train_steps}) and continues from step {start} at "
+                          f"{self.optimizer.param_groups[0]['lr']:.3e}")
+            else:
+                self.echo(f"resuming {self.save_dir} at step {start} of {cfg.train_steps}")
+            if not state.get("has_optimizer", True):
+                self.echo(f"warning: {iteration_name(start)} holds no optimizer state (saved with --no-save-optim): "
+                          "the optimizer restarts (Adam moments from zero); the weights, schedule and data continue")
+        return start
 
     def run(self) -> dict:
         self.setup()
         cfg = self.cfg
-        start = 0
-        if self._latest() is not None:
-            state = load_checkpoint(self.save_dir, self.model, self.optimizer, self.scheduler)
-            start = int(state["iteration"])
+        parameters = self.parameter_count()
+        if self.rank == 0:
+            for line in self.summary(parameters):
+                self.echo(line)
+        start = self._resume()
+        if start >= cfg.train_steps:
             if self.rank == 0:
-                self.echo(f"resuming {self.save_dir} at step {start} of {cfg.train_steps}")
+                self.echo(f"{self.save_dir}: already trained for {cfg.train_steps} steps (to train on, rerun with "
+                          "a larger --train-tokens and --extend)")
+            return {}
         log = MetricsLog(self.save_dir / METRICS_FILE, start) if self.rank == 0 else None
-        bar = StepDisplay(cfg.train_steps, cfg.progress if self.rank == 0 else False)
+        self.bar = bar = StepDisplay(cfg.train_steps, cfg.progress if self.rank == 0 else False)
+        eta = ETA(start, cfg.train_steps)
+        done = start
         self.ddp.train()
         last: dict = {}
-        for step in range(start, cfg.train_steps):
-            metrics = self.train_step(step)
-            last = metrics.as_dict()
-            if cfg.eval_interval and self.valid_batches and metrics.step % cfg.eval_interval == 0:
-                last["eval_loss"] = self.evaluate(metrics.step)
-                last["eval_ppl"] = math.exp(min(last["eval_loss"], 50.0))
-            if log is not None and (
-                metrics.step % cfg.log_interval == 0 or metrics.step == cfg.train_steps or "eval_loss" in last
-            ):
-                log.write(last)
-                if bar.enabled:
-                    bar.show(last)
-                else:
-                    self.echo(format_metrics(last, cfg.train_steps))
-            if metrics.step % cfg.save_interval == 0 or metrics.step == cfg.train_steps:
-                self.save(metrics.step)
-        bar.close()
-        if log is not None:
-            log.close()
-        if self.rank == 0 and not last:
-            self.echo(f"{self.save_dir}: already trained for {cfg.train_steps} steps")
+        stop = StopRequest(lambda: self._stopped(done) if self.rank == 0 else "")
+        try:
+            with stop:
+                for step in range(start, cfg.train_steps):
+                    metrics = self.train_step(step)
+                    last = metrics.as_dict()
+                    if cfg.eval_interval and self.valid_batches and metrics.step % cfg.eval_interval == 0:
+                        last["eval_loss"] = self.evaluate(metrics.step)
+                        last["eval_ppl"] = math.exp(min(last["eval_loss"], 50.0))
+                    done = metrics.step
+                    if log is not None and (
+                        metrics.step % cfg.log_interval == 0 or metrics.step == cfg.train_steps or "eval_loss" in last
+                    ):
+                        log.write(last)
+                        left = eta.seconds(metrics.step)
+                        if bar.enabled:
+                            bar.show(last, left)
+                        else:
+                            self.echo(format_metrics(last, cfg.train_steps, left))
+                    if metrics.step % cfg.save_interval == 0 or metrics.step == cfg.train_steps:
+                        self.save(metrics.step)
+                    if metrics.step < cfg.train_steps and stop.requested():
+                        raise Interrupted(stop.signum, self._stopped(done) if self.rank == 0 else "")
+        finally:
+            bar.close()
+            self.bar = None
+            if log is not None:
+                log.close()
         return last
+
+
+#: the settings that give the budget: with ``extend`` they may grow.
+BUDGET = ("train_tokens", "train_iters")
+
+
+def _steps_of(settings: dict) -> int | None:
+    """The number of steps of a run's saved settings (``train_config.json``), None if they do not say."""
+    from dataclasses import fields
+
+    known = {f.name for f in fields(TrainConfig)}
+    try:
+        return TrainConfig(**{k: v for k, v in settings.items() if k in known}).train_steps
+    except (TypeError, ValueError, ZeroDivisionError, PaiZooError):
+        return None
+
+
+def _short(n: int) -> str:
+    for unit, div in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= div:
+            return f"{n / div:.1f}{unit}"
+    return str(n)
 
 
 def _device():
@@ -337,13 +494,15 @@ def _loss(loss_mask, output):
     return loss_sum, tokens, {"lm loss": torch.stack([loss_sum.detach(), tokens.to(loss_sum.dtype)])}
 
 
-def format_metrics(m: dict, total: int) -> str:
+def format_metrics(m: dict, total: int, eta: float | None = None) -> str:
     text = (f"step {m['step']}/{total} | loss {m['loss']:.4f} | lr {m['lr']:.3e} | grad norm {m['grad_norm']:.3f} | "
             f"{m['tokens_per_s']:,.0f} tokens/s")
     if "mfu" in m:
         text += f" | MFU {m['mfu']:.1%}"
     if "eval_loss" in m:
         text += f" | eval loss {m['eval_loss']:.4f} (ppl {m['eval_ppl']:.2f})"
+    if eta is not None:
+        text += f" | ETA {format_duration(eta)}"
     return text
 
 
@@ -356,15 +515,24 @@ class StepDisplay:
         self.stream = sys.stderr
         self.total = total
         self.enabled = (self.stream.isatty() and not os.environ.get("CI")) if enabled is None else enabled
+        self.shown = False  # whether the cursor is at the end of the bar's line
 
-    def show(self, metrics: dict) -> None:
+    def show(self, metrics: dict, eta: float | None = None) -> None:
         filled = int(20 * metrics["step"] / self.total)
-        self.stream.write("\r[" + "#" * filled + "-" * (20 - filled) + "] " + format_metrics(metrics, self.total))
+        self.stream.write("\r[" + "#" * filled + "-" * (20 - filled) + "] "
+                          + format_metrics(metrics, self.total, eta) + "\x1b[K")
         self.stream.flush()
+        self.shown = True
+
+    def break_line(self) -> None:
+        """End the bar's line, so that the next output starts on a line of its own."""
+        if self.enabled and self.shown:
+            self.stream.write("\n")
+            self.stream.flush()
+            self.shown = False
 
     def close(self) -> None:
-        if self.enabled:
-            self.stream.write("\n")
+        self.break_line()
 
 
 def train(cfg: TrainConfig, echo=print) -> dict:

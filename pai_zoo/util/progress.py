@@ -64,6 +64,33 @@ class Progress:
             self.stream.flush()
 
 
+class ETA:
+    """The time left of a run of ``total`` steps from the wall-clock rate of the steps done by this process since
+    ``start_step`` (checkpoint saves and evaluations included)."""
+
+    def __init__(self, start_step: int, total: int):
+        self.start_step, self.total, self.start = start_step, total, time.perf_counter()
+
+    def seconds(self, step: int) -> float | None:
+        """Seconds left after ``step`` (None before the first step of this process)."""
+        done = step - self.start_step
+        if done <= 0:
+            return None
+        return (time.perf_counter() - self.start) / done * max(self.total - step, 0)
+
+
+def format_duration(seconds: float) -> str:
+    """``45s``, ``3m05s``, ``2h07m``, ``3d04h``."""
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
 def _count(n: float) -> str:
     for unit, div in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if n >= div:
