@@ -63,6 +63,10 @@ CORE_KEY_PREFIX = "pai_zoo."
 #: :mod:`pai_zoo.mcore.rope` computes the inverse frequencies (and YaRN's attention factor) from it.
 ROPE_SCALING = CORE_KEY_PREFIX + "rope_scaling"
 
+#: :attr:`McoreConfig.arch` key of a word-embedding multiplier (Gemma's ``sqrt(hidden_size)``): a number, or
+#: ``"sqrt_hidden_size"``; :mod:`pai_zoo.mcore.embedding_scale` applies it. Absent: no scaling.
+EMBEDDING_SCALE = CORE_KEY_PREFIX + "embedding_scale"
+
 
 @dataclass
 class McoreConfig:

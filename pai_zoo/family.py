@@ -100,6 +100,10 @@ class Family:
             values in megatron-core's names (``{"gated_linear_unit": True, "add_qkv_bias": False, ...}``,
             translated from the args by :mod:`pai_zoo.megatron_args`); the family claims a checkpoint whose
             architecture has all the values of one of them. ``()``: only ``--family NAME`` picks the family.
+        zero_centered_norms: whether the family's norms scale by ``1 + weight`` (identity at weight 0, as
+            Gemma's); the conformance suite then draws norm weights around 0 instead of 1. ``None`` (default):
+            as the arch's ``layernorm_zero_centered_gamma`` says (:mod:`pai_zoo.mcore.norms`). A family whose own
+            ``layer_spec`` holds such norms without that key sets ``True``.
         plugin: filled in by the registry: the entry-point name that registered the family.
     """
 
@@ -123,6 +127,7 @@ class Family:
     mcore_versions: str = ">=0.16.1"
     backends: tuple[str, ...] = ("local",)
     megatron_args: tuple[Mapping[str, Any], ...] = ()
+    zero_centered_norms: bool | None = None
     plugin: str = field(default="", compare=False)
 
     def __repr__(self) -> str:

@@ -57,8 +57,8 @@ def build_case(family: Family, preset: str | None = None, seed: int = 0, **overr
     hf_config = hf.hf_config(family, config)
     torch.manual_seed(seed)
     hf_model = hf.build_hf_model(family, hf_config)
-    _randomise(hf_model, seed)
     mcore_config = family.to_mcore_config(hf.config_dict(hf_config))
+    _randomise(hf_model, seed, norm_identity=0.0 if zero_centered_norms(family, mcore_config) else 1.0)
     ensure_model_parallel()
     mcore_model = build_gpt_model(family, mcore_config).eval()
     try:
@@ -68,11 +68,21 @@ def build_case(family: Family, preset: str | None = None, seed: int = 0, **overr
     return Case(family, preset, hf_config, mcore_config, hf_model, mcore_model)
 
 
-def _randomise(model, seed: int) -> None:
+def zero_centered_norms(family: Family, mcore_config) -> bool:
+    """Whether the family's norms scale by ``1 + weight``: :attr:`Family.zero_centered_norms`, else the arch's
+    ``layernorm_zero_centered_gamma``."""
+    if family.zero_centered_norms is not None:
+        return bool(family.zero_centered_norms)
+    return bool(mcore_config.get("layernorm_zero_centered_gamma", False))
+
+
+def _randomise(model, seed: int, norm_identity: float = 1.0) -> None:
     """Re-draw every weight so that the check is sensitive: matrices with std 1/sqrt(fan-in)
     (unit-scale activations, so attention is sharp and positions matter, unlike the tiny
-    default init), norm weights near one and biases near zero but all distinct, so that a
-    table swapping two tensors cannot pass unnoticed."""
+    default init), norm weights near the norm's identity (``norm_identity``: 1, or 0 for norms that
+    scale by ``1 + weight``, so that their gain is near 1 too and the margin does not depend on the
+    seed) and biases near zero but all distinct, so that a table swapping two tensors cannot pass
+    unnoticed."""
     import torch
 
     gen = torch.Generator().manual_seed(seed + 1)
@@ -84,7 +94,7 @@ def _randomise(model, seed: int) -> None:
             elif name.endswith("bias"):
                 p.copy_(0.1 * noise)
             else:
-                p.copy_(1.0 + 0.1 * noise)
+                p.copy_(norm_identity + 0.1 * noise)
 
 
 def odd_preset(family: Family) -> str:

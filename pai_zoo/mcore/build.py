@@ -13,8 +13,9 @@ from ..config_map import CORE_KEY_PREFIX, FAMILY_KEY_PREFIX, GPT_MODEL_ARGS, Mco
 from ..family import Family
 from . import import_megatron, quiet_megatron
 from .alibi import ALIBI, with_alibi
+from .embedding_scale import apply_embedding_scale
 from .rope import set_inverse_frequencies, softmax_scale
-from .specs import default_layer_spec
+from .specs import default_layer_spec, stage_spec
 
 import_megatron()
 
@@ -107,8 +108,11 @@ def build_gpt_model(
     tensor-parallel size unless ``padded_vocab_size`` says otherwise (a checkpoint's).
     ``parallel_output=False`` gathers the tensor-parallel logits (for inference). A scaled RoPE
     (``linear``, ``llama3``, ``yarn``) gets transformers' inverse frequencies once the model is
-    built (:mod:`pai_zoo.mcore.rope`). The installed megatron-core must be one the family supports
-    (:attr:`Family.mcore_versions`).
+    built (:mod:`pai_zoo.mcore.rope`). A block spec (:func:`pai_zoo.mcore.specs.block_spec`) lists every
+    layer; this pipeline stage builds its slice (:func:`pai_zoo.mcore.specs.stage_spec`). Zero-centred norms
+    (``layernorm_zero_centered_gamma``, :mod:`pai_zoo.mcore.norms`) and the word-embedding scale
+    (:data:`~pai_zoo.config_map.EMBEDDING_SCALE`, :mod:`pai_zoo.mcore.embedding_scale`) are core options
+    of the arch. The installed megatron-core must be one the family supports (:attr:`Family.mcore_versions`).
     """
     family.check_mcore_version()  # a clear error before megatron-core fails somewhere inside
     from megatron.core import parallel_state
@@ -121,7 +125,7 @@ def build_gpt_model(
     tconfig = transformer_config(
         config, dtype, **{"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp, **overrides}
     )
-    spec = (family.layer_spec or default_layer_spec)(config)
+    spec = stage_spec((family.layer_spec or default_layer_spec)(config), config, tconfig)
     gpt_args = {k: v for k, v in config.arch.items() if k in GPT_MODEL_ARGS}
     gpt_args["vocab_size"] = padded_vocab_size or config.padded_vocab_size(tp)
     gpt_args.setdefault("max_sequence_length", 4096)
@@ -143,6 +147,7 @@ def build_gpt_model(
             **gpt_args,
         )
     use_inference_output_layer(model)
+    apply_embedding_scale(model, config)
     model = model.to(dtype)
     set_inverse_frequencies(model, config)  # float32, like megatron-core's own
     return model

@@ -4,20 +4,90 @@ from __future__ import annotations
 import functools
 import warnings
 
-__all__ = ["default_layer_spec", "layer_specs", "submodules_of"]
+__all__ = ["block_spec", "default_layer_spec", "layer_specs", "stage_spec", "submodules_of", "with_norm"]
 
 
 def default_layer_spec(config):
     """megatron-core's local GPT layer spec with the config's normalization and qk-norm (``config``: an
-    :class:`~pai_zoo.config_map.McoreConfig` or a dict of its ``arch`` keys)."""
+    :class:`~pai_zoo.config_map.McoreConfig` or a dict of its ``arch`` keys). With
+    ``layernorm_zero_centered_gamma`` its norms are :class:`~pai_zoo.mcore.norms.ZeroCenteredNorm`
+    (``1 + weight``); :func:`pai_zoo.mcore.build.build_gpt_model` then gives the final norm the same class."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "Apex is not installed. Falling back to Torch Norm"
-        return get_gpt_layer_local_spec(
+        spec = get_gpt_layer_local_spec(
             qk_layernorm=bool(config.get("qk_layernorm", False)),
             normalization=config.get("normalization", "LayerNorm"),
         )
+    if config.get("layernorm_zero_centered_gamma", False):
+        from .norms import ZeroCenteredNorm
+
+        spec = with_norm(spec, ZeroCenteredNorm)
+    return spec
+
+
+def with_norm(layer_spec, norm):
+    """``layer_spec`` (a ``TransformerLayer`` ``ModuleSpec``, changed in place and returned) with ``norm`` as
+    its ``input_layernorm``, ``pre_mlp_layernorm`` and attention ``q_layernorm``/``k_layernorm``, wherever the
+    spec has a norm there (an ``IdentityOp`` stays)."""
+    from megatron.core.transformer.identity_op import IdentityOp
+
+    def swap(parent, name):
+        if parent is not None and getattr(parent, name, IdentityOp) not in (IdentityOp, None):
+            setattr(parent, name, norm)
+
+    swap(layer_spec.submodules, "input_layernorm")
+    swap(layer_spec.submodules, "pre_mlp_layernorm")
+    attention = submodules_of(getattr(layer_spec.submodules, "self_attention", None))
+    swap(attention, "q_layernorm")
+    swap(attention, "k_layernorm")
+    return layer_spec
+
+
+def block_spec(config, layer_spec, final_norm=None):
+    """A spec of the whole decoder: every layer of the model and the final norm ``final_norm``, for a family's
+    ``layer_spec`` to return when the final norm is not megatron-core's default (or the layers differ).
+
+    ``layer_spec`` is one layer ``ModuleSpec`` (used for every layer) or a list of ``config.num_layers`` of them
+    (layer ``i`` gets entry ``i``). ``final_norm`` is a norm class built as ``Norm(config=..., hidden_size=...,
+    eps=...)``; ``None`` means :func:`pai_zoo.mcore.norms.norm_class` (zero-centred when the config says so,
+    else megatron-core's default). The result lists every layer, not one pipeline stage's:
+    :func:`pai_zoo.mcore.build.build_gpt_model` gives each stage its slice (:func:`stage_spec`), so pipeline
+    parallelism works."""
+    from megatron.core.transformer.transformer_block import LayerNormImpl, TransformerBlockSubmodules
+
+    from .norms import norm_class
+
+    num_layers = int(config.get("num_layers"))
+    specs = list(layer_spec) if isinstance(layer_spec, (list, tuple)) else [layer_spec] * num_layers
+    if len(specs) != num_layers:
+        raise ValueError(f"block_spec: {len(specs)} layer specs for a model of num_layers={num_layers}")
+    return TransformerBlockSubmodules(layer_specs=specs, layer_norm=final_norm or norm_class(config, LayerNormImpl))
+
+
+def stage_spec(spec, config, transformer_config):
+    """The spec ``GPTModel`` gets on this pipeline stage. A block spec (``TransformerBlockSubmodules``, as
+    :func:`block_spec` makes) lists every layer of the model; megatron-core builds every entry it is given, so
+    this keeps the stage's own layers (megatron-core's ``get_transformer_layer_offset`` and
+    ``get_num_layers_to_build``, which also number the layers). A layer ``ModuleSpec`` of a zero-centred config
+    becomes a block spec first (the final norm zero-centred too); any other layer spec is left to megatron-core.
+    """
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
+    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+
+    if not isinstance(spec, TransformerBlockSubmodules):
+        if not config.get("layernorm_zero_centered_gamma", False):
+            return spec
+        spec = block_spec(config, spec)
+    num_layers = int(config.get("num_layers"))
+    if len(spec.layer_specs) != num_layers:
+        raise ValueError(f"a block spec lists every layer of the model: {len(spec.layer_specs)} layer specs for "
+                         f"num_layers={num_layers} (pai_zoo.mcore.specs.block_spec makes one)")
+    offset = get_transformer_layer_offset(transformer_config)
+    count = get_num_layers_to_build(transformer_config)
+    return TransformerBlockSubmodules(layer_specs=list(spec.layer_specs[offset:offset + count]),
+                                      layer_norm=spec.layer_norm)
 
 
 def layer_specs(spec) -> list:
