@@ -266,6 +266,39 @@ def test_cli_chat_uses_the_chat_template_like_transformers(folder, mcore, tmp_pa
     assert row["messages"] == messages
 
 
+def test_cli_chat_takes_a_file_that_mixes_prompt_and_messages_records(folder, mcore, tmp_path):
+    from transformers import AutoTokenizer
+
+    chat = [{"role": "user", "content": "Name a colour."}]
+    prompts = _write(tmp_path / "mixed.jsonl", [{"prompt": "Name a colour."}, {"messages": chat}, {"prompt": [5, 6]}])
+    out = tmp_path / "out.jsonl"
+    assert main(["generate", "--model", str(folder), "--prompts", str(prompts), "--output", str(out), "--chat",
+                 "--max-new-tokens", "4"]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    reference = AutoTokenizer.from_pretrained(folder).apply_chat_template(chat, add_generation_prompt=True,
+                                                                          tokenize=True)
+    reference = list(reference["input_ids"] if hasattr(reference, "keys") else reference)
+    # a text prompt is one user turn under --chat; ids are taken as they are
+    assert [r["prompt_tokens"] for r in rows] == [len(reference), len(reference), 2]
+    assert rows[0]["token_ids"] == rows[1]["token_ids"] == generate(mcore, [reference], max_new_tokens=4)[0].token_ids
+    assert rows[0]["prompt"] == "Name a colour." and rows[1]["messages"] == chat
+
+
+def test_read_prompts_with_chat_reads_both_record_kinds_and_refuses_a_record_with_both(tmp_path):
+    from pai_zoo.generation import encode_prompt, read_prompts
+
+    chat = [{"role": "user", "content": "hi"}]
+    path = _write(tmp_path / "mixed.jsonl", [{"prompt": "hi"}, {"messages": chat}])
+    assert [p for _, _, p in read_prompts(path, chat=True)] == ["hi", chat]
+    tokenizer = pai_zoo.load("llama3-tiny").tokenizer
+    assert encode_prompt("hi", tokenizer, chat=True) == encode_prompt(chat, tokenizer, chat=True)
+    with pytest.raises(GenerationError, match=r"mixed.jsonl:2: no 'prompt' key; use 'messages' \(with --chat\)"):
+        read_prompts(path)
+    both = _write(tmp_path / "both.jsonl", [{"prompt": "hi", "messages": chat}])
+    with pytest.raises(GenerationError, match=r"both.jsonl:1: the record has both 'prompt' and 'messages'; give one"):
+        read_prompts(both, chat=True)
+
+
 # -- bad input --------------------------------------------------------------------------------
 def _fails(folder, tmp_path, lines, *extra, capsys):
     prompts = _write(tmp_path / "bad.jsonl", lines)

@@ -10,7 +10,9 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
     """Shows ``(default: X)`` after a flag's help, except for switches and flags without a default."""
 
     def _get_help_string(self, action):
-        if action.default in (None, False, True, argparse.SUPPRESS) or "%(default)" in (action.help or ""):
+        # identity, not ==: a default of 0 or 1.0 equals False or True and is still shown
+        hidden = any(action.default is v for v in (None, False, True, argparse.SUPPRESS))
+        if hidden or "%(default)" in (action.help or ""):
             return action.help
         return super()._get_help_string(action)
 

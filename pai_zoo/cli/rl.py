@@ -42,8 +42,18 @@ def _add_trainers(subparsers, trainers: dict) -> None:
         q = add_command(subparsers, name, cls.description or f"the {name} trainer")
         before = {a.dest for a in q._actions}
         cls.add_arguments(q)
+        _show_defaults(q)
         q.set_defaults(func=run_trainer, rl_class=cls,
                        rl_settings=tuple(a.dest for a in q._actions if a.dest not in before))
+
+
+def _show_defaults(parser: argparse.ArgumentParser) -> None:
+    """``--help`` shows every flag's default, also of flags a trainer declared without help text (argparse
+    prints nothing for those)."""
+    for action in parser._actions:
+        if action.option_strings and action.help is None and action.default is not None \
+                and not isinstance(action.default, bool) and action.default is not argparse.SUPPRESS:
+            action.help = "default: %(default)s"
 
 
 def _raiser(exc: PaiZooError):

@@ -3,6 +3,8 @@
     handle = pai_zoo.load("/ckpt/llama-mcore")
     outs = pai_zoo.generate(handle, ["Hello", "The capital of France is"], max_new_tokens=32)
     outs[0].text, outs[0].token_ids, outs[0].stop_reason        # "eos" | "stop" | "length"
+    chats = [[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}], "What is 2+2?"]
+    outs = pai_zoo.generate(handle, chats, chat=True)          # chat template + generation prompt
 
 megatron-core backend (:func:`mcore_generate`, in ``mcore_loop.py``): the prompts are left-padded into one batch and
 run through ``GPTModel.forward`` with a :class:`~pai_zoo.mcore.inference.KVCache` (megatron-core's
@@ -103,13 +105,16 @@ def generate(
     """Complete ``prompts`` with the model of ``handle`` (a :class:`~pai_zoo.handle.ModelHandle`).
 
     ``prompts``: a string, a list of strings (tokenized with the handle's tokenizer), a list of
-    token-id lists, chats (``chat=True``: lists of ``{"role", "content"}``) or a padded id tensor
-    with ``attention_mask`` (left or right padding). ``eos_token_id``: an id or ids that end a
-    completion (default: the tokenizer's and the config's EOS; ``[]`` for none). ``truncate="left"``
-    drops the oldest prompt tokens that do not fit the context. ``batch_size`` splits the prompts
-    into batches (default: all at once). ``on_text(index, delta)`` streams each completion's text.
-    ``labels`` name the prompts in errors (default ``"prompt <index>"``).
-    Returns one :class:`Generation` per prompt, in order.
+    token-id lists, chats or a padded id tensor with ``attention_mask`` (left or right padding).
+    ``chat=True`` renders each prompt with the tokenizer's chat template (ChatML when it has none)
+    followed by the generation prompt, as ``pai-zoo generate --chat`` does: a chat is a list of
+    ``{"role", "content"}`` messages, a string is one user turn, and a list of ids is used as it
+    is (already rendered): ``generate(handle, [{"role": "user", "content": "Hi"}], chat=True)``.
+    ``eos_token_id``: an id or ids that end a completion (default: the tokenizer's and the config's
+    EOS; ``[]`` for none). ``truncate="left"`` drops the oldest prompt tokens that do not fit the
+    context. ``batch_size`` splits the prompts into batches (default: all at once).
+    ``on_text(index, delta)`` streams each completion's text. ``labels`` name the prompts in
+    errors (default ``"prompt <index>"``). Returns one :class:`Generation` per prompt, in order.
     """
     if attention_mask is not None or hasattr(prompts, "dim"):
         prompts = unpad(prompts, attention_mask)

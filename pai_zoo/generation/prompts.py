@@ -13,22 +13,19 @@ from .params import GenerationError
 def encode_prompt(prompt, tokenizer, where: str = "prompt", chat: bool = False) -> list[int]:
     """Token ids of one prompt: a string (tokenized with BOS as the tokenizer adds it), a chat
     (``[{"role", "content"}, ...]`` rendered with the tokenizer's chat template plus the generation
-    prompt, tokenized as :mod:`pai_zoo.data.sft` tokenizes training chats) or a list of ids."""
-    if chat:
-        if tokenizer is None:
-            raise GenerationError(f"{where}: a chat prompt needs a tokenizer; the model has none")
-        if not isinstance(prompt, list) or not prompt or not all(isinstance(m, dict) for m in prompt):
-            raise GenerationError(f"{where}: 'messages' must be a non-empty list of {{role, content}} objects")
-        from ..data.sft import _special_affixes, _with_template
+    prompt, tokenized as :mod:`pai_zoo.data.sft` tokenizes training chats) or a list of ids.
 
-        try:
-            text = _with_template(tokenizer, None).apply_chat_template(prompt, add_generation_prompt=True)
-        except Exception as exc:  # jinja errors, raise_exception() in the template
-            raise GenerationError(f"{where}: the chat template failed: {exc}") from exc
-        ids = tokenizer.encode(text, add_special_tokens=False)
-        if not (tokenizer.bos_token and text.startswith(tokenizer.bos_token)):
-            ids = _special_affixes(tokenizer, text, ids)[0] + ids
-        return _non_empty(ids, where)
+    With ``chat`` a string is the one user turn of a chat (``[{"role": "user", "content": prompt}]``) and a list
+    of ids is taken as it is (already a rendered prompt), so a prompts file may mix ``prompt`` and ``messages``
+    records."""
+    if chat:
+        if isinstance(prompt, str):
+            prompt = user_turn(prompt, where)
+        elif isinstance(prompt, (list, tuple)) and prompt and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in prompt
+        ):
+            return list(prompt)
+        return _non_empty(_chat_ids(prompt, tokenizer, where), where)
     if isinstance(prompt, str):
         if not prompt:
             raise GenerationError(f"{where}: the prompt is empty")
@@ -45,6 +42,55 @@ def encode_prompt(prompt, tokenizer, where: str = "prompt", chat: bool = False) 
             f"{where}: expected a string or a list of token ids, got {type(prompt).__name__}"
         ) from None
     return _non_empty(ids, where)
+
+
+def user_turn(text: str, where: str = "prompt") -> list[dict]:
+    """A text prompt as a chat: one user message."""
+    if not text:
+        raise GenerationError(f"{where}: the prompt is empty")
+    return [{"role": "user", "content": text}]
+
+
+def _check_chat(messages, tokenizer, where: str) -> None:
+    if tokenizer is None:
+        raise GenerationError(f"{where}: a chat prompt needs a tokenizer; the model has none")
+    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+        raise GenerationError(f"{where}: 'messages' must be a non-empty list of {{role, content}} objects")
+
+
+def _chat_ids(messages, tokenizer, where: str) -> list[int]:
+    """The chat rendered with the tokenizer's chat template (ChatML without one) and the generation prompt."""
+    _check_chat(messages, tokenizer, where)
+    from ..data.sft import _special_affixes, _with_template
+
+    try:
+        text = _with_template(tokenizer, None).apply_chat_template(messages, add_generation_prompt=True)
+    except Exception as exc:  # jinja errors, raise_exception() in the template
+        raise GenerationError(f"{where}: the chat template failed: {exc}") from exc
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    if not (tokenizer.bos_token and text.startswith(tokenizer.bos_token)):
+        ids = _special_affixes(tokenizer, text, ids)[0] + ids
+    return ids
+
+
+def encode_chat_response(prompt, response: str, tokenizer, where: str = "record") -> tuple[list[int], list[int]]:
+    """``(prompt_ids, response_ids)`` of a prompt (text: one user turn; or a chat) answered by ``response`` (the
+    assistant turn), rendered with the chat template the way :func:`encode_prompt` renders prompts and
+    :func:`pai_zoo.data.sft.build_example` renders training chats: the prompt ids end with the generation prompt,
+    the response ids are the assistant's text and what closes its turn (end-of-turn, EOS)."""
+    messages = user_turn(prompt, where) if isinstance(prompt, str) else prompt
+    _check_chat(messages, tokenizer, where)
+    if not isinstance(response, str) or not response:
+        raise GenerationError(f"{where}: with a chat template the response must be non-empty text")
+    from ..data.sft import build_example
+    from ..errors import DataError
+
+    try:
+        ids, mask = build_example([*messages, {"role": "assistant", "content": response}], tokenizer)
+    except (DataError, ValueError) as exc:
+        raise GenerationError(f"{where}: {exc}") from exc
+    first = mask.index(1) if 1 in mask else len(ids)
+    return _non_empty(list(ids[:first]), where), list(ids[first:])
 
 
 def _non_empty(ids: list[int], where: str) -> list[int]:
@@ -106,8 +152,9 @@ def unpad(input_ids, attention_mask=None) -> list[list[int]]:
 
 def read_prompts(path, chat: bool = False) -> list[tuple[str, dict, Any]]:
     """``(where, record, prompt)`` per non-blank line of a JSON Lines file (``where`` is
-    ``"FILE:LINE"``): ``{"prompt": str | [ids]}``, or with ``chat`` ``{"messages": [...]}``.
-    Errors name the file and line."""
+    ``"FILE:LINE"``): ``{"prompt": str | [ids]}``, and with ``chat`` also ``{"messages": [...]}`` (one file
+    may mix both; :func:`encode_prompt` with ``chat`` makes a text prompt one user turn). Errors name the file
+    and line."""
     out = []
     try:
         handle = open(path, encoding="utf-8")
@@ -126,13 +173,15 @@ def read_prompts(path, chat: bool = False) -> list[tuple[str, dict, Any]]:
                 raise GenerationError(f"{where}: malformed JSON: {exc.msg} (column {exc.colno})") from None
             if not isinstance(record, dict):
                 raise GenerationError(f"{where}: expected a JSON object, got {type(record).__name__}")
-            key = "messages" if chat else "prompt"
-            if key not in record:
-                other = "'prompt' (without --chat)" if chat else "'messages' (with --chat)"
+            keys = ("messages", "prompt") if chat else ("prompt",)
+            key = next((k for k in keys if k in record), None)
+            if key is None:
                 raise GenerationError(
-                    f"{where}: no {key!r} key"
-                    + (f"; use {other}" if ("prompt" if chat else "messages") in record else "")
+                    f"{where}: no {' or '.join(map(repr, keys))} key"
+                    + ("; use 'messages' (with --chat)" if "messages" in record else "")
                 )
+            if chat and len([k for k in keys if k in record]) > 1:
+                raise GenerationError(f"{where}: the record has both 'prompt' and 'messages'; give one")
             out.append((where, record, record[key]))
     if not out:
         raise GenerationError(f"{path}: no prompts in the file")

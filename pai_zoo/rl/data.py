@@ -3,6 +3,11 @@
 A preference record is ``{"prompt": ..., "chosen": ..., "rejected": ...}``; a prompt record is
 ``{"prompt": ...}`` (read by :mod:`pai_zoo.generation`). Each field is text (tokenized with the model's
 tokenizer) or a list of token ids. A bad record stops the run before training with an error naming ``file:line``.
+
+With ``chat`` (``pai-zoo rl ... --chat``) the tokenizer's chat template applies, as ``pai-zoo generate --chat``
+applies it (:func:`pai_zoo.generation.encode_prompt`): a text prompt is one user turn, a prompt record may be
+``{"messages": [...]}`` instead, and a pair's ``prompt`` (text or a list of messages) is answered by ``chosen``
+and ``rejected`` as assistant turns (:func:`pai_zoo.generation.prompts.encode_chat_response`).
 """
 from __future__ import annotations
 
@@ -51,31 +56,58 @@ def _records(path):
         yield where, record
 
 
-def read_pairs(path, tokenizer=None, vocab_size: int = 1 << 62) -> list[Pair]:
-    """Every preference pair of a JSON Lines file, tokenized."""
+def _chat_pair(where: str, record: dict, tokenizer, vocab_size: int) -> Pair:
+    from ..generation.prompts import encode_chat_response
+
+    if tokenizer is None:
+        raise PaiZooError(f"{where}: --chat needs a tokenizer and the model has none; "
+                          "give a model folder with tokenizer files")
+    prompt = record["prompt"]
+    if not isinstance(prompt, str) and not (isinstance(prompt, list) and all(isinstance(m, dict) for m in prompt)):
+        raise PaiZooError(f"{where}: with --chat, 'prompt' must be text or a list of {{role, content}} messages")
+    for key in ("chosen", "rejected"):
+        if not isinstance(record[key], str):
+            raise PaiZooError(f"{where}: with --chat, {key!r} must be text (the assistant's answer)")
+    prompt_ids, chosen = encode_chat_response(prompt, record["chosen"], tokenizer, where)
+    other, rejected = encode_chat_response(prompt, record["rejected"], tokenizer, where)
+    if other != prompt_ids:
+        raise PaiZooError(f"{where}: the chat template renders the prompt differently before 'chosen' and "
+                          "'rejected'; cannot split them at one prompt")
+    for key, ids in (("prompt", prompt_ids), ("chosen", chosen), ("rejected", rejected)):
+        check_ids(f"{where}: field {key!r}", ids, vocab_size)
+    return Pair(prompt_ids, chosen, rejected, where)
+
+
+def read_pairs(path, tokenizer=None, vocab_size: int = 1 << 62, chat: bool = False) -> list[Pair]:
+    """Every preference pair of a JSON Lines file, tokenized (``chat``: with the chat template)."""
     pairs = []
     for where, record in _records(path):
         missing = [k for k in PAIR_FIELDS if k not in record]
         if missing:
             raise PaiZooError(f"{where}: preference record lacks {', '.join(repr(m) for m in missing)} "
                               f"(needs {', '.join(PAIR_FIELDS)})")
-        prompt = _ids(where, "prompt", record["prompt"], tokenizer, vocab_size, True)
-        chosen, rejected = (_ids(where, k, record[k], tokenizer, vocab_size, False) for k in ("chosen", "rejected"))
-        if not chosen or not rejected:
+        if chat:
+            pair = _chat_pair(where, record, tokenizer, vocab_size)
+        else:
+            prompt = _ids(where, "prompt", record["prompt"], tokenizer, vocab_size, True)
+            chosen, rejected = (_ids(where, k, record[k], tokenizer, vocab_size, False) for k in ("chosen", "rejected"))
+            pair = Pair(prompt, chosen, rejected, where)
+        if not pair.chosen or not pair.rejected:
             raise PaiZooError(f"{where}: 'chosen' and 'rejected' must not be empty")
-        pairs.append(Pair(prompt, chosen, rejected, where))
+        pairs.append(pair)
     if not pairs:
         raise PaiZooError(f"{path}: no preference records")
     return pairs
 
 
-def read_prompts(path, tokenizer=None, vocab_size: int = 1 << 62) -> list[list[int]]:
-    """Every prompt of a JSON Lines file (``{"prompt": text | [ids]}``, read as ``pai-zoo generate``
-    reads prompts), as token ids inside the vocabulary."""
+def read_prompts(path, tokenizer=None, vocab_size: int = 1 << 62, chat: bool = False) -> list[list[int]]:
+    """Every prompt of a JSON Lines file (``{"prompt": text | [ids]}``, and with ``chat`` also
+    ``{"messages": [...]}``, read as ``pai-zoo generate [--chat]`` reads prompts), as token ids inside the
+    vocabulary."""
     from ..generation import encode_prompt
     from ..generation import read_prompts as read_prompt_records
 
     prompts = []
-    for where, _record, prompt in read_prompt_records(path):
-        prompts.append(check_ids(where, encode_prompt(prompt, tokenizer, where), vocab_size))
+    for where, _record, prompt in read_prompt_records(path, chat=chat):
+        prompts.append(check_ids(where, encode_prompt(prompt, tokenizer, where, chat), vocab_size))
     return prompts

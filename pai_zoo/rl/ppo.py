@@ -25,7 +25,7 @@ DEFAULTS = {
     "clip_range": 0.2, "value_clip": 0.2, "kl_coef": 0.05, "kl_target": None, "kl_horizon": 10000,
     "kl_estimator": "k1", "gamma": 1.0, "lam": 0.95, "max_new_tokens": 16, "temperature": 1.0, "top_k": 0,
     "top_p": 1.0, "actor_lr": 1e-6, "critic_lr": 1e-5, "max_grad_norm": 1.0, "whiten_advantages": True,
-    "seed": 0, "save_every": 0, "resume": True, "tensor_parallel_size": 1, "quiet": False,
+    "seed": 0, "save_every": 0, "resume": True, "tensor_parallel_size": 1, "quiet": False, "chat": False,
 }
 
 
@@ -49,29 +49,34 @@ class PPOTrainer(RLTrainer):
             help="reward-model checkpoint (pai-zoo rl reward) or rule:contains=IDS / rule:fraction=IDS",
         )
         a("--critic", help="critic initialisation (default: the reward model; the actor with a new head for a rule)")
-        a("--prompts", required=True, help='JSON Lines of {"prompt": text | [ids]}')
+        a("--prompts", required=True,
+          help='JSON Lines of {"prompt": text | [ids]} (or {"messages": [...]} with --chat)')
+        a("--chat", action="store_true",
+          help="apply the tokenizer's chat template to the prompts (ChatML if it has none), as generate --chat")
         a("--save", required=True, help="output folder: actor/ and critic/ checkpoints, log.jsonl")
         a("--steps", type=int, default=DEFAULTS["steps"], help="PPO steps (rollout + update)")
         a("--rollout-batch-size", type=int, default=DEFAULTS["rollout_batch_size"], help="prompts per rollout")
         a("--ppo-epochs", type=int, default=DEFAULTS["ppo_epochs"], help="passes over each rollout")
-        a("--mini-batch-size", type=int, default=DEFAULTS["mini_batch_size"])
+        a("--mini-batch-size", type=int, default=DEFAULTS["mini_batch_size"], help="responses per update")
         a("--clip-range", type=float, default=DEFAULTS["clip_range"], help="policy ratio clip epsilon")
         a("--value-clip", type=float, default=DEFAULTS["value_clip"], help="value clip range (negative: off)")
         a("--kl-coef", type=float, default=DEFAULTS["kl_coef"], help="KL penalty coefficient (initial, if adaptive)")
         a("--kl-target", type=float, help="target KL: adapt the coefficient (Ziegler et al.); default fixed")
         a("--kl-horizon", type=int, default=DEFAULTS["kl_horizon"], help="adaptive KL controller horizon")
-        a("--kl-estimator", choices=("k1", "k2", "k3"), default=DEFAULTS["kl_estimator"])
+        a("--kl-estimator", choices=("k1", "k2", "k3"), default=DEFAULTS["kl_estimator"], help="per-token KL estimator")
         a("--gamma", type=float, default=DEFAULTS["gamma"], help="GAE discount")
         a("--lam", type=float, default=DEFAULTS["lam"], help="GAE lambda")
         a("--max-new-tokens", type=int, default=DEFAULTS["max_new_tokens"], help="response length")
-        a("--temperature", type=float, default=DEFAULTS["temperature"])
-        a("--top-k", type=int, default=DEFAULTS["top_k"])
-        a("--top-p", type=float, default=DEFAULTS["top_p"])
-        a("--actor-lr", type=float, default=DEFAULTS["actor_lr"])
-        a("--critic-lr", type=float, default=DEFAULTS["critic_lr"])
-        a("--max-grad-norm", type=float, default=DEFAULTS["max_grad_norm"])
-        a("--no-whiten-advantages", dest="whiten_advantages", action="store_false")
-        a("--seed", type=int, default=DEFAULTS["seed"])
+        a("--temperature", type=float, default=DEFAULTS["temperature"], help="rollout sampling temperature")
+        a("--top-k", type=int, default=DEFAULTS["top_k"], help="rollout top-k (0: off)")
+        a("--top-p", type=float, default=DEFAULTS["top_p"], help="rollout nucleus top-p (1: off)")
+        a("--actor-lr", type=float, default=DEFAULTS["actor_lr"], help="policy learning rate")
+        a("--critic-lr", type=float, default=DEFAULTS["critic_lr"], help="critic learning rate")
+        a("--clip-grad", "--max-grad-norm", dest="max_grad_norm", metavar="NORM", type=float,
+          default=DEFAULTS["max_grad_norm"],
+          help="max global gradient norm, as train --clip-grad (0 disables clipping)")
+        a("--no-whiten-advantages", dest="whiten_advantages", action="store_false", help="use the raw advantages")
+        a("--seed", type=int, default=DEFAULTS["seed"], help="random seed")
         a("--save-every", type=int, default=DEFAULTS["save_every"], help="checkpoint every N steps (0: at the end)")
         a("--no-resume", dest="resume", action="store_false", help="start over even if SAVE holds a checkpoint")
         a("--tp", dest="tensor_parallel_size", type=int, default=DEFAULTS["tensor_parallel_size"],
@@ -154,7 +159,7 @@ class _PPORun:
         from .data import read_prompts
 
         if isinstance(prompts, (str, Path)):
-            prompts = read_prompts(prompts, self.actor.tokenizer, self.actor.vocab_size)
+            prompts = read_prompts(prompts, self.actor.tokenizer, self.actor.vocab_size, chat=self.s["chat"])
         prompts = [list(p) for p in prompts]
         if not prompts:
             raise PaiZooError("ppo: no prompts")

@@ -15,14 +15,15 @@ from ..errors import PaiZooError
 from .base import RLTrainer
 
 DEFAULTS = {"epochs": 1, "batch_size": 8, "lr": 1e-5, "weight_decay": 0.0, "eval_fraction": 0.1, "seed": 0,
-            "max_grad_norm": 1.0, "tensor_parallel_size": 1, "log_every": 1}
+            "max_grad_norm": 1.0, "tensor_parallel_size": 1, "log_every": 1, "chat": False}
 
 
 class RewardTrainer(RLTrainer):
     """Settings: ``model`` (SFT model: preset, HF folder or Megatron checkpoint), ``data``
     (JSON Lines of ``{"prompt", "chosen", "rejected"}``), ``save`` (output folder), and
     ``epochs``, ``batch_size``, ``lr``, ``weight_decay``, ``eval_fraction``, ``seed``,
-    ``max_grad_norm``, ``tensor_parallel_size``, ``log_every``."""
+    ``max_grad_norm`` (``--clip-grad``), ``tensor_parallel_size``, ``log_every`` and ``chat`` (apply the
+    chat template: :func:`pai_zoo.rl.data.read_pairs`)."""
 
     name = "reward"
     description = "reward model on preference pairs (pairwise ranking loss)"
@@ -31,17 +32,23 @@ class RewardTrainer(RLTrainer):
     def add_arguments(cls, parser) -> None:
         parser.add_argument("--model", required=True, help="SFT model: preset, HF folder or Megatron-Core checkpoint")
         parser.add_argument("--data", required=True, help='JSON Lines of {"prompt", "chosen", "rejected"}')
+        parser.add_argument("--chat", action="store_true",
+                            help="render each prompt (text: a user turn, or a list of messages) with the "
+                                 "tokenizer's chat template and chosen/rejected as the assistant's turn "
+                                 "(ChatML if it has none)")
         parser.add_argument("--save", required=True, help="output folder (Megatron-Core checkpoint, log.jsonl)")
-        parser.add_argument("--epochs", type=int, default=DEFAULTS["epochs"])
+        parser.add_argument("--epochs", type=int, default=DEFAULTS["epochs"], help="passes over the training pairs")
         parser.add_argument("--batch-size", type=int, default=DEFAULTS["batch_size"], help="pairs per step")
-        parser.add_argument("--lr", type=float, default=DEFAULTS["lr"])
-        parser.add_argument("--weight-decay", type=float, default=DEFAULTS["weight_decay"])
+        parser.add_argument("--lr", type=float, default=DEFAULTS["lr"], help="learning rate")
+        parser.add_argument("--weight-decay", type=float, default=DEFAULTS["weight_decay"], help="AdamW weight decay")
         parser.add_argument("--eval-fraction", type=float, default=DEFAULTS["eval_fraction"], help="held-out share")
-        parser.add_argument("--max-grad-norm", type=float, default=DEFAULTS["max_grad_norm"])
-        parser.add_argument("--seed", type=int, default=DEFAULTS["seed"])
+        parser.add_argument("--clip-grad", "--max-grad-norm", dest="max_grad_norm", metavar="NORM", type=float,
+                            default=DEFAULTS["max_grad_norm"],
+                            help="max global gradient norm, as train --clip-grad (0 disables clipping)")
+        parser.add_argument("--seed", type=int, default=DEFAULTS["seed"], help="random seed")
         parser.add_argument("--tp", dest="tensor_parallel_size", type=int,
                             default=DEFAULTS["tensor_parallel_size"], help="tensor-parallel size (torchrun)")
-        parser.add_argument("--log-every", type=int, default=DEFAULTS["log_every"])
+        parser.add_argument("--log-every", type=int, default=DEFAULTS["log_every"], help="log every N steps")
 
     def run(self) -> dict:
         import torch
@@ -59,7 +66,8 @@ class RewardTrainer(RLTrainer):
                 raise PaiZooError(f"reward trainer: {key!r} is required")
         torch.manual_seed(s["seed"])
         handle = load_model(s["model"], s["tensor_parallel_size"], s["seed"])
-        pairs = read_pairs(s["data"], handle.tokenizer, handle.vocab_size)  # bad records fail before training
+        # bad records fail before training
+        pairs = read_pairs(s["data"], handle.tokenizer, handle.vocab_size, chat=s["chat"])
         context = handle.mcore_config.get("max_sequence_length")
         for pair in pairs:
             longest = len(pair.prompt) + max(len(pair.chosen), len(pair.rejected))
