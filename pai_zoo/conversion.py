@@ -39,6 +39,7 @@ from .mcore.parallel_sizes import check_layout
 from .megatron_lm import is_megatron_checkpoint, is_megatron_lm_checkpoint, open_checkpoint
 from .registry import get_registry
 from .util.progress import Progress
+from .verification import VERIFY_TOLERANCES, compare_logits, describe_verification, parse_tolerance  # noqa: F401
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
           "bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -74,13 +75,13 @@ def parse_dtype(value) -> torch.dtype | None:
 
 def convert(src, dst, to: str, *, family: str | None = None, tp: int = 1, pp: int = 1, dtype=None,
             force: bool = False, max_shard_size: str | int = "5GB", verify: bool = False,
-            progress: bool | None = None, tokenizer=None, iteration=None) -> ConversionReport:
+            progress: bool | None = None, tokenizer=None, iteration=None, verify_tolerance=None) -> ConversionReport:
     """Convert ``src`` to ``dst``: ``to="mcore"`` (HF folder, or a Megatron-LM checkpoint -> pai-zoo's
     Megatron-Core checkpoint with a ``tp``/``pp`` layout) or ``to="hf"`` (Megatron-Core checkpoint, pai-zoo's or
     Megatron-LM's -> HF folder). For a Megatron-LM source, ``tokenizer`` is a folder whose tokenizer files are
     copied and whose ``config.json`` (the original HF model's) supplies what the args lack; ``iteration`` picks
     a saved iteration. ``verify`` compares the logits of both sides on a sample prompt (see
-    :func:`verify_conversion`)."""
+    :func:`verify_conversion`; ``verify_tolerance``, ``(atol, rtol)`` or ``"ATOL[,RTOL]"``, overrides its rule)."""
     import time
 
     src, dst = Path(src), Path(dst)
@@ -96,6 +97,8 @@ def convert(src, dst, to: str, *, family: str | None = None, tp: int = 1, pp: in
         get_registry().family(family)  # an unknown --family fails before anything is written
     if tp < 1 or pp < 1:
         raise PaiZooError(f"--tp and --pp must be positive (got tp={tp}, pp={pp})")
+    if verify_tolerance is not None:
+        verify_tolerance = parse_tolerance(verify_tolerance)  # a bad --verify-tolerance fails before any work
     if tokenizer is not None and not Path(tokenizer).is_dir():
         raise no_such_path(tokenizer, "the --tokenizer folder")
     if dst.exists() and not force:
@@ -129,7 +132,8 @@ def convert(src, dst, to: str, *, family: str | None = None, tp: int = 1, pp: in
     if run_note:
         report.notes.insert(0, run_note)
     if verify:
-        report.verification = verify_conversion(src, dst, tokenizer=tokenizer, iteration=iteration)
+        report.verification = verify_conversion(src, dst, tokenizer=tokenizer, iteration=iteration,
+                                                tolerance=verify_tolerance)
     return report
 
 
@@ -308,25 +312,46 @@ def _write_hf_configs(hf_side: Path | None, out: Path, family: Family, config: M
 
 # -- verification -------------------------------------------------------------------------------
 SAMPLE_PROMPT_LENGTH = 32
-#: Max |logits delta| between the HF and megatron-core models in float32 that ``--verify`` accepts.
-LOGITS_ATOL = 1e-4
+
+_DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+#: coarsest first: the dtype that limits a comparison of two stored dtypes
+_COARSEST = ("bf16", "fp16", "fp32")
 
 
-def compare_logits(reference, candidate) -> dict:
-    """max |delta|, cosine similarity and next-token (argmax) agreement of two logits tensors."""
-    a, b = reference.double().flatten(), candidate.double().flatten()
-    cosine = torch.nn.functional.cosine_similarity(a, b, dim=0).item()
-    agree = (reference.argmax(-1) == candidate.argmax(-1)).double().mean().item()
-    return {"max_abs_delta": (a - b).abs().max().item(), "cosine": cosine, "next_token_agreement": agree}
+def _stored_dtype(path: Path, tokenizer=None, iteration=None) -> torch.dtype:
+    if is_hf_checkpoint(path):
+        source = HFCheckpoint(path)
+        try:
+            return _floating_dtype(source)
+        finally:
+            source.close()
+    with open_checkpoint(path, None, reference=tokenizer, iteration=iteration) as checkpoint:
+        return checkpoint.stored_dtype
 
 
-def verify_conversion(src, dst, tokenizer=None, iteration=None) -> dict:
+def verification_dtype(src, dst, tokenizer=None, iteration=None) -> str:
+    """The dtype whose tolerance applies to ``src`` vs ``dst`` compared in float32: ``fp32`` when both store
+    the same dtype (the same weights), else the coarser of the two (the conversion rounded every weight)."""
+    names = set()
+    for path, options in ((Path(src), {"tokenizer": tokenizer, "iteration": iteration}), (Path(dst), {})):
+        try:
+            names.add(_DTYPE_NAMES.get(_stored_dtype(path, **options), "fp32"))
+        except (PaiZooError, OSError):  # unreadable here: the strict fp32 rule
+            names.add("fp32")
+    return "fp32" if len(names) == 1 else next(n for n in _COARSEST if n in names)
+
+
+def verify_conversion(src, dst, tokenizer=None, iteration=None, tolerance=None, dtype=None) -> dict:
     """Load both sides in float32 (HF with transformers, megatron-core with megatron-core's own
-    loader), run a sample prompt, and compare the logits within :data:`LOGITS_ATOL`."""
+    loader), run a sample prompt, and compare the logits (:func:`compare_logits`: within
+    ``atol + rtol * max |logits|``, :data:`VERIFY_TOLERANCES` for ``dtype``, default
+    :func:`verification_dtype`; ``tolerance`` = ``(atol, rtol)`` or ``"ATOL[,RTOL]"`` overrides)."""
     from .handle import load
 
     src, dst = Path(src), Path(dst)
     hf_side, mcore_side = (src, dst) if is_hf_checkpoint(src) else (dst, src)
+    if dtype is None and tolerance is None:
+        dtype = verification_dtype(src, dst, tokenizer, iteration)
     reference = load(hf_side, backend="hf", dtype=torch.float32)
     options = {"tokenizer": tokenizer, "iteration": iteration} if mcore_side == src else {}
     candidate = load(mcore_side, backend="mcore", dtype=torch.float32, **options)
@@ -337,7 +362,4 @@ def verify_conversion(src, dst, tokenizer=None, iteration=None) -> dict:
         encoded = reference.tokenizer.encode(text)[:SAMPLE_PROMPT_LENGTH]
         if encoded and max(encoded) < vocab:
             ids = torch.tensor([encoded])
-    result = compare_logits(reference.logits(ids), candidate.logits(ids))
-    result["tolerance"] = LOGITS_ATOL
-    result["ok"] = result["max_abs_delta"] <= result["tolerance"] and result["next_token_agreement"] == 1.0
-    return result
+    return compare_logits(reference.logits(ids), candidate.logits(ids), dtype or "fp32", tolerance)

@@ -1,6 +1,7 @@
 """``pai-zoo convert SRC DST --to mcore|hf``: Hugging Face folder <-> Megatron-Core checkpoint."""
 from __future__ import annotations
 
+from ..verification import VERIFY_TOLERANCES
 from ._common import add_command
 
 #: exit code of a conversion whose ``--verify`` comparison failed
@@ -27,17 +28,24 @@ def add_parser(subparsers) -> None:
     p.add_argument("--max-shard-size", default="5GB", help="largest safetensors shard (--to hf), e.g. 5GB, 500MB")
     p.add_argument("--force", action="store_true", help="replace DST if it exists")
     p.add_argument("--verify", action="store_true",
-                   help=f"compare both sides' logits on a sample prompt (exit {VERIFY_FAILED} if they differ)")
+                   help="compare both sides' logits on a sample prompt: OK when max |delta logits| <= "
+                        "atol + rtol x max |logits|, per dtype (fp32 %s, fp16 %s, bf16 %s as atol,rtol; the "
+                        "coarser stored dtype applies where --dtype changed it); exit %d if they differ"
+                        % (*(",".join(f"{x:g}" for x in VERIFY_TOLERANCES[d]) for d in ("fp32", "fp16", "bf16")),
+                           VERIFY_FAILED))
+    p.add_argument("--verify-tolerance", metavar="ATOL[,RTOL]",
+                   help="--verify with this rule instead: max |delta logits| <= ATOL + RTOL x max |logits| "
+                        "(RTOL 0 when left out); implies --verify")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from ..conversion import convert
+    from ..conversion import convert, describe_verification
 
     report = convert(
         args.src, args.dst, args.to, family=args.family, tp=args.tp, pp=args.pp, dtype=args.dtype,
-        force=args.force, max_shard_size=args.max_shard_size, verify=args.verify, progress=None,
-        tokenizer=args.tokenizer, iteration=args.iteration,
+        force=args.force, max_shard_size=args.max_shard_size, verify=args.verify or args.verify_tolerance is not None,
+        progress=None, tokenizer=args.tokenizer, iteration=args.iteration, verify_tolerance=args.verify_tolerance,
     )
     for note in report.notes:
         print(note)
@@ -45,8 +53,5 @@ def run(args) -> int:
     print(f"converted {report.src} -> {report.dst} ({report.family}, to {report.to}): {report.tensors} tensors, "
           f"{report.bytes / 1e9:.3f} GB in {report.seconds:.1f} s ({rate:.2f} GB/s)")
     if report.verification is not None:
-        v = report.verification
-        print(f"verify: max |delta logits| = {v['max_abs_delta']:.3g} (tolerance {v['tolerance']:g}), "
-              f"cosine = {v['cosine']:.6f}, next-token agreement = {v['next_token_agreement']:.1%}: "
-              f"{'OK' if v['ok'] else 'FAILED'}")
+        print(describe_verification(report.verification))
     return 0 if report.ok else VERIFY_FAILED
