@@ -119,6 +119,7 @@ def test_yaml_takes_the_flags_and_megatron_lms_names(tmp_path):
         ("llama3-tiny", ["0.3", "a", "0.7", "b"], 2, 1e-4, 1e-5, 64)
     assert (c.train_steps, c.warmup_steps, c.lr_decay_style, c.tensor_parallel_size) == (20, 3, "linear", 2)
     assert (c.save_optim, c.keep_last, c.recompute_activations) == (False, 2, True)
+    c.recompute_activations = torch.cuda.is_available()  # refused on the CPU (test_recompute_activations_is_refused...)
     c.validate(world_size=2)
     # the budget and warm-up are stored in tokens too, so that a resume compares them whatever their form
     assert (c.to_dict()["train_tokens"], c.to_dict()["warmup_tokens"]) == (20 * 8 * 64, 3 * 8 * 64)
@@ -145,6 +146,7 @@ def test_megatron_lms_flags_are_aliases():
         (8, 2, "constant", 1e-3, 1e-4)
     assert (c.save_optim, c.keep_last, c.extend, c.recompute_activations, c.sequence_length) == \
         (False, 3, True, True, 16)
+    c.recompute_activations = torch.cuda.is_available()
     c.validate(world_size=8)
     assert train_flags(["--tp", "2", "--warmup-iters", "1"]).tensor_parallel_size == 2
     assert train_flags([]).save_optim and not train_flags([]).recompute_activations  # the switches' defaults
@@ -392,6 +394,49 @@ def test_training_lowers_loss_logs_and_checkpoints(baseline):
     assert all(a["lr"] >= b["lr"] for a, b in zip(records, records[1:]))
     assert (baseline / "latest_checkpointed_iteration.txt").read_text() == str(STEPS)
     assert sorted(p.name for p in baseline.glob("iter_*")) == [f"iter_{i:07d}" for i in (2, 4, 6, 8)]
+
+
+def megatron_lm_args(setup, save, *extra):
+    """train_args(setup, save) in Megatron-LM's names, the budget and warm-up in steps."""
+    return ["--load", str(setup / "hf"), "--data-path", str(setup / "toy_text_document"), "--save", str(save),
+            "--global-batch-size", str(GBS), "--micro-batch-size", "1", "--seq-length", str(SEQ),
+            "--train-iters", str(STEPS), "--lr-warmup-iters", "1", "--lr", "3e-3", "--min-lr", "3e-4",
+            "--lr-decay-style", "cosine", "--save-interval", "2", "--no-progress", *extra]
+
+
+def test_megatron_lm_spellings_repeat_the_baseline(setup, baseline, tmp_path):
+    """The same run in Megatron-LM's names, in steps instead of tokens: the same losses."""
+    save = tmp_path / "megatron"
+    run(megatron_lm_args(setup, save))
+    assert losses(save) == pytest.approx(losses(baseline), abs=1e-6)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="megatron-core's recompute needs CUDA")
+def test_recompute_activations_repeats_the_baseline(setup, baseline, tmp_path):
+    save = tmp_path / "recompute"
+    run(megatron_lm_args(setup, save, "--recompute-activations"))
+    assert losses(save) == pytest.approx(losses(baseline), abs=1e-5)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal on the CPU")
+def test_recompute_activations_is_refused_on_the_cpu(tmp_path, capsys):
+    from pai_zoo.cli import main
+
+    code = main(["train", "--model", "llama3-tiny", "--data", str(tmp_path / "d"), "--save", str(tmp_path / "o"),
+                 "--recompute-activations"])
+    err = capsys.readouterr().err
+    assert code == 1 and "--recompute-activations True: activation recompute is not supported on the CPU yet" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_linear_decay_and_the_default_warmup(setup, tmp_path):
+    """--lr-decay-style linear; no warm-up setting: a tenth of 8 steps, rounded down, is none (no error)."""
+    save = tmp_path / "linear"
+    run(["--model", str(setup / "hf"), "--data", str(setup / "toy_text_document"), "--save", str(save),
+         "--global-batch-size", str(GBS), "--seq-length", str(SEQ), "--train-iters", str(STEPS), "--lr", "3e-3",
+         "--min-lr", "3e-4", "--lr-decay-style", "linear", "--save-interval", "100", "--no-progress"])
+    lrs = [json.loads(line)["lr"] for line in (save / "metrics.jsonl").read_text().splitlines()]
+    assert lrs == pytest.approx([3e-4 + (1 - step / STEPS) * 2.7e-3 for step in range(1, STEPS + 1)])
 
 
 def test_final_checkpoint_converts_to_hf_with_the_trained_logits(baseline, tmp_path):

@@ -106,7 +106,7 @@ SETTINGS: dict[str, Setting] = {
     "recompute_activations": _s(
         "--recompute-activations", megatron="--recompute-activations", switch=True,
         help="recompute the core attention in the backward pass (megatron-core's selective recompute): "
-             "less activation memory for a little more compute"),
+             "less activation memory for a little more compute; GPU only"),
     "sft": _s("--sft", switch=True, help="SFT data from preprocess --sft: loss mask and document boundaries"),
     "progress": _s("--no-progress", switch=False,
                    help="a progress bar (default: on a terminal); --no-progress prints plain log lines"),
@@ -308,6 +308,10 @@ class TrainConfig:
             raise TrainConfigError(
                 f"{what} {'exceeds' if warm > steps else 'is as long as'} the run's {steps} steps ({self._budget()}); "
                 f"lower it below {steps} steps (or give --warmup-fraction), or lengthen the run")
+        if self.recompute_activations and not _has_gpu():
+            raise TrainConfigError(f"{self.given('recompute_activations')}: activation recompute is not supported on "
+                                   "the CPU yet (megatron-core's recompute restores the CUDA random state); leave it "
+                                   "out, or train on a GPU")
         if max_positions is not None and self.sequence_length > max_positions:
             raise TrainConfigError(f"sequence_length {self.sequence_length} is longer than the model's "
                                    f"{max_positions} positions (max_position_embeddings)")
@@ -351,6 +355,12 @@ class TrainConfig:
         if self.warmup_tokens is None:
             values["warmup_tokens"] = self.warmup_steps * self.tokens_per_step
         return values
+
+
+def _has_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 _DEFAULTS = {f.name: f.default for f in fields(TrainConfig) if f.default is not dataclasses.MISSING}
