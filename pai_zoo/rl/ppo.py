@@ -8,6 +8,12 @@ advantages and returns; then ``ppo_epochs`` passes over shuffled mini-batches mi
 policy loss (whitened advantages) and the clipped value loss. The KL coefficient is fixed or
 adapted (Ziegler et al.'s controller) to a target KL.
 
+The log is ``SAVE/metrics.jsonl`` (:mod:`pai_zoo.util.metrics`), one record per step with ``pai-zoo train``'s keys
+where they mean the same: ``step``, ``lr`` and ``grad_norm`` (the actor's), ``tokens_per_s`` (rollout tokens,
+prompts and responses, per second of the step) and ``step_time``; and PPO's own: ``reward``, ``kl``, ``kl_coef``,
+``policy_loss``, ``value_loss``, ``clip_fraction``, ``value_clip_fraction``, ``entropy``, ``approx_kl``,
+``critic_grad_norm``, ``response_length`` and ``seconds`` (since the start of this process).
+
 Layout of a batch: prompts left-padded to ``P`` columns, responses right-padded after them, so
 response token ``t`` of every row sits at column ``P + t`` and is predicted at column ``P + t - 1``.
 """
@@ -53,7 +59,7 @@ class PPOTrainer(RLTrainer):
           help='JSON Lines of {"prompt": text | [ids]} (or {"messages": [...]} with --chat)')
         a("--chat", action="store_true",
           help="apply the tokenizer's chat template to the prompts (ChatML if it has none), as generate --chat")
-        a("--save", required=True, help="output folder: actor/ and critic/ checkpoints, log.jsonl")
+        a("--save", required=True, help="output folder: actor/ and critic/ checkpoints, metrics.jsonl")
         a("--steps", type=int, default=DEFAULTS["steps"], help="PPO steps (rollout + update)")
         a("--rollout-batch-size", type=int, default=DEFAULTS["rollout_batch_size"], help="prompts per rollout")
         a("--ppo-epochs", type=int, default=DEFAULTS["ppo_epochs"], help="passes over each rollout")
@@ -91,7 +97,7 @@ class _PPORun:
         import torch
 
         from ..mcore.heads import has_score_head
-        from ..util.metrics import MetricsLog
+        from ..util.metrics import METRICS_FILE, MetricsLog
         from .checkpoint import latest_iteration, load_model_state
         from .models import (
             Optimizer,
@@ -149,8 +155,9 @@ class _PPORun:
             self.kl.load_state_dict(state["kl"])
             self.step = state["step"]
         self.pad_id = pad_id_of(self.actor)
-        self.log = MetricsLog(self.save / "log.jsonl", None if resume_at is None else self.step,
-                              prefix=None if s["quiet"] else "ppo")
+        self.log_path = self.save / METRICS_FILE
+        self.log = MetricsLog(self.log_path, None if resume_at is None else self.step,
+                              prefix=None if s["quiet"] else "ppo", total=s["steps"])
         self.resumed_from = resume_at
 
     def _prompts(self, prompts) -> list[list[int]]:
@@ -260,7 +267,7 @@ class _PPORun:
                     approx_kl = masked_mean(batch["old_logprobs"][idx] - logprobs.detach(), rmask)
                 for key, value in (("policy_loss", pg_loss), ("value_loss", vf_loss), ("clip_fraction", clip_frac),
                                    ("value_clip_fraction", vf_clip_frac), ("entropy", entropy),
-                                   ("approx_kl", approx_kl), ("actor_grad_norm", actor_norm),
+                                   ("approx_kl", approx_kl), ("grad_norm", actor_norm),
                                    ("critic_grad_norm", critic_norm)):
                     sums[key] = sums.get(key, 0.0) + float(value.detach() if hasattr(value, "detach") else value)
                 n += 1
@@ -281,12 +288,17 @@ class _PPORun:
         record: dict = {}
         first_reward = None
         while self.step < s["steps"]:
+            step_start = time.perf_counter()
+            lr = self.actor_opt.optimizer.param_groups[0]["lr"]
             batch = self.rollout()
             stats = self.update(batch)
             kl_coef = self.kl.value
             self.kl.update(batch["kl"], s["rollout_batch_size"])
             self.step += 1
-            record = {"step": self.step, "reward": float(batch["scores"].mean()), "kl": batch["kl"], "kl_coef": kl_coef,
+            step_time = time.perf_counter() - step_start
+            record = {"step": self.step, "lr": lr, "grad_norm": stats.pop("grad_norm"),
+                      "tokens_per_s": float(batch["mask"].sum()) / step_time, "step_time": round(step_time, 3),
+                      "reward": float(batch["scores"].mean()), "kl": batch["kl"], "kl_coef": kl_coef,
                       **stats, "response_length": float(batch["lengths"].mean()),
                       "seconds": round(time.perf_counter() - start, 3)}
             first_reward = record["reward"] if first_reward is None else first_reward
@@ -298,7 +310,7 @@ class _PPORun:
         self.log.close()
         return {"steps": self.step, "last": record, "first_reward": first_reward, "resumed_from": self.resumed_from,
                 "actor": str(self.save / "actor"), "critic": str(self.save / "critic"),
-                "log": str(self.save / "log.jsonl")}
+                "log": str(self.log_path)}
 
 
 def _plain(settings: dict) -> dict:

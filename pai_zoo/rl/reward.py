@@ -36,7 +36,7 @@ class RewardTrainer(RLTrainer):
                             help="render each prompt (text: a user turn, or a list of messages) with the "
                                  "tokenizer's chat template and chosen/rejected as the assistant's turn "
                                  "(ChatML if it has none)")
-        parser.add_argument("--save", required=True, help="output folder (Megatron-Core checkpoint, log.jsonl)")
+        parser.add_argument("--save", required=True, help="output folder (Megatron-Core checkpoint, metrics.jsonl)")
         parser.add_argument("--epochs", type=int, default=DEFAULTS["epochs"], help="passes over the training pairs")
         parser.add_argument("--batch-size", type=int, default=DEFAULTS["batch_size"], help="pairs per step")
         parser.add_argument("--lr", type=float, default=DEFAULTS["lr"], help="learning rate")
@@ -54,7 +54,7 @@ class RewardTrainer(RLTrainer):
         import torch
 
         from ..mcore.heads import head_record
-        from ..util.metrics import MetricsLog
+        from ..util.metrics import METRICS_FILE, MetricsLog
         from .checkpoint import save_model
         from .data import read_pairs
         from .models import Optimizer, load_model, pad_id_of, value_model
@@ -81,7 +81,8 @@ class RewardTrainer(RLTrainer):
         held = max(1, round(len(pairs) * s["eval_fraction"])) if len(pairs) > 1 and s["eval_fraction"] > 0 else 0
         evaluation, train = [pairs[i] for i in order[:held]], [pairs[i] for i in order[held:]]
         optimizer = Optimizer(model, s["lr"], s["weight_decay"], s["max_grad_norm"])
-        log = MetricsLog(Path(s["save"]) / "log.jsonl", prefix="reward")
+        steps = s["epochs"] * -(-len(train) // s["batch_size"])
+        log = MetricsLog(Path(s["save"]) / METRICS_FILE, prefix="reward", total=steps)
         accuracy_before = evaluate(model, evaluation, pad_id)
         log.write(
             {"step": 0, "eval_accuracy": accuracy_before, "eval_pairs": len(evaluation), "train_pairs": len(train)}
@@ -93,15 +94,20 @@ class RewardTrainer(RLTrainer):
             for first in range(0, len(train), s["batch_size"]):
                 batch = train[first:first + s["batch_size"]]
                 model.train()
+                step_start = time.perf_counter()
+                lr = optimizer.optimizer.param_groups[0]["lr"]
                 chosen, rejected = score_pairs(model, batch, pad_id)
                 loss_t = pairwise_loss(chosen, rejected)
                 loss_t.backward()
-                optimizer.step()
+                grad_norm = optimizer.step()
                 step, loss = step + 1, float(loss_t.detach())
                 if step % s["log_every"] == 0:
                     acc = float((chosen > rejected).float().mean())
-                    log.write({"step": step, "epoch": epoch, "loss": loss, "train_accuracy": acc,
-                               "seconds": time.perf_counter() - start})
+                    step_time = time.perf_counter() - step_start
+                    tokens = sum(len(p.prompt) * 2 + len(p.chosen) + len(p.rejected) for p in batch)
+                    log.write({"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
+                               "tokens_per_s": tokens / step_time, "step_time": round(step_time, 3),
+                               "epoch": epoch, "train_accuracy": acc, "seconds": time.perf_counter() - start})
         accuracy = evaluate(model, evaluation, pad_id)
         log.write({"step": step, "eval_accuracy": accuracy, "eval_pairs": len(evaluation)})
         path = save_model(s["save"], handle, model, optimizer, step, head=head_record(pad_id))
