@@ -12,9 +12,9 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _version
 
-from .config_map import ConfigMap, Field, Fixed, McoreConfig, Require, Rope
+from .config_map import ConfigMap, Field, Fixed, FixedIfPresent, McoreConfig, Require, Rope, Rule
 from .errors import ConfigTranslationError, MappingError, PaiZooError, PluginError, UnknownModelError
-from .family import Family
+from .family import Family, LazyClass
 from .hookspecs import hookimpl
 from .mapping import QKV, Copy, Dropped, FusedQKV, GateUp, MappingContext, Output, Row, Vocab, WeightMap
 from .registry import get_registry
@@ -54,8 +54,10 @@ __all__ = [
     "Family",
     "Field",
     "Fixed",
+    "FixedIfPresent",
     "FusedQKV",
     "GateUp",
+    "LazyClass",
     "MappingContext",
     "MappingError",
     "McoreConfig",
@@ -66,6 +68,7 @@ __all__ = [
     "Require",
     "Rope",
     "Row",
+    "Rule",
     "UnknownModelError",
     "Vocab",
     "WeightMap",
