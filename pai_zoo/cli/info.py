@@ -1,14 +1,42 @@
-"""``pai-zoo info NAME``: a family's presets, config translation, weight table and recorded conformance."""
+"""``pai-zoo info NAME|CHECKPOINT``: a family's presets, config translation, weight table and recorded conformance;
+for a checkpoint folder (Hugging Face or Megatron), first what ``pai-zoo inspect`` prints, then its family's info."""
 from __future__ import annotations
+
+from pathlib import Path
 
 from ..tokenizers.names import describe_tokenizer
 from ._common import add_command, family_or_preset, registry
 
 
 def add_parser(subparsers) -> None:
-    p = add_command(subparsers, "info", "a family's presets, config translation and weight table")
-    p.add_argument("name", help="family, alias or preset")
+    p = add_command(subparsers, "info", "a family's presets, config translation and weight table; for a "
+                                        "checkpoint folder, what it holds (as inspect) and then its family's")
+    p.add_argument("name", metavar="name|checkpoint", help="family, alias or preset, or a checkpoint folder: Hugging "
+                                                           "Face, or Megatron (pai-zoo's or Megatron-LM's)")
+    p.add_argument("--family", help="checkpoint: the family name, when a Megatron-LM checkpoint's args fit several")
+    p.add_argument("--tokenizer", metavar="DIR", help="checkpoint: the original HF folder of a Megatron-LM one")
+    p.add_argument("--iteration", help="checkpoint: a saved iteration other than the tracker's (a number or "
+                                       "'release')")
     p.set_defaults(func=run)
+
+
+def _is_folder_argument(name: str) -> bool:
+    """A folder, not a registered name: a path with a separator, or an existing folder no family or preset is
+    called (a registered name wins over a folder of the same name in the working directory)."""
+    if "/" in name or "\\" in name or name in (".", ".."):
+        return True
+    reg = registry()
+    return Path(name).is_dir() and not reg.is_preset(name) and not _is_family(reg, name)
+
+
+def _is_family(reg, name: str) -> bool:
+    from ..errors import UnknownModelError
+
+    try:
+        reg.family(name)
+    except UnknownModelError:
+        return False
+    return True
 
 
 def _size(cfg: dict) -> str:
@@ -17,7 +45,22 @@ def _size(cfg: dict) -> str:
 
 
 def run(args) -> int:
-    family = family_or_preset(args.name)
+    if _is_folder_argument(args.name):
+        from ..inspection import inspect_checkpoint
+
+        report = inspect_checkpoint(args.name, family=args.family, tokenizer=args.tokenizer,
+                                    iteration=args.iteration)
+        print("\n".join(report.lines()))
+        print()
+        family = registry().family(report.family)
+        print_family(family, family.name)
+        return 0
+    print_family(family_or_preset(args.name), args.name)
+    return 0
+
+
+def print_family(family, name: str) -> None:
+    """The family's info: plugin, names, presets, config translation, weight table, recorded conformance."""
     reg = registry()
     plugin = reg.plugins.get(family.plugin)
     print(f"family:        {family.name}" + (f" - {family.description}" if family.description else ""))
@@ -27,7 +70,7 @@ def run(args) -> int:
     print(f"architectures: {', '.join(family.hf_architectures)}")
     print(f"model types:   {', '.join(family.model_types)}")
     print(f"tiny preset:   {family.tiny}")
-    print(f"tokenizer:     {describe_tokenizer(family, args.name)}")
+    print(f"tokenizer:     {describe_tokenizer(family, name)}")
     print(f"megatron-core: {family.mcore_versions}")
     print(f"backends:      {', '.join(family.backends)}")
     print("presets:")
@@ -44,7 +87,6 @@ def run(args) -> int:
     for kind, hf_names, mcore_names in table.describe():
         print(f"  {kind:<7} {hf_names}\n          -> {mcore_names}")
     print_conformance(family.name)
-    return 0
 
 
 def print_conformance(name: str) -> None:
