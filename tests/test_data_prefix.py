@@ -128,3 +128,17 @@ def test_dataset_inspect_of_a_missing_prefix_is_one_line_with_the_pairs(data, ca
                                f"tried {data / 'aus'}.bin/.idx and {data / 'aus_text_document'}.bin/.idx)")
     assert lines[1] == (f"hint: datasets (.bin/.idx pairs) in {data}: {data / 'austen_text_document'}; give one of "
                         "them as dataset (PREFIX or PREFIX_text_document)")
+
+
+def test_the_dataset_builders_read_either_form(data, tmp_path):
+    from pai_zoo.training.data import build_pretraining_datasets, build_sft_datasets
+
+    _write(data / "long_text_document", [list(range(1, 40))] * 8)
+    for given in ("long", "long_text_document"):
+        cfg = TrainConfig(model="m", data=[str(data / given)], save="out", sequence_length=8, split="100,0,0")
+        train, _ = build_pretraining_datasets(cfg, 64, 0, (4, 0), tmp_path / f"cache_{given}")
+        assert len(train) >= 4
+    for given in ("chat", "chat_loss_mask_document"):
+        train, _ = build_sft_datasets(TrainConfig(model="m", data=[str(data / given)], save="out", sft=True,
+                                                  split="100,0,0"))
+        assert train.text.prefix.endswith("chat_text_document") and len(train) == 1
