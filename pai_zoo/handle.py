@@ -7,7 +7,7 @@ from typing import Any
 
 from .checkpoint import HFCheckpoint, is_hf_checkpoint, read_config
 from .config_map import McoreConfig
-from .errors import PaiZooError, UnknownModelError
+from .errors import PaiZooError, SettingError, UnknownModelError
 from .family import Family
 from .registry import get_registry
 from .util.dist import is_rank0, single_process_env
@@ -181,7 +181,7 @@ def load(
     from . import hf
 
     if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, not {backend!r}")
+        raise SettingError(f"backend={backend!r}: use one of {', '.join(BACKENDS)} (megatron-core or transformers)")
     source = resolve(name_or_path, checkpoint, tokenizer=tokenizer, iteration=iteration)
     family = source.family
     if overrides and source.kind in ("mcore", "megatron-lm"):

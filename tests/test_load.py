@@ -84,7 +84,7 @@ def test_seed_makes_random_weights_reproducible():
 def test_unknown_names_and_backends(tmp_path):
     with pytest.raises(UnknownModelError, match="unknown model 'gpt-17'.*llama3-tiny"):
         pai_zoo.load("gpt-17")
-    with pytest.raises(ValueError, match="backend must be one of"):
+    with pytest.raises(PaiZooError, match="backend='jax': use one of mcore, hf"):
         pai_zoo.load("llama3-tiny", backend="jax")
     with pytest.raises(UnknownModelError, match="no config.json"):
         pai_zoo.load("llama", checkpoint=tmp_path)
