@@ -7,7 +7,12 @@ The conformance suite's pytest plugin writes one JSON file per family after a ru
     {"family": "llama", "updated": "2026-11-30T01:23:45Z",
      "checks": {"test_forward_equivalence": {"outcome": "passed", "date": "2026-11-30T01:23:45Z",
                                              "pai_zoo_version": "0.1.0", "plugin_version": "0.1.0",
-                                             "mcore_version": "0.16.1"}, ...}}
+                                             "mcore_version": "0.16.1",
+                                             "max_abs_delta": {"forward": 3.1e-06}}, ...}}
+
+``max_abs_delta`` holds what a passed check measured, label -> max |delta| (the forward logits; ``tp=2 pp=1`` and
+``tp=1 pp=2`` of the parallel check; ``round trip`` and ``disk round trip``, 0.0 as they are bit-identical; the
+largest ``near-tie gap`` of greedy generation); a check that measures nothing, or did not pass, has none.
 
 A run updates the checks it ran and keeps the others' earlier results. This module imports
 neither torch nor megatron-core.
@@ -49,9 +54,11 @@ def read(family: str) -> dict | None:
     return data
 
 
-def record(family: str, outcomes: Mapping[str, str], versions: Mapping[str, str | None] | None = None) -> Path:
+def record(family: str, outcomes: Mapping[str, str], versions: Mapping[str, str | None] | None = None,
+           deltas: Mapping[str, Mapping[str, float]] | None = None) -> Path:
     """Merge ``outcomes`` (check name -> ``"passed"`` | ``"failed"`` | ``"skipped"``) into ``family``'s file,
-    stamped with the time and ``versions`` (``pai_zoo_version``, ``plugin_version``, ``mcore_version``).
+    stamped with the time, ``versions`` (``pai_zoo_version``, ``plugin_version``, ``mcore_version``) and the
+    check's ``deltas`` (check name -> {label: max |delta|}) as ``max_abs_delta``.
     The file is written to a temporary name and renamed. Returns its path."""
     bad = {k: v for k, v in outcomes.items() if v not in OUTCOMES}
     if bad:
@@ -66,6 +73,9 @@ def record(family: str, outcomes: Mapping[str, str], versions: Mapping[str, str 
     stamp = {k: v for k, v in (versions or {}).items() if v is not None}
     for name, outcome in outcomes.items():
         checks[name] = {"outcome": outcome, "date": now, **stamp}
+        measured = (deltas or {}).get(name)
+        if measured:
+            checks[name]["max_abs_delta"] = {str(k): float(v) for k, v in measured.items()}
     data = {"family": family, "updated": now, "checks": dict(sorted(checks.items()))}
     path.parent.mkdir(parents=True, exist_ok=True)
     return write_text_atomic(path, json.dumps(data, indent=2) + "\n")

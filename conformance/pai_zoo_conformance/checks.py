@@ -189,8 +189,8 @@ def check_mapping_coverage(case: Case) -> None:
         _fail("mapping", str(exc))
 
 
-def check_weight_round_trip(case: Case) -> None:
-    """HF weights -> mcore -> HF are bit-identical."""
+def check_weight_round_trip(case: Case) -> float:
+    """HF weights -> mcore -> HF are bit-identical. Returns max |delta| (0.0)."""
     from pai_zoo.weights import hf_to_mcore, mcore_to_hf
 
     original = case.hf_model.state_dict()
@@ -204,6 +204,7 @@ def check_weight_round_trip(case: Case) -> None:
     changed = [k for k in original if original[k].shape != back[k].shape or not original[k].equal(back[k])]
     if changed:
         _fail("weights", f"HF -> mcore -> HF changed tensors: {changed}")
+    return 0.0
 
 
 def check_forward_equivalence(case: Case, batch: int = 2, seq_len: int = 16, atol: float | None = None) -> float:
@@ -284,6 +285,88 @@ def check_tokenizer(family: Family, folder: Path, text: str = MIXED_TEXT) -> Non
         )
 
 
+def _model_token_ids(family: Family) -> dict[str, dict[str, set]]:
+    """The BOS/EOS/PAD ids the tiny preset's ``config.json`` and ``generation_config.json`` declare:
+    ``{"bos": {"config.json": {1}, "generation_config.json": {1}}, ...}`` (a list of EOS ids is a set; unset
+    ids are left out)."""
+    from transformers import GenerationConfig
+
+    from pai_zoo import hf
+
+    hf_config = hf.hf_config(family, family.presets[family.tiny])
+    sources = {"config.json": hf.config_dict(hf_config)}
+    try:
+        sources["generation_config.json"] = GenerationConfig.from_model_config(hf_config).to_dict()
+    except Exception:  # a config class transformers cannot derive a generation config from: config.json only
+        pass
+    declared: dict[str, dict[str, set]] = {}
+    for kind in ("bos", "eos", "pad"):
+        for source, values in sources.items():
+            value = values.get(f"{kind}_token_id")
+            if value is None:
+                continue
+            ids = set(value) if isinstance(value, (list, tuple)) else {value}
+            declared.setdefault(kind, {})[source] = {int(i) for i in ids}
+    return declared
+
+
+def check_tokenizer_against_model(family: Family, folder: Path) -> None:
+    """The family's test tokenizer (written into ``folder``) fits the model, in pai-zoo's adapter and in
+    ``AutoTokenizer``:
+
+    - its BOS/EOS/PAD ids are those the tiny preset's ``config.json`` and ``generation_config.json`` declare
+      (EOS: one of them when they list several), wherever both sides have one;
+    - when ``tokenizer_config.json`` says ``add_bos_token: true``, encoding starts with BOS;
+    - every special token ``tokenizer_config.json`` declares (``added_tokens_decoder``, ``bos_token``, ...) maps
+      to its declared id, in both adapters."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    from pai_zoo.tokenizers.names import family_tokenizer
+
+    if family.test_tokenizer is None:
+        _fail("tokenizer", f"family {family.name!r} provides no test tokenizer (Family.test_tokenizer)")
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    family.test_tokenizer(folder)
+    ours = family_tokenizer(family, folder)
+    reference = AutoTokenizer.from_pretrained(folder)
+    declared = _model_token_ids(family)
+    for kind, by_source in declared.items():
+        got = getattr(ours, f"{kind}_id")
+        if got is None:
+            continue
+        for source, ids in by_source.items():
+            if got not in ids:
+                _fail("tokenizer", f"{kind.upper()} id {got} ({getattr(ours, f'{kind}_token')!r}) is not the "
+                                   f"{kind}_token_id {sorted(ids)} of {family.tiny}'s {source}")
+    path = Path(folder) / "tokenizer_config.json"
+    config = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+    if config.get("add_bos_token") is True:
+        bos = ours.bos_id
+        first = ours.encode("a")[:1]
+        if bos is None or first != [bos]:
+            _fail("tokenizer", f"tokenizer_config.json says add_bos_token, but encode('a') starts with {first} "
+                               f"(BOS {ours.bos_token!r} = {bos})")
+    named = {int(i): entry["content"] for i, entry in (config.get("added_tokens_decoder") or {}).items()
+             if isinstance(entry, dict) and "content" in entry}
+    expected = {token: i for i, token in named.items()}
+    for key in ("bos_token", "eos_token", "unk_token", "pad_token"):
+        token = config.get(key)
+        token = token.get("content") if isinstance(token, dict) else token
+        if isinstance(token, str):
+            expected.setdefault(token, None)
+    for token, want in expected.items():
+        got, theirs = ours.token_to_id(token), reference.convert_tokens_to_ids(token)
+        if got is None:
+            _fail("tokenizer", f"special token {token!r} of tokenizer_config.json is not in the vocabulary")
+        if want is not None and got != want:
+            _fail("tokenizer", f"special token {token!r} has id {got}; tokenizer_config.json declares {want}")
+        if got != theirs:
+            _fail("tokenizer", f"special token {token!r} has id {got}; AutoTokenizer gives {theirs}")
+
+
 def check_training(case: Case, steps: int = 8, lr: float = 3e-3) -> tuple[float, float]:
     """A few optimizer steps on the megatron-core model (its own loss) lower the loss on a
     fixed batch. Returns (first loss, last loss)."""
@@ -321,8 +404,9 @@ PARALLEL_ATOL = 1e-5
 PARALLEL_LAYOUTS = ((2, 1), (1, 2))
 
 
-def check_disk_round_trip(case: Case, folder: Path) -> None:
-    """HF folder -> Megatron-Core checkpoint -> HF folder: bit-identical tensors, equal config."""
+def check_disk_round_trip(case: Case, folder: Path) -> float:
+    """HF folder -> Megatron-Core checkpoint -> HF folder: bit-identical tensors, equal config. Returns max
+    |delta| (0.0)."""
     import torch
     from safetensors.torch import load_file
 
@@ -360,6 +444,7 @@ def check_disk_round_trip(case: Case, folder: Path) -> None:
             if configs[0].get(k) != configs[1].get(k)}
     if diff:
         _fail("disk", f"config.json changed (before, after): {diff}")
+    return 0.0
 
 
 def _read_json(path: Path) -> dict:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 _RESULTS = pytest.StashKey[dict]()
+_DELTAS = pytest.StashKey[dict]()
 
 
 def pytest_addoption(parser):
@@ -54,6 +55,15 @@ def pytest_runtest_makereport(item, call):
             outcomes[check] = "skipped"
         elif report.passed and report.when == "call" and previous is None:
             outcomes[check] = "passed"
+        if report.passed and report.when == "call":
+            from .suite import DELTAS
+
+            deltas = {str(k): float(v) for key, value in report.user_properties if key == DELTAS
+                      for k, v in value.items()}
+            if deltas:  # the max |delta| per label of this run (a parametrized check keeps the largest)
+                recorded = item.config.stash.setdefault(_DELTAS, {}).setdefault(family, {}).setdefault(check, {})
+                for label, delta in deltas.items():
+                    recorded[label] = max(delta, recorded.get(label, delta))
     return report
 
 
@@ -70,6 +80,7 @@ def pytest_sessionfinish(session):
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     say = reporter.write_line if reporter is not None else (lambda line: None)
     for name, outcomes in results.items():
+        name_given = name
         versions = {"pai_zoo_version": __version__, "mcore_version": installed_mcore_version()}
         try:
             family = registry.family(name)
@@ -79,7 +90,8 @@ def pytest_sessionfinish(session):
         except PaiZooError:  # an unknown name: its failures are recorded under the name given
             pass
         try:
-            path = conformance_record.record(name, outcomes, versions)
+            path = conformance_record.record(name, outcomes, versions,
+                                             session.config.stash.get(_DELTAS, {}).get(name_given, {}))
         except OSError as exc:
             say(f"pai-zoo: could not record the conformance results of {name!r}: {exc}")
             continue

@@ -15,6 +15,19 @@ import pytest
 
 from . import checks
 
+#: The ``user_properties`` name under which a check reports its max |delta|s (label -> float); the pytest plugin
+#: (:mod:`pai_zoo_conformance.plugin`) records them with the outcome.
+DELTAS = "pai_zoo_max_abs_delta"
+
+
+def _record(request, deltas: dict) -> None:
+    """Report a passed check's max |delta|s (label -> float) for the conformance record."""
+    request.node.user_properties.append((DELTAS, deltas))
+
+
+def _parallel(deltas: dict) -> dict:
+    return {f"tp={tp} pp={pp}": delta for (tp, pp), delta in deltas.items()}
+
 
 class ConformanceSuite:
     """Every conformance check on one family's ``tiny`` preset (float32, CPU), and the forward,
@@ -57,11 +70,11 @@ class ConformanceSuite:
     def test_mapping_coverage(self, case):
         checks.check_mapping_coverage(case)
 
-    def test_weights_round_trip_bit_identical(self, case):
-        checks.check_weight_round_trip(case)
+    def test_weights_round_trip_bit_identical(self, case, request):
+        _record(request, {"round trip": checks.check_weight_round_trip(case)})
 
-    def test_forward_equivalence(self, case):
-        checks.check_forward_equivalence(case)
+    def test_forward_equivalence(self, case, request):
+        _record(request, {"forward": checks.check_forward_equivalence(case)})
 
     def test_tokenizer_matches_transformers(self, fam, tmp_path_factory):
         checks.check_tokenizer(fam, tmp_path_factory.mktemp(f"{fam.name}-tokenizer"))
@@ -69,24 +82,25 @@ class ConformanceSuite:
     def test_training_lowers_loss(self, case):
         checks.check_training(case)
 
-    def test_disk_round_trip(self, case, tmp_path):
-        checks.check_disk_round_trip(case, tmp_path)
+    def test_disk_round_trip(self, case, tmp_path, request):
+        _record(request, {"disk round trip": checks.check_disk_round_trip(case, tmp_path)})
 
-    def test_tensor_and_pipeline_parallel_equivalence(self, case, tmp_path):
-        checks.check_parallel_equivalence(case, tmp_path)
+    def test_tensor_and_pipeline_parallel_equivalence(self, case, tmp_path, request):
+        _record(request, _parallel(checks.check_parallel_equivalence(case, tmp_path)))
 
-    def test_greedy_generation_matches_transformers(self, case):
-        checks.check_generation(case)
+    def test_greedy_generation_matches_transformers(self, case, request):
+        result = checks.check_generation(case)
+        _record(request, {"near-tie gap": result["max_gap"]})
 
-    def test_odd_preset_mapping_and_weights_round_trip(self, odd_case):
+    def test_odd_preset_mapping_and_weights_round_trip(self, odd_case, request):
         checks.check_mapping_coverage(odd_case)
-        checks.check_weight_round_trip(odd_case)
+        _record(request, {"round trip": checks.check_weight_round_trip(odd_case)})
 
-    def test_odd_preset_forward_equivalence(self, odd_case):
-        checks.check_forward_equivalence(odd_case)
+    def test_odd_preset_forward_equivalence(self, odd_case, request):
+        _record(request, {"forward": checks.check_forward_equivalence(odd_case)})
 
-    def test_odd_preset_disk_round_trip(self, odd_case, tmp_path):
-        checks.check_disk_round_trip(odd_case, tmp_path)
+    def test_odd_preset_disk_round_trip(self, odd_case, tmp_path, request):
+        _record(request, {"disk round trip": checks.check_disk_round_trip(odd_case, tmp_path)})
 
-    def test_odd_preset_tensor_parallel_equivalence(self, odd_case, tmp_path):
-        checks.check_parallel_equivalence(odd_case, tmp_path, layouts=((2, 1),))
+    def test_odd_preset_tensor_parallel_equivalence(self, odd_case, tmp_path, request):
+        _record(request, _parallel(checks.check_parallel_equivalence(odd_case, tmp_path, layouts=((2, 1),))))

@@ -110,3 +110,7 @@ def print_conformance(name: str) -> None:
         versions = ", ".join(f"{k.replace('_version', '')} {result[k]}"
                              for k in ("pai_zoo_version", "plugin_version", "mcore_version") if result.get(k))
         print(f"  {result.get('outcome', '?'):<7} {check:<48} {result.get('date', '?')}  {versions}")
+        deltas = result.get("max_abs_delta")
+        if isinstance(deltas, dict) and deltas:
+            print("          max |delta|: " + ", ".join(f"{label} {value:.3g}" if isinstance(value, (int, float))
+                                                      else f"{label} {value}" for label, value in deltas.items()))
