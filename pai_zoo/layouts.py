@@ -1,7 +1,8 @@
 """Weight-table rows and config rules shared by families whose Hugging Face checkpoints use the Llama
 layout (``model.embed_tokens``, ``model.layers.N.{input_layernorm, self_attn, post_attention_layernorm,
 mlp}``, ``model.norm``, ``lm_head``; config keys ``hidden_size``, ``num_key_value_heads``, ``rms_norm_eps``
-...; a SwiGLU MLP and RMSNorm): Llama, Mistral, Qwen2/3, GLM-4, Baichuan."""
+...; a SwiGLU MLP and RMSNorm): Llama, Mistral, Qwen2/3, GLM-4, Baichuan; and their mixture-of-experts
+members (Mixtral, Qwen2-MoE, Qwen3-MoE: :func:`moe_layout`, :func:`moe_config_rules`)."""
 from __future__ import annotations
 
 from typing import Any
@@ -13,11 +14,12 @@ from .mapping import QKV, Copy, GateUp, Output, Row, Vocab
 HF_LAYER, MCORE_LAYER = "model.layers.{layer}.", "decoder.layers.{layer}."
 
 
-def llama_layout(qkv: Row | None = None, fc1: Row | None = None) -> list[Row]:
+def llama_layout(qkv: Row | None = None, fc1: Row | None = None, mlp: list[Row] | None = None) -> list[Row]:
     """The Llama layout's rows. ``qkv`` and ``fc1`` replace the rows of the fused attention input
-    (default: separate ``q/k/v_proj``) and the MLP input (default: separate ``gate/up_proj``)."""
+    (default: separate ``q/k/v_proj``) and the MLP input (default: separate ``gate/up_proj``); ``mlp``
+    replaces both MLP rows (a mixture of experts: :func:`moe_layout`)."""
     L, M = HF_LAYER, MCORE_LAYER
-    return [
+    rows = [
         Vocab("model.embed_tokens.weight", "embedding.word_embeddings.weight"),
         Copy(L + "input_layernorm.weight", M + "input_layernorm.weight"),
         qkv or QKV(L + "self_attn.{q,k,v}_proj.weight", M + "self_attention.linear_qkv.weight"),
@@ -28,6 +30,83 @@ def llama_layout(qkv: Row | None = None, fc1: Row | None = None) -> list[Row]:
         Copy("model.norm.weight", "decoder.final_layernorm.weight"),
         Output("lm_head.weight", "output_layer.weight"),
     ]
+    if mlp is not None:
+        rows[5:7] = list(mlp)
+    return rows
+
+
+def moe_layout(
+    prefix: str = "mlp.",
+    router: str = "gate.weight",
+    experts: str = "experts.{expert}.",
+    gate_up: str = "{gate,up}_proj.weight",
+    down: str = "down_proj.weight",
+    shared: str | None = None,
+    shared_gate: str | None = None,
+) -> list[Row]:
+    """The rows of a mixture-of-experts MLP in checkpoint (``save_pretrained``) names under
+    ``model.layers.{layer}.`` + ``prefix``: the router ``router`` -> megatron's ``mlp.router.weight``; each
+    routed expert ``experts`` (``{expert}`` is every expert) with its ``gate_up`` brace pair and ``down`` ->
+    ``mlp.experts.local_experts.{expert}.linear_fc1/fc2.weight`` (``SequentialMLP``); a shared expert
+    ``shared`` (its ``{gate,up}_proj`` and ``down_proj``) -> ``mlp.shared_experts.linear_fc1/fc2.weight``, and
+    its sigmoid gate ``shared_gate`` -> ``mlp.shared_experts.gate_weight``.
+
+    Qwen2/3-MoE keep the defaults; Mixtral is ``moe_layout("block_sparse_moe.", gate_up="{w1,w3}.weight",
+    down="w2.weight")``."""
+    L, M = HF_LAYER + prefix, MCORE_LAYER + "mlp."
+    E = M + "experts.local_experts.{expert}."
+    rows: list[Row] = [
+        Copy(L + router, M + "router.weight"),
+        GateUp(L + experts + gate_up, E + "linear_fc1.weight"),
+        Copy(L + experts + down, E + "linear_fc2.weight"),
+    ]
+    if shared:
+        rows += [
+            GateUp(L + shared + "{gate,up}_proj.weight", M + "shared_experts.linear_fc1.weight"),
+            Copy(L + shared + "down_proj.weight", M + "shared_experts.linear_fc2.weight"),
+        ]
+    if shared_gate:
+        rows.append(Copy(L + shared_gate, M + "shared_experts.gate_weight"))
+    return rows
+
+
+#: megatron-core switches of a mixture of experts on the local spec: experts as ``SequentialMLP`` (no
+#: grouped GEMM, so the CPU and every GPU run it), the ``alltoall`` dispatcher (expert parallelism), token drop off.
+MOE_FIXED = {"moe_grouped_gemm": False, "moe_token_dispatcher_type": "alltoall", "moe_router_score_function": "softmax",
+             "moe_router_load_balancing_type": "aux_loss"}
+
+
+def moe_config_rules(
+    experts: str = "num_experts",
+    topk: str = "num_experts_per_tok",
+    expert_ffn: str | None = "moe_intermediate_size",
+    aux_loss: str = "router_aux_loss_coef",
+    norm_topk: str | None = "norm_topk_prob",
+    shared_ffn: str | None = None,
+) -> list[Rule]:
+    """Config rules of a softmax top-k router: the expert count, top-k, the experts' FFN width (``None``: the
+    config's ``intermediate_size``, megatron's default), the aux-loss coefficient, and the renormalisation of
+    the top-k probabilities: ``norm_topk`` is the HF flag (True: softmax over the top-k logits, megatron's
+    ``moe_router_pre_softmax=False``; False: top-k of the softmax over all experts, ``pre_softmax=True``);
+    ``None``: always renormalised (Mixtral). ``shared_ffn``: a shared expert of that HF width, gated by a
+    sigmoid (``moe_shared_expert_gate``)."""
+    rules: list[Rule] = [
+        Field(experts, "num_moe_experts"),
+        Field(topk, "moe_router_topk"),
+        Field(aux_loss, "moe_aux_loss_coeff", default=0.0),
+    ]
+    if expert_ffn:
+        rules.append(Field(expert_ffn, "moe_ffn_hidden_size"))
+    if norm_topk:
+        rules.append(Field(norm_topk, "moe_router_pre_softmax", default=False,
+                           encode=lambda norm: not norm, decode=lambda pre_softmax: not pre_softmax))
+    else:
+        rules.append(Fixed(hf={}, mcore={"moe_router_pre_softmax": False}))
+    if shared_ffn:
+        rules += [Field(shared_ffn, "moe_shared_expert_intermediate_size"),
+                  Fixed(hf={}, mcore={"moe_shared_expert_gate": True})]
+    rules.append(Fixed(hf={}, mcore=dict(MOE_FIXED)))
+    return rules
 
 
 def qkv_bias(layer: str = HF_LAYER) -> Row:

@@ -1,7 +1,8 @@
 """The weight-mapping engine: one declarative table per family, run in both directions.
 
 A table is a list of rows between Hugging Face and megatron-core parameter names.
-Names may hold ``{layer}``, expanded for every transformer layer::
+Names may hold ``{layer}``, expanded for every transformer layer, and ``{expert}``, expanded for
+every routed expert of a mixture-of-experts layer (``MappingContext.num_experts``)::
 
     WeightMap(
         Vocab("model.embed_tokens.weight", "embedding.word_embeddings.weight"),
@@ -25,6 +26,7 @@ so a converter can stream. This module imports torch only when tensors are trans
 """
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Mapping
@@ -47,6 +49,7 @@ class MappingContext:
     vocab_size: int
     padded_vocab_size: int
     tied_embeddings: bool
+    num_experts: int = 0  # routed experts per MoE layer (megatron's num_moe_experts); 0 without MoE
 
     @classmethod
     def from_config(
@@ -62,7 +65,17 @@ class MappingContext:
             vocab_size=config["vocab_size"],
             padded_vocab_size=padded_vocab_size or config.padded_vocab_size(tensor_parallel_size),
             tied_embeddings=config.tied_embeddings,
+            num_experts=int(config.get("num_moe_experts") or 0),
         )
+
+
+def _fill(name: str, layer: int | None, expert: int | None) -> str:
+    """``name`` with ``{layer}`` and ``{expert}`` replaced (where given)."""
+    if layer is not None:
+        name = name.replace("{layer}", str(layer))
+    if expert is not None:
+        name = name.replace("{expert}", str(expert))
+    return name
 
 
 def _expand(pattern: str) -> list[str]:
@@ -83,7 +96,7 @@ def _expand_exactly(pattern: str, count: int, kind: str, example: str) -> list[s
 class Row:
     """One row of a table: HF names <-> megatron-core names, and the transform each way.
 
-    Subclasses set ``hf`` and ``mcore`` (tuples of name patterns, ``{layer}`` allowed) and
+    Subclasses set ``hf`` and ``mcore`` (tuples of name patterns, ``{layer}`` and ``{expert}`` allowed) and
     implement :meth:`to_mcore` and :meth:`to_hf` on lists of tensors in the same order.
     """
 
@@ -107,6 +120,10 @@ class Row:
     @property
     def per_layer(self) -> bool:
         return any("{layer}" in n for n in self.hf + self.mcore)
+
+    @property
+    def per_expert(self) -> bool:
+        return any("{expert}" in n for n in self.hf + self.mcore)
 
     def names(self, direction: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
         return (self.hf, self.mcore) if direction == TO_MCORE else (self.mcore, self.hf)
@@ -303,13 +320,18 @@ class WeightMap:
         steps, optional = [], set()
         for row in self.rows:
             layers = range(ctx.num_layers) if row.per_layer else [None]
+            if row.per_expert and ctx.num_experts < 1:
+                raise MappingError(f"table error: {row} names {{expert}} but the model has no experts "
+                                   "(num_moe_experts)")
+            experts = range(ctx.num_experts) if row.per_expert else [None]
             for layer in layers:
-                fill = (lambda n: n.replace("{layer}", str(layer))) if layer is not None else (lambda n: n)
-                optional.update(fill(n) for n in row.optional_sources(direction, ctx))
-                if not row.active(ctx):
-                    continue
-                src, dst = row.names(direction)
-                steps.append(_Step(row, tuple(map(fill, src)), tuple(map(fill, dst))))
+                for expert in experts:
+                    fill = functools.partial(_fill, layer=layer, expert=expert)
+                    optional.update(fill(n) for n in row.optional_sources(direction, ctx))
+                    if not row.active(ctx):
+                        continue
+                    src, dst = row.names(direction)
+                    steps.append(_Step(row, tuple(map(fill, src)), tuple(map(fill, dst))))
         seen_src: dict[str, Row] = {}
         seen_dst: dict[str, Row] = {}
         for step in steps:

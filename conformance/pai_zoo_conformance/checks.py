@@ -176,11 +176,11 @@ def check_mapping_coverage(case: Case) -> None:
     """The table consumes every source tensor once and fills every target once, both ways."""
     from pai_zoo.errors import MappingError
     from pai_zoo.registry import get_registry
-    from pai_zoo.weights import mcore_tensors
+    from pai_zoo.weights import hf_state_dict, mcore_tensors
 
     table = get_registry().weight_map(case.family, case.mcore_config)
     ctx = MappingContext.from_config(case.mcore_config)
-    hf_names = list(case.hf_model.state_dict())
+    hf_names = list(hf_state_dict(case.hf_model, case.mcore_config))  # checkpoint names (MoE experts split)
     mcore_names = list(mcore_tensors(case.mcore_model))
     try:
         table.check_coverage(TO_MCORE, ctx, hf_names, mcore_names)
@@ -191,9 +191,9 @@ def check_mapping_coverage(case: Case) -> None:
 
 def check_weight_round_trip(case: Case) -> float:
     """HF weights -> mcore -> HF are bit-identical. Returns max |delta| (0.0)."""
-    from pai_zoo.weights import hf_to_mcore, mcore_to_hf
+    from pai_zoo.weights import hf_state_dict, hf_to_mcore, mcore_to_hf
 
-    original = case.hf_model.state_dict()
+    original = hf_state_dict(case.hf_model, case.mcore_config)
     there = hf_to_mcore(case.family, case.mcore_config, original)
     back = mcore_to_hf(case.family, case.mcore_config, there)
     if set(back) != set(original):

@@ -15,6 +15,10 @@ the CPU at run time, without editing megatron-core's source, and only when
 * gradient clipping by the total norm, which asserts CUDA gradients, scales CPU ones.
 * tied embeddings under pipeline parallelism: the last stage's copy of the word embeddings,
   which megatron moves to CUDA before its first all-reduce, stays on the CPU.
+* mixture of experts (:data:`MOE_MODULES`): the ``alltoall`` token dispatcher and the shared
+  experts create a ``torch.cuda.Stream`` at construction and run work under ``torch.cuda.stream``;
+  there they get the CPU's (no-op) stream. Without Transformer Engine, ``moe_utils.te_general_gemm``
+  is an unbound name that the router reads: it is set to ``None`` (the router's plain ``torch.mm``).
 
 :func:`ensure_model_parallel` sets up a single-process gloo group and megatron's
 parallel state when the caller has not.
@@ -43,6 +47,13 @@ CUDA_LITERAL_MODULES = (
     "megatron.core.distributed.param_and_grad_buffer",  # 0.19: start_grad_sync waits on the current stream
 )
 
+#: megatron-core MoE modules that create or enter CUDA streams (redirected like :data:`CUDA_LITERAL_MODULES`).
+MOE_MODULES = (
+    "megatron.core.transformer.moe.token_dispatcher",  # alltoall: cuda_dtoh_stream = torch.cuda.Stream()
+    "megatron.core.transformer.moe.shared_experts",  # SharedExpertMLP.stream
+    "megatron.core.transformer.moe.moe_layer",  # 0.19: waits on SharedExpertMLP.stream
+)
+
 _FACTORIES = (
     "zeros",
     "ones",
@@ -67,6 +78,38 @@ def _on_cpu(value):
     return value
 
 
+class _CpuEvent:
+    """A CUDA event on the CPU: everything has already happened."""
+
+    def record(self, stream=None):
+        pass
+
+    def synchronize(self):
+        pass
+
+    def wait(self, stream=None):
+        pass
+
+    def query(self):
+        return True
+
+
+class _CpuSideStream:
+    """A CUDA side stream on the CPU, where work runs in order: waits do nothing, events are done."""
+
+    def wait_stream(self, stream):
+        pass
+
+    def wait_event(self, event):
+        pass
+
+    def record_event(self, event=None):
+        return event or _CpuEvent()
+
+    def synchronize(self):
+        pass
+
+
 class _CpuCuda:
     """Stands in for ``torch.cuda`` inside the modules of :data:`CUDA_LITERAL_MODULES`: the current
     stream is the CPU's, whose ``wait_event``/``wait_stream`` do nothing; everything else is ``torch.cuda``."""
@@ -74,6 +117,14 @@ class _CpuCuda:
     @staticmethod
     def current_stream(device=None):
         return torch.cpu.current_stream()
+
+    @staticmethod
+    def Stream(*args, **kwargs):  # noqa: N802 - torch.cuda.Stream's name
+        return _CpuSideStream()
+
+    @staticmethod
+    def stream(stream):
+        return contextlib.nullcontext(stream)
 
     def __getattr__(self, name):
         return getattr(torch.cuda, name)
@@ -178,6 +229,21 @@ def _patch_tied_embeddings() -> None:
     LanguageModule.setup_embeddings_and_output_layer = setup_embeddings_and_output_layer
 
 
+def _patch_moe(proxy) -> None:
+    """MoE on the CPU: the stream-creating modules see ``proxy`` as ``torch``; the router's
+    ``te_general_gemm`` (an unbound name without Transformer Engine) is ``None``."""
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+    for name in MOE_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ImportError:  # pragma: no cover - a megatron-core without this module
+            continue
+        module.torch = proxy
+
+
 def apply_cpu_patch() -> bool:
     """Apply the CPU compatibility patch once; returns whether it is active (no CUDA)."""
     global _applied
@@ -193,6 +259,7 @@ def apply_cpu_patch() -> bool:
     proxy = _CpuTorch()
     for name in CUDA_LITERAL_MODULES:
         importlib.import_module(name).torch = proxy
+    _patch_moe(proxy)
     _applied = True
     return True
 

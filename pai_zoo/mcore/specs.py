@@ -11,12 +11,16 @@ def default_layer_spec(config):
     """megatron-core's local GPT layer spec with the config's normalization and qk-norm (``config``: an
     :class:`~pai_zoo.config_map.McoreConfig` or a dict of its ``arch`` keys). With
     ``layernorm_zero_centered_gamma`` its norms are :class:`~pai_zoo.mcore.norms.ZeroCenteredNorm`
-    (``1 + weight``); :func:`pai_zoo.mcore.build.build_gpt_model` then gives the final norm the same class."""
+    (``1 + weight``); :func:`pai_zoo.mcore.build.build_gpt_model` then gives the final norm the same class.
+    With ``num_moe_experts`` every layer's MLP is megatron-core's ``MoELayer`` (router, ``SequentialMLP``
+    experts ``mlp.experts.local_experts.{e}``, shared experts when ``moe_shared_expert_intermediate_size``)."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "Apex is not installed. Falling back to Torch Norm"
         spec = get_gpt_layer_local_spec(
+            num_experts=config.get("num_moe_experts") or None,  # a MoE layer (SequentialMLP experts) when set
+            moe_grouped_gemm=bool(config.get("moe_grouped_gemm", False)),
             qk_layernorm=bool(config.get("qk_layernorm", False)),
             normalization=config.get("normalization", "LayerNorm"),
         )

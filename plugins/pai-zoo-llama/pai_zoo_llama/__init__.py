@@ -1,4 +1,5 @@
-"""pai-zoo plugin for Llama 1/2/3.x and Mistral: RMSNorm, RoPE (with llama3 scaling), SwiGLU, GQA."""
+"""pai-zoo plugin for Llama 1/2/3.x and Mistral: RMSNorm, RoPE (with llama3 scaling), SwiGLU, GQA; and Mixtral
+(``MixtralForCausalLM``), the Mistral layout with a mixture of experts as every layer's MLP."""
 from __future__ import annotations
 
 from pai_zoo import (
@@ -13,9 +14,18 @@ from pai_zoo import (
     hookimpl,
 )
 from pai_zoo.config_map import sliding_window
-from pai_zoo.layouts import HF_LAYER, MCORE_LAYER, llama_config_rules, llama_layout, llama_megatron_args, qkv_bias
+from pai_zoo.layouts import (
+    HF_LAYER,
+    MCORE_LAYER,
+    llama_config_rules,
+    llama_layout,
+    llama_megatron_args,
+    moe_config_rules,
+    moe_layout,
+    qkv_bias,
+)
 
-from .presets import PRESETS
+from .presets import MIXTRAL_PRESETS, PRESETS
 
 CONFIG = ConfigMap(
     *llama_config_rules(
@@ -79,6 +89,43 @@ LLAMA = Family(
 )
 
 
+# -- Mixtral -----------------------------------------------------------------------------------------------------
+MIXTRAL_CONFIG = ConfigMap(
+    *llama_config_rules(
+        Field("attention_dropout", "attention_dropout", default=0.0),
+        sliding_window(),
+        Rope(),
+        # The experts' width is intermediate_size (megatron's moe_ffn_hidden_size defaults to ffn_hidden_size);
+        # the router always renormalises its top-k softmax probabilities (megatron: moe_router_pre_softmax off).
+        *moe_config_rules("num_local_experts", expert_ffn=None, norm_topk=None),
+        head_dim=None,
+        # router_jitter_noise multiplies the router input by noise in training only: megatron-core has none.
+        hf_fixed={"router_jitter_noise": 0.0},
+        mcore_fixed={"add_bias_linear": False, "add_qkv_bias": False},
+    ),
+    # Whether transformers returns the router logits (and adds its aux loss to the loss): no effect on the
+    # logits. megatron-core adds its aux loss (moe_aux_loss_coeff) in training.
+    passthrough=("output_router_logits",),
+)
+
+MIXTRAL_WEIGHTS = WeightMap(
+    *llama_layout(mlp=moe_layout("block_sparse_moe.", gate_up="{w1,w3}.weight", down="w2.weight"))
+)
+
+MIXTRAL = Family(
+    name="mixtral",
+    hf_architectures=("MixtralForCausalLM",),
+    model_types=("mixtral",),
+    presets=MIXTRAL_PRESETS,
+    tiny="mixtral-tiny",
+    odd="mixtral-odd",
+    config_map=MIXTRAL_CONFIG,
+    weight_map=MIXTRAL_WEIGHTS,
+    test_tokenizer=_write_toy_tokenizer,
+    description="Mixtral (mixture of experts, Mistral layout)",
+)
+
+
 @hookimpl
 def pai_zoo_families():
-    return [LLAMA]
+    return [LLAMA, MIXTRAL]

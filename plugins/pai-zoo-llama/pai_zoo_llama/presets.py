@@ -72,3 +72,30 @@ PRESETS = {
     "mistral-7b": _mistral(32000, 10000.0, 4096),
     "mistral-7b-v0.3": _mistral(32768, 1000000.0, None),
 }
+
+
+def _mixtral(hidden, inter, layers, heads, kv, experts, topk, *, vocab, max_pos, aux, theta=1000000.0, window=None,
+             **extra):
+    return dict(
+        model_type="mixtral", architectures=["MixtralForCausalLM"], vocab_size=vocab, hidden_size=hidden,
+        intermediate_size=inter, num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv,
+        max_position_embeddings=max_pos, rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": theta},
+        hidden_act="silu", tie_word_embeddings=False, sliding_window=window, num_local_experts=experts,
+        num_experts_per_tok=topk, router_aux_loss_coef=aux, router_jitter_noise=0.0, output_router_logits=False,
+        attention_dropout=0.0, bos_token_id=1, eos_token_id=2, **extra,
+    )
+
+
+MIXTRAL_PRESETS = {
+    # 4 experts, top-2 (softmax, top-k, renormalised), GQA, a sliding window shorter than the suite's sequences,
+    # a padded vocabulary.
+    "mixtral-tiny": _mixtral(64, 96, 2, 4, 2, 4, 2, vocab=1000, max_pos=512, aux=0.02, window=6),
+    # Unusual shapes (Family.odd): 3 experts with top-2 (an odd expert count), 6 query heads in 2 groups,
+    # head_dim 16 != 72 / 6, expert width 100, vocabulary 1001, 3 layers.
+    "mixtral-odd": _mixtral(72, 100, 3, 6, 2, 3, 2, vocab=1001, max_pos=300, aux=0.001, head_dim=16),
+    # Published config.json values (mistralai/Mixtral-8x7B-v0.1, Mixtral-8x22B-v0.1), from memory, not checked
+    # against the files here: see the README's list of unverified values.
+    "mixtral-8x7b": _mixtral(4096, 14336, 32, 32, 8, 8, 2, vocab=32000, max_pos=32768, aux=0.02),
+    "mixtral-8x22b": _mixtral(6144, 16384, 56, 48, 8, 8, 2, vocab=32768, max_pos=65536, aux=0.001),
+}

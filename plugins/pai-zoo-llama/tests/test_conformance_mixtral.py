@@ -1,0 +1,6 @@
+"""The shared conformance suite on the Mixtral family (mixture of experts)."""
+from pai_zoo_conformance import ConformanceSuite
+
+
+class TestMixtralConformance(ConformanceSuite):
+    family = "mixtral"
