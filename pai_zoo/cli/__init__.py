@@ -107,7 +107,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = parse(build_parser(), argv)
         with quiet_run(verbose=args.verbose):  # third-party warnings and progress bars only with --verbose
-            return args.func(args)
+            try:
+                return args.func(args)
+            finally:
+                ARGV = None  # this run's arguments only (main may be called again in one process)
     except KeyboardInterrupt as exc:  # also util.interrupt.Interrupted: its line (empty off rank 0) and 128 + signal
         if debug:
             raise
