@@ -56,8 +56,19 @@ def test_parameter_count_is_the_models(setup, reported):
 
     _, out = reported
     count = int(re.search(r"\), ([\d,]+) parameters", out).group(1).replace(",", ""))
-    model = pai_zoo.load(setup / "hf", backend="mcore").model
-    assert count == sum(p.numel() for p in model.parameters())
+    hf = pai_zoo.load(setup / "hf", backend="hf").model  # Megatron pads the vocabulary (300 -> 384 rows): not counted
+    assert count == sum(p.numel() for p in hf.parameters())
+
+
+def test_summary_under_tensor_parallelism_counts_each_parameter_once(setup, reported):
+    _, out = reported
+    save = setup / "summary-tp2"
+    proc = run(train_args(setup, save, "--tp", "2", "--train-tokens", str(2 * GBS * SEQ)), nproc=2)
+    assert proc.stdout.count("layout: ") == 1  # rank 0 only
+    assert "layout: 2 processes = TP 2 x PP 1 x DP 1; 4 micro-batches of 1 per step" in proc.stdout
+    count = re.compile(r"\), ([\d,]+) parameters")
+    # the same count, although TP 2 pads the vocabulary to 512 rows where one process pads it to 384
+    assert count.search(proc.stdout).group(1) == count.search(out).group(1)
 
 
 def test_each_save_is_reported_and_steps_show_an_eta(reported):

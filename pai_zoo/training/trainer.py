@@ -341,15 +341,24 @@ class Trainer:
         self.echo(line)
 
     def parameter_count(self) -> int:
-        """The model's parameters over all tensor- and pipeline-parallel ranks (a collective), each counted once."""
+        """The model's parameters over all tensor- and pipeline-parallel ranks (a collective), each counted once and
+        without Megatron's vocabulary padding (which depends on the TP size): the Hugging Face model's count."""
         from megatron.core import parallel_state
 
         tp_rank = parallel_state.get_tensor_model_parallel_rank()
+        vocab = self.mcore_config["vocab_size"]
         count = 0
-        for p in self.model.parameters():
+        for name, p in self.model.named_parameters():
             if getattr(p, "shared_embedding", False) and not self.first_stage:
                 continue  # the output layer tied to the first stage's embedding
-            if getattr(p, "tensor_model_parallel", False) or tp_rank == 0:
+            sharded = getattr(p, "tensor_model_parallel", False)
+            if not sharded and tp_rank != 0:
+                continue  # a copy on every tensor-parallel rank
+            if name.endswith(("word_embeddings.weight", "output_layer.weight")) and p.dim() == 2:
+                rows = p.shape[0]  # this rank's rows of the padded vocabulary: count the real ones
+                first = tp_rank * rows if sharded else 0
+                count += max(0, min(rows, vocab - first)) * p.shape[1]
+            else:
                 count += p.numel()
         total = torch.tensor([count], dtype=torch.int64, device=_device())
         torch.distributed.all_reduce(total, group=parallel_state.get_model_parallel_group())
