@@ -223,3 +223,34 @@ def test_weights_only_checkpoints_are_smaller_and_resume_with_a_warning(setup, r
     lines = train_here(config(setup, save, steps=6, save_optim=False, extend=True))
     assert any(line.startswith("warning: iter_0000004 holds no optimizer state") for line in lines), lines
     assert [r["step"] for r in records(save)] == list(range(1, 7))
+
+
+def test_cli_flags_extend_keep_last_and_no_save_optim(setup, reported):
+    baseline, _ = reported
+    save = setup / "cli-extended"
+    shutil.copytree(baseline, save)
+    ten = ["--train-tokens", str(10 * GBS * SEQ)]
+    refused = run(train_args(setup, save, *ten), check=False)
+    assert refused.returncode == 1 and "hint: add --extend" in refused.stderr
+    proc = run(train_args(setup, save, *ten, "--extend", "--keep-last", "1", "--no-save-optim"))
+    assert "extending the run from step 8 (8 planned) to step 10:" in proc.stdout
+    assert "saved checkpoint iter_0000010 (step 10, weights only) in" in proc.stdout
+    assert iterations(save) == [8, 10]  # the newest, and the one resumed from
+    assert [r["step"] for r in records(save)] == list(range(1, 11))
+
+
+def test_progress_bar_ends_its_line_before_other_output():
+    import io
+
+    from pai_zoo.training.trainer import StepDisplay
+
+    stream = io.StringIO()
+    bar = StepDisplay(8, enabled=True)
+    bar.stream = stream
+    bar.break_line()
+    assert stream.getvalue() == ""  # nothing shown yet: nothing to end
+    bar.show({"step": 2, "loss": 1.0, "lr": 1e-3, "grad_norm": 0.5, "tokens_per_s": 100.0}, eta=30)
+    assert stream.getvalue().startswith("\r[#####---------------] step 2/8 |") and "| ETA 30s" in stream.getvalue()
+    bar.break_line()
+    bar.close()  # the line is already ended: no blank line
+    assert stream.getvalue().endswith("ETA 30s\x1b[K\n")
