@@ -60,6 +60,14 @@ def test_gemma_logits_match_transformers_and_each_option_is_needed(gemma_case, m
         model.embedding.word_embeddings._forward_hooks.update(hooks)
 
 
+def test_gemma_greedy_generation_and_training(gemma_case):
+    """The KV-cached decode path scales the embeddings of every new token too; the norms train."""
+    from pai_zoo_conformance import checks
+
+    assert checks.check_generation(gemma_case)["rows"] == 4
+    checks.check_training(gemma_case)
+
+
 def test_zero_centered_layernorm_and_dtype():
     import torch
     from megatron.core.transformer import TransformerConfig
