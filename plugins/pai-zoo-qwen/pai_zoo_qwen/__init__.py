@@ -3,6 +3,8 @@
 * ``qwen``  - Qwen (v1), ``QWenLMHeadModel`` (remote code upstream; a reference model ships in this plugin).
 * ``qwen2`` - Qwen1.5, Qwen2 and Qwen2.5, transformers' ``Qwen2ForCausalLM``.
 * ``qwen3`` - Qwen3 dense, transformers' ``Qwen3ForCausalLM``.
+* ``qwen2-moe`` - Qwen1.5-MoE and Qwen2-MoE, ``Qwen2MoeForCausalLM``: routed experts plus a gated shared expert.
+* ``qwen3-moe`` - Qwen3-MoE, ``Qwen3MoeForCausalLM``: routed experts, per-head q/k norms.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from pai_zoo import (
     WeightMap,
     hookimpl,
 )
-from pai_zoo.config_map import Rule
+from pai_zoo.config_map import Rule, sliding_window
 from pai_zoo.family import LazyClass
 from pai_zoo.layouts import (
     HF_LAYER,
@@ -31,10 +33,12 @@ from pai_zoo.layouts import (
     llama_config_rules,
     llama_layout,
     llama_megatron_args,
+    moe_config_rules,
+    moe_layout,
     qkv_bias,
 )
 
-from .presets import QWEN2_PRESETS, QWEN3_PRESETS, QWEN_V1_PRESETS
+from .presets import QWEN2_MOE_PRESETS, QWEN2_PRESETS, QWEN3_MOE_PRESETS, QWEN3_PRESETS, QWEN_V1_PRESETS
 from .tokenizer_files import write_qwen2_tokenizer, write_qwen_tiktoken_tokenizer
 
 
@@ -114,6 +118,82 @@ L, M = HF_LAYER, MCORE_LAYER
 def qwen2_weights(config) -> WeightMap:
     """Qwen2's table (QKV bias); Qwen3's adds the per-head q/k norms and has no QKV bias."""
     rows = llama_layout()
+    if config.get("add_qkv_bias"):
+        rows.append(qkv_bias())
+    if config.get("qk_layernorm"):
+        rows += [
+            Copy(L + "self_attn.q_norm.weight", M + "self_attention.q_layernorm.weight"),
+            Copy(L + "self_attn.k_norm.weight", M + "self_attention.k_layernorm.weight"),
+        ]
+    return WeightMap(*rows)
+
+
+# -- Qwen2-MoE, Qwen3-MoE ---------------------------------------------------------------------------------------
+class FullAttentionOnly(Rule):
+    """Qwen2-MoE without sliding windows (as its published checkpoints): ``use_sliding_window`` false, every
+    ``layer_types`` entry ``full_attention``; transformers then sets ``sliding_window`` to 0, written back so.
+    ``max_window_layers`` only matters with sliding windows (a passthrough key)."""
+
+    hf_keys = ("use_sliding_window", "sliding_window", "layer_types")
+
+    def to_mcore(self, hf: dict, arch: dict) -> None:
+        types = hf.get("layer_types") or []
+        if hf.get("use_sliding_window") or any(t != "full_attention" for t in types):
+            raise ConfigTranslationError("Qwen2-MoE with sliding windows (use_sliding_window) is not supported")
+
+    def to_hf(self, arch: dict, hf: dict) -> None:
+        if arch.get("window_size") is not None:
+            raise ConfigTranslationError(f"window_size={arch['window_size']}: Qwen2-MoE here has no sliding windows")
+        hf["use_sliding_window"], hf["sliding_window"] = False, 0
+        hf["layer_types"] = ["full_attention"] * arch["num_layers"]
+
+    def describe(self) -> str:
+        return "use_sliding_window false, layer_types all full_attention (no window)"
+
+
+#: Every layer a MoE layer: dense layers among them (decoder_sparse_step > 1, mlp_only_layers) are refused.
+_ALL_SPARSE = {"decoder_sparse_step": 1, "mlp_only_layers": []}
+
+QWEN2_MOE_CONFIG = ConfigMap(
+    *llama_config_rules(
+        Field("attention_dropout", "attention_dropout", default=0.0),
+        Field("qkv_bias", "add_qkv_bias", default=True),
+        FullAttentionOnly(),
+        Rope(),
+        *moe_config_rules(shared_ffn="shared_expert_intermediate_size"),
+        head_dim=None,
+        hf_fixed=_ALL_SPARSE,
+        mcore_fixed={"add_bias_linear": False},
+    ),
+    # max_window_layers: only with sliding windows (refused); output_router_logits: whether transformers returns
+    # the router logits (and adds its aux loss), no effect on the logits.
+    passthrough=("max_window_layers", "output_router_logits"),
+)
+
+QWEN3_MOE_CONFIG = ConfigMap(
+    *llama_config_rules(
+        Field("attention_dropout", "attention_dropout", default=0.0),
+        sliding_window(),
+        Rope(),
+        # transformers 5 calls num_experts num_local_experts (config.json may hold either; attribute_map).
+        *moe_config_rules("num_local_experts"),
+        # Qwen3MoeConfig declares no head_dim; its attention reads one from config.json when it is there.
+        head_dim=None,
+        hf_fixed={"attention_bias": False, **_ALL_SPARSE},
+        mcore_fixed={"add_qkv_bias": False, "add_bias_linear": False, "qk_layernorm": True},
+    ),
+    # use_sliding_window only decides sliding_window (transformers sets it to None when false), which applies
+    # to every layer; max_window_layers is unused by Qwen3-MoE's modeling code.
+    passthrough=("use_sliding_window", "max_window_layers", "output_router_logits"),
+)
+
+
+def qwen_moe_weights(config) -> WeightMap:
+    """Qwen2/3-MoE: per-expert ``mlp.experts.{e}.{gate,up,down}_proj`` and the router ``mlp.gate``; Qwen2-MoE
+    adds the shared expert and its sigmoid gate, Qwen2 the QKV bias, Qwen3 the q/k norms."""
+    shared = config.get("moe_shared_expert_intermediate_size")
+    rows = llama_layout(mlp=moe_layout(shared="shared_expert." if shared else None,
+                                       shared_gate="shared_expert_gate.weight" if shared else None))
     if config.get("add_qkv_bias"):
         rows.append(qkv_bias())
     if config.get("qk_layernorm"):
@@ -247,9 +327,38 @@ QWEN3 = Family(
 )
 
 
+QWEN2_MOE = Family(
+    name="qwen2-moe",
+    aliases=("qwen1.5-moe", "qwen2_moe"),
+    hf_architectures=("Qwen2MoeForCausalLM",),
+    model_types=("qwen2_moe",),
+    presets=QWEN2_MOE_PRESETS,
+    tiny="qwen2-moe-tiny",
+    odd="qwen2-moe-odd",
+    config_map=QWEN2_MOE_CONFIG,
+    weight_map=qwen_moe_weights,
+    test_tokenizer=write_qwen2_tokenizer,
+    description="Qwen1.5-MoE and Qwen2-MoE (Qwen2MoeForCausalLM): routed experts and a gated shared expert",
+)
+
+QWEN3_MOE = Family(
+    name="qwen3-moe",
+    aliases=("qwen3_moe",),
+    hf_architectures=("Qwen3MoeForCausalLM",),
+    model_types=("qwen3_moe",),
+    presets=QWEN3_MOE_PRESETS,
+    tiny="qwen3-moe-tiny",
+    odd="qwen3-moe-odd",
+    config_map=QWEN3_MOE_CONFIG,
+    weight_map=qwen_moe_weights,
+    test_tokenizer=write_qwen2_tokenizer,
+    description="Qwen3-MoE (Qwen3MoeForCausalLM)",
+)
+
+
 @hookimpl
 def pai_zoo_families():
-    return [QWEN, QWEN2, QWEN3]
+    return [QWEN, QWEN2, QWEN3, QWEN2_MOE, QWEN3_MOE]
 
 
 @hookimpl

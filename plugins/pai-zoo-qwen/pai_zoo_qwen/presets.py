@@ -126,3 +126,75 @@ QWEN_V1_PRESETS = {
     },
     "qwen-7b": _qwen_v1(4096, 22016, 32, 32, seq_length=8192),
 }
+
+
+def _qwen2_moe(hidden, inter, layers, heads, kv, *, experts, topk, expert_ffn, shared_ffn, norm_topk, vocab=151936,
+               max_pos=32768, window_layers=None, eps=1e-6, theta=1000000.0, tie=False):
+    return dict(
+        model_type="qwen2_moe", architectures=["Qwen2MoeForCausalLM"], vocab_size=vocab, hidden_size=hidden,
+        intermediate_size=inter, num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv,
+        max_position_embeddings=max_pos, rms_norm_eps=eps,
+        rope_parameters={"rope_type": "default", "rope_theta": theta},
+        hidden_act="silu", tie_word_embeddings=tie, use_sliding_window=False, sliding_window=max_pos,
+        max_window_layers=layers if window_layers is None else window_layers, attention_dropout=0.0,
+        decoder_sparse_step=1, mlp_only_layers=[], num_experts=experts, num_experts_per_tok=topk,
+        moe_intermediate_size=expert_ffn, shared_expert_intermediate_size=shared_ffn, norm_topk_prob=norm_topk,
+        router_aux_loss_coef=0.001, output_router_logits=False, bos_token_id=QWEN_BOS, eos_token_id=QWEN_EOS,
+    )
+
+
+def _qwen3_moe(hidden, inter, layers, heads, kv, *, experts, topk, expert_ffn, norm_topk=True, vocab=151936,
+               head_dim=128, max_pos=40960, window=None, tie=False):
+    return dict(
+        model_type="qwen3_moe", architectures=["Qwen3MoeForCausalLM"], vocab_size=vocab, hidden_size=hidden,
+        intermediate_size=inter, num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv,
+        head_dim=head_dim, max_position_embeddings=max_pos, rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, hidden_act="silu", tie_word_embeddings=tie,
+        attention_bias=False, use_sliding_window=window is not None, sliding_window=window, max_window_layers=layers,
+        attention_dropout=0.0, decoder_sparse_step=1, mlp_only_layers=[], num_experts=experts,
+        num_experts_per_tok=topk, moe_intermediate_size=expert_ffn, norm_topk_prob=norm_topk,
+        router_aux_loss_coef=0.001, output_router_logits=False, bos_token_id=QWEN_BOS, eos_token_id=QWEN_IM_END,
+    )
+
+
+QWEN2_MOE_PRESETS = {
+    # 4 experts, top-2 without renormalisation (norm_topk_prob false, as Qwen1.5-MoE), a gated shared expert
+    # wider than the routed ones, QKV bias, GQA, vocabulary not a multiple of 128, 288 positions.
+    "qwen2-moe-tiny": {
+        **_qwen2_moe(64, 160, 2, 8, 2, experts=4, topk=2, expert_ffn=48, shared_ffn=96, norm_topk=False, vocab=1000,
+                     max_pos=288),
+        "bos_token_id": 1, "eos_token_id": 2,
+    },
+    # Unusual shapes (Family.odd): 5 experts with top-3 renormalised (norm_topk_prob true), expert width 40,
+    # shared expert 56, 6 query heads in 2 groups, head_dim 20 != 72 / 6, vocabulary 1001, 3 layers.
+    "qwen2-moe-odd": {
+        **_qwen2_moe(72, 136, 3, 6, 2, experts=5, topk=3, expert_ffn=40, shared_ffn=56, norm_topk=True, vocab=1001,
+                     max_pos=300, eps=1e-5, theta=123456.0),
+        "head_dim": 20, "bos_token_id": 1, "eos_token_id": 2,
+    },
+    # Published config.json values (Qwen/Qwen1.5-MoE-A2.7B, Qwen/Qwen2-57B-A14B), from memory: unverified here.
+    "qwen1.5-moe-a2.7b": _qwen2_moe(2048, 5632, 24, 16, 16, experts=60, topk=4, expert_ffn=1408, shared_ffn=5632,
+                                    norm_topk=False, max_pos=8192, window_layers=21),
+    "qwen2-57b-a14b": _qwen2_moe(3584, 18944, 28, 28, 4, experts=64, topk=8, expert_ffn=2560, shared_ffn=20480,
+                                 norm_topk=False, max_pos=131072, window_layers=28),
+}
+
+QWEN3_MOE_PRESETS = {
+    # 4 experts, top-2 renormalised, per-head q/k norms, head_dim 16 != 64 / 8, a sliding window shorter than the
+    # suite's sequences, GQA, vocabulary not a multiple of 128.
+    "qwen3-moe-tiny": {
+        **_qwen3_moe(64, 160, 2, 8, 2, experts=4, topk=2, expert_ffn=48, vocab=1000, head_dim=16, max_pos=288,
+                     window=6),
+        "bos_token_id": 1, "eos_token_id": 2,
+    },
+    # Unusual shapes (Family.odd): 3 experts with top-2 not renormalised, expert width 40, 6 query heads in 2
+    # groups, head_dim 20, vocabulary 997, tied head, 3 layers.
+    "qwen3-moe-odd": {
+        **_qwen3_moe(72, 136, 3, 6, 2, experts=3, topk=2, expert_ffn=40, norm_topk=False, vocab=997, head_dim=20,
+                     max_pos=300, tie=True),
+        "bos_token_id": 1, "eos_token_id": 2,
+    },
+    # Published config.json values (Qwen/Qwen3-30B-A3B, Qwen/Qwen3-235B-A22B), from memory: unverified here.
+    "qwen3-30b-a3b": _qwen3_moe(2048, 6144, 48, 32, 4, experts=128, topk=8, expert_ffn=768),
+    "qwen3-235b-a22b": _qwen3_moe(4096, 12288, 94, 64, 4, experts=128, topk=8, expert_ffn=1536),
+}

@@ -1,0 +1,167 @@
+"""Mixture-of-experts members of the families (Mixtral, Qwen2-MoE, Qwen3-MoE): the ``{expert}`` rows of the
+mapping engine, the routing fields' translation, and that the conformance forward check catches a broken
+router (swapped experts, top-k ignored, renormalisation flipped) on the odd presets (3 or 5 experts)."""
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import pytest
+
+from pai_zoo import ConfigTranslationError, Copy, GateUp, MappingError, WeightMap
+from pai_zoo.mapping import TO_HF, TO_MCORE, MappingContext
+from pai_zoo.registry import get_registry
+
+
+def _ctx(experts: int, layers: int = 2) -> MappingContext:
+    return MappingContext(num_layers=layers, num_attention_heads=4, num_query_groups=2, head_dim=8, vocab_size=10,
+                          padded_vocab_size=16, tied_embeddings=False, num_experts=experts)
+
+
+EXPERT_TABLE = WeightMap(
+    Copy("model.layers.{layer}.mlp.gate.weight", "decoder.layers.{layer}.mlp.router.weight"),
+    GateUp("model.layers.{layer}.mlp.experts.{expert}.{gate,up}_proj.weight",
+           "decoder.layers.{layer}.mlp.experts.local_experts.{expert}.linear_fc1.weight"),
+)
+
+
+def test_expert_placeholder_expands_every_expert_of_every_layer():
+    names = EXPERT_TABLE.target_names(TO_MCORE, _ctx(3))
+    fc1 = sorted(n for n in names if "linear_fc1" in n)
+    assert fc1 == [f"decoder.layers.{layer}.mlp.experts.local_experts.{e}.linear_fc1.weight"
+                   for layer in range(2) for e in range(3)]
+    sources = EXPERT_TABLE.source_names(TO_MCORE, _ctx(3))
+    assert "model.layers.1.mlp.experts.2.up_proj.weight" in sources
+    assert len(sources) == 2 * (1 + 3 * 2)
+
+
+def test_expert_coverage_names_a_missing_and_an_extra_expert():
+    ctx = _ctx(3, layers=1)
+    names = EXPERT_TABLE.source_names(TO_MCORE, ctx)
+    with pytest.raises(MappingError, match=r"missing source tensors: model\.layers\.0\.mlp\.experts\.2\.gate_proj"):
+        EXPERT_TABLE.check_coverage(TO_MCORE, ctx, [n for n in names if "experts.2.gate" not in n])
+    with pytest.raises(MappingError, match=r"no row consumes: model\.layers\.0\.mlp\.experts\.3\.gate_proj"):
+        EXPERT_TABLE.check_coverage(TO_MCORE, ctx, names + ["model.layers.0.mlp.experts.3.gate_proj.weight"])
+
+
+def test_expert_rows_without_experts_are_a_table_error():
+    with pytest.raises(MappingError, match="no experts"):
+        EXPERT_TABLE.plan(TO_HF, _ctx(0))
+
+
+def test_expert_round_trip_keeps_each_expert_apart():
+    import torch
+
+    ctx = _ctx(3, layers=1)
+    hf = {n: torch.full((4, 2), float(i)) for i, n in enumerate(EXPERT_TABLE.source_names(TO_MCORE, ctx))}
+    there = EXPERT_TABLE.convert(TO_MCORE, ctx, hf)
+    fc1 = there["decoder.layers.0.mlp.experts.local_experts.1.linear_fc1.weight"]
+    assert torch.equal(fc1[:4], hf["model.layers.0.mlp.experts.1.gate_proj.weight"])
+    assert torch.equal(fc1[4:], hf["model.layers.0.mlp.experts.1.up_proj.weight"])
+    back = EXPERT_TABLE.convert(TO_HF, ctx, there)
+    assert back.keys() == hf.keys() and all(torch.equal(back[k], hf[k]) for k in hf)
+
+
+# -- config translation ----------------------------------------------------------------------------------------
+def _arch(family: str, preset: str, **changes):
+    fam = get_registry().family(family)
+    from pai_zoo import hf
+
+    return fam, fam.to_mcore_config(hf.config_dict(hf.hf_config(fam, {**fam.presets[preset], **changes})))
+
+
+@pytest.mark.parametrize("family, preset, experts, topk, pre_softmax", [
+    ("mixtral", "mixtral-odd", 3, 2, False),  # always renormalised
+    ("qwen2-moe", "qwen2-moe-tiny", 4, 2, True),  # norm_topk_prob false: top-k of the softmax over all experts
+    ("qwen2-moe", "qwen2-moe-odd", 5, 3, False),
+    ("qwen3-moe", "qwen3-moe-odd", 3, 2, True),
+])
+def test_routing_fields_in_megatron_names(family, preset, experts, topk, pre_softmax):
+    _, cfg = _arch(family, preset)
+    assert cfg["num_moe_experts"] == experts and cfg["moe_router_topk"] == topk
+    assert cfg["moe_router_pre_softmax"] is pre_softmax
+    assert cfg["moe_grouped_gemm"] is False and cfg["moe_token_dispatcher_type"] == "alltoall"
+
+
+def test_qwen2_moe_shared_expert_and_its_gate():
+    _, cfg = _arch("qwen2-moe", "qwen2-moe-odd")
+    assert cfg["moe_shared_expert_intermediate_size"] == 56 and cfg["moe_shared_expert_gate"] is True
+    assert cfg["moe_ffn_hidden_size"] == 40 and cfg["add_qkv_bias"] is True
+
+
+def test_norm_topk_prob_survives_the_round_trip_both_ways():
+    for value in (True, False):
+        fam, cfg = _arch("qwen3-moe", "qwen3-moe-odd", norm_topk_prob=value)
+        assert cfg["moe_router_pre_softmax"] is (not value)
+        assert fam.to_hf_config_dict(cfg)["norm_topk_prob"] is value
+
+
+def test_qwen3_moe_reads_the_published_num_experts_key():
+    # config.json files say num_experts; transformers 5's Qwen3MoeConfig calls it num_local_experts.
+    preset = dict(get_registry().family("qwen3-moe").presets["qwen3-30b-a3b"])
+    assert preset["num_experts"] == 128
+    _, cfg = _arch("qwen3-moe", "qwen3-30b-a3b")
+    assert cfg["num_moe_experts"] == 128 and cfg["moe_ffn_hidden_size"] == 768
+
+
+@pytest.mark.parametrize("family, preset, changes, message", [
+    ("mixtral", "mixtral-odd", {"router_jitter_noise": 0.1}, "router_jitter_noise"),
+    ("qwen2-moe", "qwen2-moe-odd", {"decoder_sparse_step": 2}, "decoder_sparse_step"),
+    ("qwen3-moe", "qwen3-moe-odd", {"mlp_only_layers": [1]}, "mlp_only_layers"),
+    ("qwen2-moe", "qwen2-moe-odd", {"use_sliding_window": True, "sliding_window": 4}, "sliding"),
+])
+def test_unsupported_routing_layouts_are_refused(family, preset, changes, message):
+    with pytest.raises(ConfigTranslationError, match=message):
+        _arch(family, preset, **changes)
+
+
+# -- the conformance forward check catches a broken router -----------------------------------------------------
+@pytest.fixture(scope="module")
+def odd_cases():
+    from pai_zoo_conformance import checks
+
+    return {name: checks.build_case(get_registry().family(name), get_registry().family(name).odd)
+            for name in ("mixtral", "qwen2-moe")}
+
+
+def _rebuilt(case, **arch):
+    """``case`` with a megatron-core model built from a changed arch, holding the same weights."""
+    from pai_zoo.mcore.build import build_gpt_model
+    from pai_zoo.weights import hf_model_to_mcore
+
+    config = dataclasses.replace(case.mcore_config, arch={**case.mcore_config.arch, **arch})
+    model = build_gpt_model(case.family, config).eval()
+    hf_model_to_mcore(case.family, config, case.hf_model, model)
+    return dataclasses.replace(case, mcore_config=config, mcore_model=model)
+
+
+@pytest.mark.parametrize("name", ["mixtral", "qwen2-moe"])
+def test_forward_check_passes_then_fails_on_swapped_experts(odd_cases, name):
+    import torch
+
+    from pai_zoo_conformance import checks
+    from pai_zoo_conformance.checks import ConformanceFailure
+
+    case = odd_cases[name]
+    assert checks.check_forward_equivalence(case) < 1e-4
+    broken = _rebuilt(case)
+    experts = broken.mcore_model.decoder.layers[1].mlp.experts.local_experts
+    with torch.no_grad():
+        first = copy.deepcopy(experts[0].linear_fc1.weight.data)
+        experts[0].linear_fc1.weight.data.copy_(experts[1].linear_fc1.weight.data)
+        experts[1].linear_fc1.weight.data.copy_(first)
+    with pytest.raises(ConformanceFailure, match=r"\[forward\]"):
+        checks.check_forward_equivalence(broken)
+
+
+@pytest.mark.parametrize("name, arch", [
+    ("mixtral", {"moe_router_topk": 3}),  # top-k ignored: every expert
+    ("mixtral", {"moe_router_pre_softmax": True}),  # renormalisation dropped
+    ("qwen2-moe", {"moe_router_pre_softmax": True}),  # qwen2-moe-odd renormalises (norm_topk_prob true)
+])
+def test_forward_check_fails_on_a_wrong_router(odd_cases, name, arch):
+    from pai_zoo_conformance import checks
+    from pai_zoo_conformance.checks import ConformanceFailure
+
+    with pytest.raises(ConformanceFailure, match=r"\[forward\]"):
+        checks.check_forward_equivalence(_rebuilt(odd_cases[name], **arch))
