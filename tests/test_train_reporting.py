@@ -117,6 +117,17 @@ def test_sigint_finishes_the_step_and_its_save(setup):
     assert iterations(save) == [2, 4] and not list(save.glob("*.tmp"))
 
 
+def test_ctrl_c_to_the_process_group_still_saves_the_step_in_progress(setup):
+    """Ctrl-C reaches every process of the terminal's group (megatron's checkpoint-writer helper too): the run still
+    finishes the step's save, and no process prints a traceback."""
+    save = setup / "sigint-group"
+    proc = run(train_args(setup, save), wrapper=("sigint-group", "4"), check=False)
+    assert proc.returncode == 130, proc.stderr[-3000:]
+    assert "pai-zoo: interrupted at step 4; last checkpoint iter_0000004" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert iterations(save) == [2, 4] and (save / "latest_checkpointed_iteration.txt").read_text() == "4"
+
+
 def test_a_second_sigint_stops_at_once(setup):
     save = setup / "sigint2"
     proc = run(train_args(setup, save), wrapper=("sigint2", "4"), check=False)

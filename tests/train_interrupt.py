@@ -5,7 +5,9 @@
 MOMENT ``publish``: just before ``iter_N.tmp`` is renamed to ``iter_N`` (the save is complete
 but not published); ``tracker``: after the rename, before the tracker names it. ``sigint``, ``sigterm``: the
 process sends itself that signal when it logs step ITERATION (before that step's checkpoint save); ``sigint2``:
-two SIGINTs there (stop at once). The exit code is ``pai-zoo train``'s.
+two SIGINTs there (stop at once); ``sigint-group``: the process starts a session of its own and sends SIGINT to
+its whole process group there, as Ctrl-C on a terminal does (megatron's checkpoint-writer helper process included).
+The exit code is ``pai-zoo train``'s.
 """
 import os
 import signal
@@ -38,17 +40,22 @@ if __name__ == "__main__":
             return False
 
         _kill_on("replace", match)
-    elif moment in ("sigint", "sigterm", "sigint2"):
+    elif moment in ("sigint", "sigterm", "sigint2", "sigint-group"):
         from pai_zoo.util.metrics import MetricsLog
 
         sig = signal.SIGTERM if moment == "sigterm" else signal.SIGINT
         write = MetricsLog.write
+        if moment == "sigint-group":
+            os.setsid()  # a process group of its own: the signal must not reach the test runner
 
         def signalling_write(self, record):
             write(self, record)
             if record.get("step") == iteration:
                 for _ in range(2 if moment == "sigint2" else 1):
-                    os.kill(os.getpid(), sig)
+                    if moment == "sigint-group":
+                        os.killpg(0, sig)
+                    else:
+                        os.kill(os.getpid(), sig)
 
         MetricsLog.write = signalling_write
     else:
