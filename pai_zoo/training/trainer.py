@@ -194,9 +194,9 @@ class Trainer:
                                        self.cfg.pipeline_parallel_size, self.dtype, self.padded_vocab_size)
         hf_dir = self.save_dir / dist_ckpt.HF_DIR
         hf_dir.mkdir(exist_ok=True)
-        origin = (
-            None if source.path is None else (source.path / dist_ckpt.HF_DIR if source.kind == "mcore" else source.path)
-        )
+        origins = {"mcore": source.path / dist_ckpt.HF_DIR if source.path else None, "hf": source.path,
+                   "megatron-lm": getattr(source, "tokenizer_dir", None)}  # a Megatron-LM folder holds no tokenizer
+        origin = origins.get(source.kind)
         hf_config_from_mcore(self.family, self.mcore_config).save_pretrained(hf_dir)
         if origin is not None:
             for name in ("generation_config.json",):
