@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import socket
 import subprocess
 import sys
@@ -32,7 +33,8 @@ def write_prompts(path: Path, n: int = 32) -> Path:
 
 
 def read_log(folder: Path) -> list[dict]:
-    return [json.loads(line) for line in (folder / "log.jsonl").read_text().splitlines()]
+    assert not (folder / "log.jsonl").exists()  # one log format with pai-zoo train
+    return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
 
 
 SMALL = {
@@ -65,10 +67,12 @@ def test_ppo_raises_the_reward_with_bounded_kl(tmp_path, capsys, two_threads):
               "--kl-coef", "0.02", "--kl-target", "3.0", "--kl-horizon", "50", "--temperature", "1.0"])
     assert rc == 0
     out = capsys.readouterr().out
-    assert "[ppo] step=30 reward=" in out  # the terminal log
+    assert re.search(r"^\[ppo\] step 30/30 \| lr 0.01 \| grad norm [\d.e+-]+ \| [\d,]+ tokens/s \| step time [\d.]+ \| "
+                     r"reward ", out, re.M), out[-2000:]  # the terminal log, in pai-zoo train's layout
     log = read_log(tmp_path / "run")
     assert [r["step"] for r in log] == list(range(1, 31))
-    for key in ("reward", "kl", "kl_coef", "policy_loss", "value_loss", "clip_fraction", "entropy", "response_length"):
+    for key in ("lr", "grad_norm", "tokens_per_s", "step_time",  # the keys pai-zoo train writes too
+                "reward", "kl", "kl_coef", "policy_loss", "value_loss", "clip_fraction", "entropy", "response_length"):
         assert all(isinstance(r[key], float) for r in log), key
     rewards = [r["reward"] for r in log]
     first, second_half, last = sum(rewards[:5]) / 5, sum(rewards[15:]) / 15, sum(rewards[-5:]) / 5
