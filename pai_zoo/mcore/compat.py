@@ -18,7 +18,8 @@ the CPU at run time, without editing megatron-core's source, and only when
 * mixture of experts (:data:`MOE_MODULES`): the ``alltoall`` token dispatcher and the shared
   experts create a ``torch.cuda.Stream`` at construction and run work under ``torch.cuda.stream``;
   there they get the CPU's (no-op) stream. Without Transformer Engine, ``moe_utils.te_general_gemm``
-  is an unbound name that the router reads: it is set to ``None`` (the router's plain ``torch.mm``).
+  is an unbound name that the router reads: it is set to ``None`` (the router's plain ``torch.mm``);
+  under expert parallelism its split sizes become numpy as on a GPU (:func:`_patch_split_sizes`).
 
 :func:`ensure_model_parallel` sets up a single-process gloo group and megatron's
 parallel state when the caller has not.
@@ -229,6 +230,26 @@ def _patch_tied_embeddings() -> None:
     LanguageModule.setup_embeddings_and_output_layer = setup_embeddings_and_output_layer
 
 
+def _patch_split_sizes() -> None:
+    """The ``alltoall`` dispatcher moves its expert-parallel split sizes "to the CPU as numpy"
+    (``maybe_move_tensor_to_cpu(..., as_numpy=True)``), which only acts on CUDA tensors: on the CPU they
+    stayed tensors, which ``all_to_all_single`` refuses. Here CPU tensors become numpy as well."""
+    from megatron.core.transformer.moe import token_dispatcher
+
+    original = getattr(token_dispatcher, "maybe_move_tensor_to_cpu", None)
+    if original is None or getattr(original, "_pai_zoo_cpu", False):
+        return
+
+    @functools.wraps(original)
+    def maybe_move_tensor_to_cpu(tensor, as_numpy=False, record_stream=False):
+        if as_numpy and torch.is_tensor(tensor) and not tensor.is_cuda:
+            return tensor.numpy()
+        return original(tensor, as_numpy=as_numpy, record_stream=record_stream)
+
+    maybe_move_tensor_to_cpu._pai_zoo_cpu = True
+    token_dispatcher.maybe_move_tensor_to_cpu = maybe_move_tensor_to_cpu
+
+
 def _patch_moe(proxy) -> None:
     """MoE on the CPU: the stream-creating modules see ``proxy`` as ``torch``; the router's
     ``te_general_gemm`` (an unbound name without Transformer Engine) is ``None``."""
@@ -236,6 +257,7 @@ def _patch_moe(proxy) -> None:
 
     if not hasattr(moe_utils, "te_general_gemm"):
         moe_utils.te_general_gemm = None
+    _patch_split_sizes()
     for name in MOE_MODULES:
         try:
             module = importlib.import_module(name)
