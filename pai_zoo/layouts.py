@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from .config_map import REQUIRED, Field, Fixed, Rule
+from .errors import ConfigTranslationError
 from .mapping import QKV, Copy, GateUp, Output, Row, Vocab
 
 #: Per-layer name prefixes: Hugging Face's Llama layout and megatron-core's GPT model.
@@ -70,6 +71,26 @@ def moe_layout(
     return rows
 
 
+class ExpertWidthIsFfnWidth(Rule):
+    """Mixtral's experts are ``intermediate_size`` wide: megatron's ``moe_ffn_hidden_size`` is set to the
+    ``ffn_hidden_size`` that the shape fields translate (megatron-core would default to it, with a warning).
+    On the way back the two must agree (``intermediate_size`` is written once, by the shape field)."""
+
+    hf_keys = ("intermediate_size",)
+
+    def to_mcore(self, hf: dict, arch: dict) -> None:
+        arch["moe_ffn_hidden_size"] = hf["intermediate_size"]
+
+    def to_hf(self, arch: dict, hf: dict) -> None:
+        width = arch.get("moe_ffn_hidden_size", arch["ffn_hidden_size"])
+        if width != arch["ffn_hidden_size"]:
+            raise ConfigTranslationError(f"moe_ffn_hidden_size={width} != ffn_hidden_size="
+                                         f"{arch['ffn_hidden_size']}: this family's experts are intermediate_size wide")
+
+    def describe(self) -> str:
+        return "intermediate_size -> moe_ffn_hidden_size (the experts' width, = ffn_hidden_size)"
+
+
 #: megatron-core switches of a mixture of experts on the local spec: experts as ``SequentialMLP`` (no
 #: grouped GEMM, so the CPU and every GPU run it), the ``alltoall`` dispatcher (expert parallelism), token drop off.
 MOE_FIXED = {"moe_grouped_gemm": False, "moe_token_dispatcher_type": "alltoall", "moe_router_score_function": "softmax",
@@ -85,9 +106,10 @@ def moe_config_rules(
     shared_ffn: str | None = None,
 ) -> list[Rule]:
     """Config rules of a softmax top-k router: the expert count, top-k, the experts' FFN width (``None``: the
-    config's ``intermediate_size``, megatron's default), the aux-loss coefficient, and the renormalisation of
-    the top-k probabilities: ``norm_topk`` is the HF flag (True: softmax over the top-k logits, megatron's
-    ``moe_router_pre_softmax=False``; False: top-k of the softmax over all experts, ``pre_softmax=True``);
+    config's ``intermediate_size``, :class:`ExpertWidthIsFfnWidth`), the aux-loss coefficient, and the
+    renormalisation of the top-k probabilities: ``norm_topk`` is the HF flag (True: softmax over the top-k
+    logits, megatron's ``moe_router_pre_softmax=False``; False: top-k of the softmax over all experts,
+    ``pre_softmax=True``);
     ``None``: always renormalised (Mixtral). ``shared_ffn``: a shared expert of that HF width, gated by a
     sigmoid (``moe_shared_expert_gate``)."""
     rules: list[Rule] = [
@@ -95,8 +117,7 @@ def moe_config_rules(
         Field(topk, "moe_router_topk"),
         Field(aux_loss, "moe_aux_loss_coeff", default=0.0),
     ]
-    if expert_ffn:
-        rules.append(Field(expert_ffn, "moe_ffn_hidden_size"))
+    rules.append(Field(expert_ffn, "moe_ffn_hidden_size") if expert_ffn else ExpertWidthIsFfnWidth())
     if norm_topk:
         rules.append(Field(norm_topk, "moe_router_pre_softmax", default=False,
                            encode=lambda norm: not norm, decode=lambda pre_softmax: not pre_softmax))

@@ -84,6 +84,14 @@ def test_routing_fields_in_megatron_names(family, preset, experts, topk, pre_sof
     assert cfg["moe_grouped_gemm"] is False and cfg["moe_token_dispatcher_type"] == "alltoall"
 
 
+def test_mixtral_experts_are_intermediate_size_wide():
+    fam, cfg = _arch("mixtral", "mixtral-odd")
+    assert cfg["moe_ffn_hidden_size"] == cfg["ffn_hidden_size"] == 100
+    cfg.arch["moe_ffn_hidden_size"] = 64
+    with pytest.raises(ConfigTranslationError, match="moe_ffn_hidden_size=64 != ffn_hidden_size=100"):
+        fam.to_hf_config_dict(cfg)
+
+
 def test_qwen2_moe_shared_expert_and_its_gate():
     _, cfg = _arch("qwen2-moe", "qwen2-moe-odd")
     assert cfg["moe_shared_expert_intermediate_size"] == 56 and cfg["moe_shared_expert_gate"] is True

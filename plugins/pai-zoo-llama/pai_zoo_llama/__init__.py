@@ -95,7 +95,7 @@ MIXTRAL_CONFIG = ConfigMap(
         Field("attention_dropout", "attention_dropout", default=0.0),
         sliding_window(),
         Rope(),
-        # The experts' width is intermediate_size (megatron's moe_ffn_hidden_size defaults to ffn_hidden_size);
+        # The experts' width is intermediate_size (megatron's moe_ffn_hidden_size = ffn_hidden_size);
         # the router always renormalises its top-k softmax probabilities (megatron: moe_router_pre_softmax off).
         *moe_config_rules("num_local_experts", expert_ffn=None, norm_topk=None),
         head_dim=None,
