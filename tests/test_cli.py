@@ -67,8 +67,8 @@ def test_list_json(capsys):
     data = json.loads(capsys.readouterr().out)
     assert isinstance(data, list)
     llama = next(p for p in data if p["name"] == "llama")
-    assert llama == {"name": "llama", "distribution": "pai-zoo-llama", "version": "0.1.0", "families": ["llama"],
-                     "error": None, "traceback": None}
+    assert llama == {"name": "llama", "distribution": "pai-zoo-llama", "version": "0.1.0",
+                     "families": ["llama", "mixtral"], "error": None, "traceback": None}
 
 
 def test_list_without_plugins(capsys, monkeypatch):
@@ -200,7 +200,7 @@ def test_console_script_list_json_with_a_broken_plugin(tmp_path, run_script):
     data = {p["name"]: p for p in json.loads(proc.stdout)}
     assert data["broken"] == {"name": "broken", "distribution": "pai-zoo-broken", "version": "1.0", "families": [],
                               "error": "ValueError: bad preset table", "traceback": None}
-    assert data["llama"]["families"] == ["llama"] and data["llama"]["error"] is None
+    assert data["llama"]["families"] == ["llama", "mixtral"] and data["llama"]["error"] is None
     proc = run_script("list", pythonpath=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "BROKEN: ValueError: bad preset table" in proc.stdout
