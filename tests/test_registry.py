@@ -418,7 +418,7 @@ def test_pai_zoo_plugins_in_list_output(good_env):
 def test_pai_zoo_plugins_in_process(monkeypatch):
     monkeypatch.delenv(PLUGINS_ENV, raising=False)
     assert Registry(env={PLUGINS_ENV: "nothing-installed"}).families == {}
-    assert set(Registry(env={PLUGINS_ENV: "llama"}).families) == {"llama"}
+    assert set(Registry(env={PLUGINS_ENV: "llama"}).families) == {"llama", "mixtral"}
     monkeypatch.setenv(PLUGINS_ENV, "nothing-installed")
     assert Registry().plugins == {}
     monkeypatch.delenv(PLUGINS_ENV)
@@ -537,7 +537,7 @@ def test_family_by_name_and_alias_case_insensitive(registry):
         assert registry.family(name) is llama
     assert registry.family("toy") is TOY and registry.family("TOYFAM") is TOY and TOY.plugin == "toyfam"
     assert registry.is_family("Toy") and not registry.is_family("llama3-tiny")
-    assert registry.plugins["toyfam"].families == ["toyfam"] and registry.plugins["llama"].families == ["llama"]
+    assert registry.plugins["toyfam"].families == ["toyfam"] and registry.plugins["llama"].families == ["llama", "mixtral"]
 
 
 def test_preset_lookup(registry):
@@ -564,7 +564,7 @@ def test_family_for_hf_config(registry):
         )
     msg = str(err.value)
     assert msg.startswith("ckpt/config.json:") and "GPT2LMHeadModel" in msg and "'gpt2'" in msg
-    assert "installed families: llama, toyfam" in msg
+    assert "installed families: llama, mixtral, toyfam" in msg
 
 
 def test_unknown_name_lists_presets_and_families(registry):
@@ -573,7 +573,7 @@ def test_unknown_name_lists_presets_and_families(registry):
             lookup("nosuch")
         msg = str(err.value)
         assert "'nosuch'" in msg and "llama3-tiny" in msg and "mistral-7b" in msg and "toyfam-tiny" in msg
-        assert "a family (llama, toyfam)" in msg and "broken" not in msg
+        assert "a family (llama, mixtral, toyfam)" in msg and "broken" not in msg
 
 
 def test_unknown_name_mentions_broken_plugins():
