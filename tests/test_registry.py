@@ -537,7 +537,8 @@ def test_family_by_name_and_alias_case_insensitive(registry):
         assert registry.family(name) is llama
     assert registry.family("toy") is TOY and registry.family("TOYFAM") is TOY and TOY.plugin == "toyfam"
     assert registry.is_family("Toy") and not registry.is_family("llama3-tiny")
-    assert registry.plugins["toyfam"].families == ["toyfam"] and registry.plugins["llama"].families == ["llama", "mixtral"]
+    assert registry.plugins["toyfam"].families == ["toyfam"]
+    assert registry.plugins["llama"].families == ["llama", "mixtral"]
 
 
 def test_preset_lookup(registry):
