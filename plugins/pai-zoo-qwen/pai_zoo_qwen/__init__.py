@@ -115,17 +115,20 @@ QWEN3_CONFIG = ConfigMap(
 L, M = HF_LAYER, MCORE_LAYER
 
 
-def qwen2_weights(config) -> WeightMap:
-    """Qwen2's table (QKV bias); Qwen3's adds the per-head q/k norms and has no QKV bias."""
-    rows = llama_layout()
-    if config.get("add_qkv_bias"):
-        rows.append(qkv_bias())
+def _attention_rows(config) -> list:
+    """Qwen2's QKV bias or Qwen3's per-head q/k norms, as the config has them."""
+    rows = [qkv_bias()] if config.get("add_qkv_bias") else []
     if config.get("qk_layernorm"):
         rows += [
             Copy(L + "self_attn.q_norm.weight", M + "self_attention.q_layernorm.weight"),
             Copy(L + "self_attn.k_norm.weight", M + "self_attention.k_layernorm.weight"),
         ]
-    return WeightMap(*rows)
+    return rows
+
+
+def qwen2_weights(config) -> WeightMap:
+    """Qwen2's table (QKV bias); Qwen3's adds the per-head q/k norms and has no QKV bias."""
+    return WeightMap(*llama_layout(), *_attention_rows(config))
 
 
 # -- Qwen2-MoE, Qwen3-MoE ---------------------------------------------------------------------------------------
@@ -194,14 +197,7 @@ def qwen_moe_weights(config) -> WeightMap:
     shared = config.get("moe_shared_expert_intermediate_size")
     rows = llama_layout(mlp=moe_layout(shared="shared_expert." if shared else None,
                                        shared_gate="shared_expert_gate.weight" if shared else None))
-    if config.get("add_qkv_bias"):
-        rows.append(qkv_bias())
-    if config.get("qk_layernorm"):
-        rows += [
-            Copy(L + "self_attn.q_norm.weight", M + "self_attention.q_layernorm.weight"),
-            Copy(L + "self_attn.k_norm.weight", M + "self_attention.k_layernorm.weight"),
-        ]
-    return WeightMap(*rows)
+    return WeightMap(*rows, *_attention_rows(config))
 
 
 # -- Qwen (v1) ----------------------------------------------------------------------------------------------
