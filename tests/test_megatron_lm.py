@@ -23,6 +23,7 @@ from pai_zoo.cli import main
 from pai_zoo.conversion import convert
 from pai_zoo.errors import PaiZooError
 from pai_zoo.megatron_lm import open_checkpoint
+from pai_zoo.megatron_lm.files import allowing
 
 HERE = Path(__file__).resolve().parent
 FIXTURES = HERE.parents[0].parent / "shared" / "megatron-lm-fixtures"
@@ -349,7 +350,7 @@ def test_megatron_core_reads_the_generated_common_state_entry(llama, tmp_path):
     _write("dist", model, config, tmp_path / "ckpt", tp=2, common_in_metadata=True)
     folder = tmp_path / "ckpt" / "iter_0000001"
     assert not (folder / "common.pt").exists()
-    with torch.serialization.safe_globals([argparse.Namespace, signal.Signals, ModelType, AttnBackend]):
+    with allowing([argparse.Namespace, signal.Signals, ModelType, AttnBackend]):
         theirs = serialization.load_common_state_dict(str(folder))
     with open_checkpoint(tmp_path / "ckpt") as checkpoint:
         ours = checkpoint.description.common
@@ -371,3 +372,19 @@ def test_args_tokenizer_model_folder_is_the_reference_and_an_unknown_vocabulary_
         got = dict(checkpoint.hf_tensors())
     assert torch.equal(got["model.embed_tokens.weight"][:250], model.state_dict()["model.embed_tokens.weight"])
     assert not got["model.embed_tokens.weight"][250:].any()  # Megatron's padding rows, kept
+
+
+def test_safe_load_keeps_megatron_cores_own_allow_list(tmp_path):
+    """Reading a Megatron-LM pickle must not undo megatron-core's process-wide safe globals (argparse.Namespace):
+    megatron-core's dist_checkpointing.load of any later checkpoint relies on them."""
+    import argparse
+
+    import megatron.core  # noqa: F401 - registers megatron-core's SAFE_GLOBALS
+
+    from pai_zoo.megatron_lm import safe_load
+
+    assert argparse.Namespace in torch.serialization.get_safe_globals()
+    torch.save({"args": argparse.Namespace(num_layers=2)}, tmp_path / "common.pt")
+    assert safe_load(tmp_path / "common.pt")["args"].num_layers == 2
+    assert argparse.Namespace in torch.serialization.get_safe_globals()
+    assert torch.load(tmp_path / "common.pt", weights_only=True)["args"].num_layers == 2

@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from pai_zoo.megatron_lm.files import allowing
+
 HERE = Path(__file__).resolve().parent
 FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "megatron-lm-fixtures"
 HAVE_FIXTURES = (FIXTURES / "llama-hf" / "model.safetensors").is_file()
@@ -58,7 +60,7 @@ def _safe_load(path: Path):
     from megatron.core.enums import ModelType
     from megatron.core.transformer.enums import AttnBackend
 
-    with torch.serialization.safe_globals([argparse.Namespace, ModelType, AttnBackend, signal.Signals]):
+    with allowing([argparse.Namespace, ModelType, AttnBackend, signal.Signals]):
         return torch.load(path, map_location="cpu", weights_only=True)
 
 
@@ -66,7 +68,7 @@ def _megatron_load(path_or_buffer):
     """torch.load as Megatron-LM itself loads checkpoints: weights_only=True with megatron-core's SAFE_GLOBALS."""
     from megatron.core.safe_globals import SAFE_GLOBALS
 
-    with torch.serialization.safe_globals(SAFE_GLOBALS):
+    with allowing(SAFE_GLOBALS):
         return torch.load(path_or_buffer, map_location="cpu", weights_only=True)
 
 
@@ -198,7 +200,7 @@ def test_torch_dist_matches_megatron_lm(tmp_path, llama_hf):
     assert summary[0] == summary[1]
     from megatron.core.safe_globals import SAFE_GLOBALS
 
-    with torch.serialization.safe_globals(SAFE_GLOBALS):  # Megatron-LM registers these at start-up
+    with allowing(SAFE_GLOBALS):  # Megatron-LM registers these at start-up
         assert list(dist_checkpointing.load_common_state_dict(ours_ckpt)) == list(theirs)
     assert not hasattr(ours["args"], "model_type") and not hasattr(theirs["args"], "model_type")
     for k in ("use_dist_ckpt", "expert_tensor_parallel_size", "iteration"):

@@ -70,6 +70,17 @@ def _allowed(name: str):
     return None
 
 
+def allowing(globals_: list):
+    """``torch.serialization.safe_globals`` for the entries of ``globals_`` not allowed already. Leaving that context
+    removes what it added, and megatron-core registers ``argparse.Namespace`` & co. process-wide on import: removing
+    those would break megatron-core's own loader for the rest of the process."""
+    import torch
+
+    current = torch.serialization.get_safe_globals()
+    entries = [g for g in globals_ if g not in current and (g[0] if isinstance(g, tuple) else g) not in current]
+    return torch.serialization.safe_globals(entries)
+
+
 def safe_load(file, *, mmap: bool = False, where: str | None = None) -> Any:
     """``torch.load`` of a Megatron-LM pickle with ``weights_only=True`` and pai-zoo's allow-list."""
     import torch
@@ -92,7 +103,7 @@ def safe_load(file, *, mmap: bool = False, where: str | None = None) -> Any:
             "(only argparse.Namespace, signal.Signals, numpy arrays and megatron-core's enums); re-save the "
             "checkpoint without them")
     try:
-        with torch.serialization.safe_globals(allowed):
+        with allowing(allowed):
             return torch.load(file, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as exc:
         raise MegatronCheckpointError(f"{where}: cannot be read ({type(exc).__name__}: {str(exc)[:200]}); "
