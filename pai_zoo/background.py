@@ -14,6 +14,7 @@ class BackgroundWriter:
     def __init__(self, depth: int = 1):
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._error: BaseException | None = None
+        self._failed = False  # once a call failed (or the caller did), the calls still queued are skipped
         self._thread = threading.Thread(target=self._run, name="pai-zoo-writer", daemon=True)
         self._thread.start()
 
@@ -22,12 +23,12 @@ class BackgroundWriter:
             item = self._queue.get()
             if item is None:
                 return
-            if self._error is None:
+            if not self._failed:
                 fn, args = item
                 try:
                     fn(*args)
                 except BaseException as exc:  # re-raised in the caller's thread
-                    self._error = exc
+                    self._error, self._failed = exc, True
 
     def _raise(self) -> None:
         if self._error is not None:
@@ -50,6 +51,7 @@ class BackgroundWriter:
     def __exit__(self, *exc) -> None:
         if exc[0] is None:
             self.close()
-        else:  # drain without masking the original error
+        else:  # drain without running what is queued, and without masking the original error
+            self._failed = True
             self._queue.put(None)
             self._thread.join()

@@ -290,8 +290,7 @@ def test_interrupted_conversion_leaves_no_partial_output(hf_folder, tmp_path, mo
     monkeypatch.setattr(dist_ckpt.DistCheckpointWriter, "write_chunk", failing_write)
     with pytest.raises(KeyboardInterrupt):
         convert(hf_folder, tmp_path / "dst", "mcore")
-    # The writes run on a background thread with one more queued: the interrupt stops the conversion within them.
-    assert 5 <= len(calls) <= 7
+    assert len(calls) == 5  # the writes still queued on the background thread are skipped, not run
     assert_nothing_written(tmp_path, tmp_path / "dst")
 
 
