@@ -3,11 +3,26 @@
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import sys
 from pathlib import Path
 
 import pytest
+
+
+def _register_megatron_lm_writer() -> None:
+    """``import megatron_lm_writer`` for the test files (``tests/`` is not on ``sys.path``): the generator of
+    Megatron-LM checkpoints that test_megatron_lm_writer proves and test_megatron_lm uses."""
+    if "megatron_lm_writer" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("megatron_lm_writer", Path(__file__).with_name(
+            "megatron_lm_writer.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["megatron_lm_writer"] = module
+        spec.loader.exec_module(module)
+
+
+_register_megatron_lm_writer()
 
 
 @pytest.fixture

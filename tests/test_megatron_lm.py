@@ -9,7 +9,6 @@ error naming the file and write nothing.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -36,16 +35,7 @@ README_IDS = [1, 450, 4996, 17354, 1701, 432, 17204, 975, 278, 17366, 11203, 298
 LOGITS_ATOL = 1e-4
 
 
-def _writer():
-    if "megatron_lm_writer" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("megatron_lm_writer", HERE / "megatron_lm_writer.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["megatron_lm_writer"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["megatron_lm_writer"]
-
-
-mlw = _writer()
+import megatron_lm_writer as mlw  # noqa: E402 - registered by conftest.py
 
 
 def _config_dict(folder: Path) -> dict:

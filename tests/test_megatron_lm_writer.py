@@ -11,10 +11,8 @@ tensors from what the generator wrote, with a merge written here.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import io
 import signal
-import sys
 from pathlib import Path
 
 import pytest
@@ -43,16 +41,7 @@ ARCH_FIELDS = (
 ).split()
 
 
-def _load_writer():
-    if "megatron_lm_writer" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("megatron_lm_writer", HERE / "megatron_lm_writer.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["megatron_lm_writer"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["megatron_lm_writer"]
-
-
-mlw = _load_writer()
+import megatron_lm_writer as mlw  # noqa: E402 - registered by conftest.py
 
 
 def _safe_load(path: Path):
