@@ -257,8 +257,8 @@ def check_variant(family: Family, preset: str | None = None, *, generation: bool
     return delta
 
 
-def check_tokenizer(family: Family, folder: Path, text: str = MIXED_TEXT) -> None:
-    """The family's tokenizer adapter encodes like transformers' AutoTokenizer and decodes back."""
+def _test_tokenizers(family: Family, folder: Path):
+    """The family's test tokenizer written into ``folder``: pai-zoo's adapter and transformers' AutoTokenizer."""
     from transformers import AutoTokenizer
 
     from pai_zoo.tokenizers.names import family_tokenizer
@@ -268,8 +268,14 @@ def check_tokenizer(family: Family, folder: Path, text: str = MIXED_TEXT) -> Non
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     family.test_tokenizer(folder)
-    ours = family_tokenizer(family, folder)
-    reference = AutoTokenizer.from_pretrained(folder)
+    return family_tokenizer(family, folder), AutoTokenizer.from_pretrained(folder)
+
+
+def check_tokenizer(family: Family, folder: Path, text: str = MIXED_TEXT) -> None:
+    """The family's tokenizer adapter encodes like transformers' AutoTokenizer and decodes back."""
+
+
+    ours, reference = _test_tokenizers(family, folder)
     for sample in (text, text.strip(), "a", "  "):
         got, expected = ours.encode(sample), reference(sample)["input_ids"]
         if got != expected:
@@ -321,17 +327,7 @@ def check_tokenizer_against_model(family: Family, folder: Path) -> None:
       to its declared id, in both adapters."""
     import json
 
-    from transformers import AutoTokenizer
-
-    from pai_zoo.tokenizers.names import family_tokenizer
-
-    if family.test_tokenizer is None:
-        _fail("tokenizer", f"family {family.name!r} provides no test tokenizer (Family.test_tokenizer)")
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    family.test_tokenizer(folder)
-    ours = family_tokenizer(family, folder)
-    reference = AutoTokenizer.from_pretrained(folder)
+    ours, reference = _test_tokenizers(family, folder)
     declared = _model_token_ids(family)
     for kind, by_source in declared.items():
         got = getattr(ours, f"{kind}_id")
