@@ -79,6 +79,9 @@ class ConformanceSuite:
     def test_tokenizer_matches_transformers(self, fam, tmp_path_factory):
         checks.check_tokenizer(fam, tmp_path_factory.mktemp(f"{fam.name}-tokenizer"))
 
+    def test_tokenizer_fits_the_model(self, fam, tmp_path):
+        checks.check_tokenizer_against_model(fam, tmp_path)
+
     def test_training_lowers_loss(self, case):
         checks.check_training(case)
 

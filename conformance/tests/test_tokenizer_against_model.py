@@ -7,7 +7,7 @@ import pytest
 
 from pai_zoo.registry import get_registry
 from pai_zoo.testing.tokenizers import SentencePieceBPE
-from pai_zoo_conformance import ConformanceFailure, checks
+from pai_zoo_conformance import ConformanceFailure, ConformanceSuite, checks
 
 LLAMA = get_registry().family("llama")  # tiny preset: bos_token_id 1, eos_token_id 2
 CONFIG = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
@@ -29,6 +29,14 @@ def test_bos_eos_moved_to_added_tokens_fails(tmp_path):
     checks.check_tokenizer(family, tmp_path / "a")  # the comparison with AutoTokenizer alone passes it
     with pytest.raises(ConformanceFailure, match=r"\[tokenizer\] BOS id 500 \('<s>'\) is not the bos_token_id \[1\]"):
         checks.check_tokenizer_against_model(family, tmp_path / "b")
+
+
+def test_the_suite_runs_it_on_every_family(tmp_path):
+    """The suite's own test (every family runs it) fails on the broken tokenizer, and passes the real one."""
+    ConformanceSuite().test_tokenizer_fits_the_model(LLAMA, tmp_path / "real")
+    broken = dataclasses.replace(LLAMA, test_tokenizer=MOVED_IDS)
+    with pytest.raises(ConformanceFailure, match=r"\[tokenizer\] BOS id 500 \('<s>'\) is not the bos_token_id"):
+        ConformanceSuite().test_tokenizer_fits_the_model(broken, tmp_path / "broken")
 
 
 def test_no_bos_on_encode_fails(tmp_path):

@@ -3,6 +3,10 @@ from __future__ import annotations
 
 GLM_EOS = [151329, 151336, 151338]  # <|endoftext|>, <|user|>, <|observation|>
 GLM_PAD = 151329
+#: The same tokens in the test tokenizer (write_glm4_tokenizer: special tokens after its 400 learnt ones, in
+#: GLM-4's order), for the tiny and odd presets. GLM-4 has no BOS id.
+TOY_EOS = [400, 407, 409]
+TOY_PAD = 400
 
 
 def _glm(model_type, hidden, inter, layers, heads, kv, *, max_pos, eps, vocab=151552):
@@ -21,7 +25,7 @@ def _tiny(model_type):
     # vocabulary not a multiple of 128, 288 positions.
     return {
         **_glm(model_type, 64, 160, 2, 8, 2, max_pos=288, eps=1e-5, vocab=1000),
-        "head_dim": 16, "pad_token_id": 0, "eos_token_id": [2, 3], "bos_token_id": 1,
+        "head_dim": 16, "pad_token_id": TOY_PAD, "eos_token_id": TOY_EOS,
     }
 
 
@@ -35,9 +39,8 @@ PRESETS = {
         **_glm("glm4", 72, 136, 2, 6, 2, max_pos=300, eps=1e-6, vocab=997),
         "head_dim": 20,
         "rope_parameters": {"rope_type": "default", "rope_theta": 50000.0, "partial_rotary_factor": 0.5},
-        "pad_token_id": 0,
-        "eos_token_id": [2, 3],
-        "bos_token_id": 1,
+        "pad_token_id": TOY_PAD,
+        "eos_token_id": TOY_EOS,
     },
     "glm-4-9b": _glm("glm", 4096, 13696, 40, 32, 2, max_pos=8192, eps=1.5625e-07),  # THUDM/glm-4-9b-hf
     "glm-4-9b-chat": _glm("glm", 4096, 13696, 40, 32, 2, max_pos=131072, eps=1.5625e-07),  # THUDM/glm-4-9b-chat-hf

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 QWEN_BOS = QWEN_EOS = 151643  # <|endoftext|>
 QWEN_IM_END = 151645  # <|im_end|>
+#: <|endoftext|> of the test tokenizer (write_qwen2_tokenizer: after its 400 learnt tokens), the BOS/EOS of the
+#: tiny and odd presets as 151643 is the real ones'.
+TOY_ENDOFTEXT = 400
 
 
 def _qwen2(hidden, inter, layers, heads, kv, vocab, *, max_pos, window_layers, tie, theta=1000000.0, eps=1e-6):
@@ -60,14 +63,14 @@ QWEN2_PRESETS = {
     # rope theta 1e6, vocabulary not a multiple of 128, 288 positions.
     "qwen2-tiny": {
         **_qwen2(64, 160, 2, 8, 2, 1000, max_pos=288, window_layers=2, tie=True),
-        "bos_token_id": 1, "eos_token_id": 2,
+        "bos_token_id": TOY_ENDOFTEXT, "eos_token_id": TOY_ENDOFTEXT,
     },
     # Unusual shapes (Family.odd): 6 query heads in 2 key/value groups (GQA ratio 3), head_dim 20 != 72 / 6 (a
     # config.json key transformers' Qwen2 reads though Qwen2Config does not declare it), vocabulary 1001, QKV bias,
     # untied head, rms_norm_eps 1e-5, rope theta 123456, 300 positions.
     "qwen2-odd": {
         **_qwen2(72, 136, 2, 6, 2, 1001, max_pos=300, window_layers=2, tie=False, theta=123456.0, eps=1e-5),
-        "head_dim": 20, "bos_token_id": 1, "eos_token_id": 2,
+        "head_dim": 20, "bos_token_id": TOY_ENDOFTEXT, "eos_token_id": TOY_ENDOFTEXT,
     },
     "qwen1.5-0.5b": _qwen2(1024, 2816, 24, 16, 16, 151936, max_pos=32768, window_layers=21, tie=True),
     "qwen1.5-1.8b": _qwen2(2048, 5504, 24, 16, 16, 151936, max_pos=32768, window_layers=21, tie=False),
@@ -93,14 +96,15 @@ QWEN3_PRESETS = {
     # Qwen3-shaped: per-head q/k RMSNorm, explicit head_dim (16 != 64 / 8), GQA, no QKV bias, untied head.
     "qwen3-tiny": {
         **_qwen3(64, 160, 2, 8, 2, tie=False, vocab=1000),
-        "head_dim": 16, "max_position_embeddings": 288, "bos_token_id": 1, "eos_token_id": 2,
+        "head_dim": 16, "max_position_embeddings": 288, "bos_token_id": TOY_ENDOFTEXT, "eos_token_id": TOY_ENDOFTEXT,
     },
     # Unusual shapes (Family.odd): 6 query heads in 2 key/value groups (GQA ratio 3), head_dim 20 != 72 / 6,
     # vocabulary 997, tied head, rms_norm_eps 1e-5, rope theta 250000, 300 positions.
     "qwen3-odd": {
         **_qwen3(72, 136, 2, 6, 2, tie=True, vocab=997),
         "head_dim": 20, "max_position_embeddings": 300, "rms_norm_eps": 1e-5,
-        "rope_parameters": {"rope_type": "default", "rope_theta": 250000.0}, "bos_token_id": 1, "eos_token_id": 2,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 250000.0},
+        "bos_token_id": TOY_ENDOFTEXT, "eos_token_id": TOY_ENDOFTEXT,
     },
     "qwen3-0.6b": _qwen3(1024, 3072, 28, 16, 8, tie=True),
     "qwen3-1.7b": _qwen3(2048, 6144, 28, 16, 8, tie=True),
@@ -163,14 +167,14 @@ QWEN2_MOE_PRESETS = {
     "qwen2-moe-tiny": {
         **_qwen2_moe(64, 160, 2, 8, 2, experts=4, topk=2, expert_ffn=48, shared_ffn=96, norm_topk=False, vocab=1000,
                      max_pos=288),
-        "bos_token_id": 1, "eos_token_id": 2,
+        "bos_token_id": TOY_ENDOFTEXT, "eos_token_id": TOY_ENDOFTEXT,
     },
     # Unusual shapes (Family.odd): 5 experts with top-3 renormalised (norm_topk_prob true), expert width 40,
     # shared expert 56, 6 query heads in 2 groups, head_dim 20 != 72 / 6, vocabulary 1001, 3 layers.
     "qwen2-moe-odd": {
         **_qwen2_moe(72, 136, 3, 6, 2, experts=5, topk=3, expert_ffn=40, shared_ffn=56, norm_topk=True, vocab=1001,
                      max_pos=300, eps=1e-5, theta=123456.0),
-        "head_dim": 20, "bos_token_id": 1, "eos_token_id": 2,
+        "head_dim": 20, "bos_token_id": TOY_ENDOFTEXT, "eos_token_id": TOY_ENDOFTEXT,
     },
     # Published config.json values (Qwen/Qwen1.5-MoE-A2.7B, Qwen/Qwen2-57B-A14B), from memory: unverified here.
     "qwen1.5-moe-a2.7b": _qwen2_moe(2048, 5632, 24, 16, 16, experts=60, topk=4, expert_ffn=1408, shared_ffn=5632,
@@ -185,14 +189,14 @@ QWEN3_MOE_PRESETS = {
     "qwen3-moe-tiny": {
         **_qwen3_moe(64, 160, 2, 8, 2, experts=4, topk=2, expert_ffn=48, vocab=1000, head_dim=16, max_pos=288,
                      window=6),
-        "bos_token_id": 1, "eos_token_id": 2,
+        "bos_token_id": TOY_ENDOFTEXT, "eos_token_id": TOY_ENDOFTEXT,
     },
     # Unusual shapes (Family.odd): 3 experts with top-2 not renormalised, expert width 40, 6 query heads in 2
     # groups, head_dim 20, vocabulary 997, tied head, 3 layers.
     "qwen3-moe-odd": {
         **_qwen3_moe(72, 136, 3, 6, 2, experts=3, topk=2, expert_ffn=40, norm_topk=False, vocab=997, head_dim=20,
                      max_pos=300, tie=True),
-        "bos_token_id": 1, "eos_token_id": 2,
+        "bos_token_id": TOY_ENDOFTEXT, "eos_token_id": TOY_ENDOFTEXT,
     },
     # Published config.json values (Qwen/Qwen3-30B-A3B, Qwen/Qwen3-235B-A22B), from memory: unverified here.
     "qwen3-30b-a3b": _qwen3_moe(2048, 6144, 48, 32, 4, experts=128, topk=8, expert_ffn=768),
