@@ -155,7 +155,8 @@ def test_skip_bad_counts_and_skips(tmp_path, bpe):
     assert got == [tok.encode(d) for i, d in enumerate(documents(6)) if i in (0, 2, 4)]
 
 
-def test_interrupted_run_leaves_no_dataset(tmp_path, bpe, monkeypatch):
+@pytest.mark.parametrize("engine", ["hf", "fast"])
+def test_interrupted_run_leaves_no_dataset(tmp_path, bpe, monkeypatch, engine):
     from pai_zoo.data import indexed
 
     write_jsonl(tmp_path / "in.jsonl", documents(50))
@@ -170,7 +171,7 @@ def test_interrupted_run_leaves_no_dataset(tmp_path, bpe, monkeypatch):
 
     monkeypatch.setattr(indexed.IndexedDatasetWriter, "add_documents", interrupt)
     with pytest.raises(KeyboardInterrupt):
-        preprocess([tmp_path / "in.jsonl"], tmp_path / "out", bpe, batch_size=8)
+        preprocess([tmp_path / "in.jsonl"], tmp_path / "out", bpe, batch_size=8, batch_bytes=400, engine=engine)
     assert len(calls) == 3 and outputs_present(tmp_path / "out") == []
 
 

@@ -22,7 +22,11 @@ def add_parser(subparsers) -> None:
     p.add_argument("--no-special-tokens", action="store_true", help="do not let the tokenizer add BOS/EOS")
     p.add_argument("--text-mode", choices=("file", "paragraph"), default=plain["text_mode"],
                    help="plain-text inputs: one document per file or per blank-line paragraph")
-    p.add_argument("--workers", type=int, default=plain["workers"], help="tokenizer processes")
+    p.add_argument("--engine", choices=("auto", "fast", "hf"), default=plain["engine"],
+                   help="auto: the fast engine (gigatoken) when installed and it gives transformers' ids on a "
+                        "sample of the input, else hf; fast: that or an error; hf: tokenizers/sentencepiece/tiktoken")
+    p.add_argument("--workers", type=int, default=plain["workers"],
+                   help="tokenizer processes (hf engine) or threads (fast engine)")
     p.add_argument("--batch-size", type=int, default=plain["batch_size"], help="records per worker task")
     p.add_argument("--skip-bad", action="store_true", help="skip and count bad records instead of stopping")
     p.add_argument("--sft", action="store_true", help="instruction/chat records: tokens + loss mask, packed")
@@ -43,7 +47,7 @@ def run(args) -> int:
     else:
         summary = preprocess(args.input, args.output_prefix, args.tokenizer, json_keys=args.json_keys,
                              append_eod=args.append_eod, text_mode=args.text_mode,
-                             add_special_tokens=not args.no_special_tokens, **common)
+                             add_special_tokens=not args.no_special_tokens, engine=args.engine, **common)
     for example in summary.skipped_examples:
         print(f"skipped: {example}", file=sys.stderr)
     print(summary.line())

@@ -22,6 +22,7 @@ from typing import Callable, Iterable, Iterator
 from ..errors import PaiZooError
 from ..tokenizers.names import TokenizerRef, resolve_tokenizer
 from ..util.progress import Progress
+from .blocks import record_texts as _texts
 from .sources import BadRecord, iter_raw_records
 
 
@@ -45,6 +46,8 @@ class PreprocessSummary:
     extra: dict = field(default_factory=dict)
     records: int | None = None  # SFT: the records read (None for pretraining, where it equals documents)
     sequences: int | None = None  # SFT: the sequences written (records + padding sequences when packed)
+    engine: str = ""  # what encoded the text: "fast (gigatoken X)" or "hf (tokenizers)" / sentencepiece / tiktoken
+    profile: dict = field(default_factory=dict)  # fast engine: seconds spent reading, parsing, encoding, writing
 
     def line(self) -> str:
         rate = self.seconds or 1e-9
@@ -64,7 +67,8 @@ class PreprocessSummary:
             text += f"; skipped {self.skipped} bad records"
         if self.extra.get("padding_note"):
             text += "; " + self.extra["padding_note"]
-        return text + " -> " + ", ".join(self.outputs)
+        text += " -> " + ", ".join(self.outputs)
+        return text + (f"; engine {self.engine}" if self.engine else "")
 
 
 def output_prefix(prefix, key: str) -> str:
@@ -107,21 +111,6 @@ class _Task:
     add_special_tokens: bool
     append_eod: bool
     dtype: str = "int32"
-
-
-def _texts(record: dict, keys, where: str):
-    """The record's texts for ``keys``, or the BadRecord saying why not."""
-    texts = []
-    for key in keys:
-        text = record.get(key)
-        if text is None:
-            return BadRecord(f"{where}: no key {key!r} (keys: {', '.join(sorted(record))})")
-        if not isinstance(text, str):
-            return BadRecord(f"{where}: {key!r} is a {type(text).__name__}, not a string")
-        if not text.strip():
-            return BadRecord(f"{where}: empty document in {key!r}")
-        texts.append(text)
-    return texts
 
 
 @dataclass
@@ -222,36 +211,109 @@ class _BadRecords:
             self.examples.append(str(error))
 
 
+def _exact_engine_name(tok) -> str:
+    return "hf (" + {"hf": "tokenizers", "sentencepiece": "sentencepiece", "tiktoken": "tiktoken"}.get(
+        tok.kind, type(tok).__name__) + ")"
+
+
+def _sample_texts(inputs, keys, text_mode: str, count: int = 256) -> list[str]:
+    """The texts of the first ``count`` good records of the inputs (the run's own text, for the engine check)."""
+    from .blocks import iter_text_batches
+
+    texts: list[str] = []
+    for batch in iter_text_batches(inputs, keys, text_mode=text_mode, batch_bytes=1 << 20):
+        for column in batch.texts:
+            texts += column[:count]
+        if batch.documents >= count or len(texts) >= count * len(keys):
+            break
+    return texts
+
+
+def select_engine(tok, engine: str, inputs, keys, *, text_mode: str = "file", add_special_tokens: bool = True,
+                  threads: int | None = None):
+    """``(fast tokenizer or None, why not)`` for ``--engine``: ``hf`` never uses the fast engine; ``auto`` uses it
+    when it is installed, covers this tokenizer and gives the exact engine's ids on a sample of the run's input and
+    on :data:`~pai_zoo.tokenizers.fast.HARD_STRINGS`, and otherwise warns and returns None; ``fast`` raises
+    instead of falling back."""
+    import warnings
+
+    from ..errors import PaiZooWarning, SettingError
+    from ..tokenizers.fast import (
+        ENGINES,
+        FastEngineMismatch,
+        FastEngineUnavailable,
+        fast_tokenizer,
+        first_difference,
+        hard_strings,
+    )
+
+    if engine not in ENGINES:
+        raise SettingError(f"--engine {engine}: not one of {', '.join(ENGINES)}")
+    if engine == "hf":
+        return None, "--engine hf"
+    try:
+        fast = fast_tokenizer(tok, threads=threads)
+        texts = hard_strings(tok) + _sample_texts(inputs, keys, text_mode)
+        differing = first_difference(fast, texts, add_special_tokens=add_special_tokens)
+        if differing is not None:
+            shown = differing if len(differing) <= 80 else differing[:77] + "..."
+            raise FastEngineMismatch(f"the fast engine's ids differ from the exact engine's on {shown!r}")
+    except (FastEngineUnavailable, FastEngineMismatch) as exc:
+        if engine == "fast":
+            raise type(exc)(f"--engine fast: {exc}", hint="use --engine auto (falls back) or --engine hf") from exc
+        warnings.warn(f"preprocess: {exc}; using the exact engine", PaiZooWarning, stacklevel=3)
+        return None, str(exc)
+    return fast, None
+
+
 def preprocess(inputs, prefix, tokenizer, *, json_keys=("text",), append_eod: bool = False, workers: int = 1,
                skip_bad: bool = False, text_mode: str = "file", batch_size: int = 256,
-               add_special_tokens: bool = True, progress: bool | None = None) -> PreprocessSummary:
+               add_special_tokens: bool = True, progress: bool | None = None, engine: str = "auto",
+               batch_bytes: int = 1 << 23) -> PreprocessSummary:
     """Tokenize ``inputs`` (paths or globs) into ``PREFIX_{key}_document.bin/.idx`` per JSON key.
 
     A bad record (malformed JSON, missing key, non-UTF-8 bytes, empty document) stops the run
     with its ``file:line`` and leaves no output, unless ``skip_bad`` counts and skips it.
+
+    ``engine`` (:func:`select_engine`): ``auto``, ``fast`` or ``hf``. The fast engine runs in this process: a
+    thread reads and parses the input in blocks (``batch_bytes`` of raw input per batch, two batches ahead),
+    gigatoken encodes each batch on ``workers`` threads, and each batch is one write per output. The exact engine
+    runs ``workers`` processes on ``batch_size`` records each. Both write the same bytes.
     """
     from .indexed import IndexedDatasetWriter, optimal_dtype
 
     keys = tuple(json_keys)
     ref = resolve_tokenizer(tokenizer)
     tok = ref.load()
+    start = time.perf_counter()  # the engine check counts: it is part of every run
+    fast, _ = select_engine(tok, engine, inputs, keys, text_mode=text_mode, add_special_tokens=add_special_tokens,
+                            threads=max(1, workers))
     dtype = optimal_dtype(tok.vocab_size)
     outputs = [output_prefix(prefix, key) for key in keys]
     summary = PreprocessSummary(outputs)
     bad = _BadRecords(skip_bad)
-    start = time.perf_counter()
     bar = Progress("preprocess", units=("documents", "tokens"), enabled=progress)
-    task = _Task(keys, add_special_tokens, append_eod, str(dtype))
-    records = iter_raw_records(inputs, text_mode=text_mode, text_key=keys[0])
     with contextlib.ExitStack() as stack:
         metadata = _metadata(tokenizer, ref, tok)
         writers = [stack.enter_context(IndexedDatasetWriter(out, dtype, metadata)) for out in outputs]
-        batches = _batches(records, batch_size)
-        for encoded in ordered_parallel_map(_encode_pretraining, task, batches, workers, _init_worker, ref):
+        if fast is not None:
+            encoded_batches = _encode_fast(fast, inputs, keys, text_mode, batch_bytes, add_special_tokens,
+                                           append_eod, dtype, summary.profile)
+            summary.engine = f"fast (gigatoken {_gigatoken_version()}, {max(1, workers)} threads)"
+        else:
+            task = _Task(keys, add_special_tokens, append_eod, str(dtype))
+            records = iter_raw_records(inputs, text_mode=text_mode, text_key=keys[0])
+            encoded_batches = ordered_parallel_map(_encode_pretraining, task, _batches(records, batch_size), workers,
+                                                   _init_worker, ref)
+            summary.engine = _exact_engine_name(tok) + (f", {workers} workers" if workers > 1 else "")
+        stack.callback(encoded_batches.close)  # stops the reader thread or the pool when a bad record stops us
+        for encoded in encoded_batches:
             for _, error in encoded.bad:  # stops here (nothing is kept) unless bad records are skipped
                 bad(error)
+            write_start = time.perf_counter()
             for writer, tokens, lengths in zip(writers, encoded.tokens, encoded.lengths):
                 writer.add_documents(tokens, lengths)
+            summary.profile["write"] = summary.profile.get("write", 0.0) + time.perf_counter() - write_start
             tokens = sum(t.size for t in encoded.tokens)
             summary.documents += encoded.documents
             summary.tokens += tokens
@@ -261,12 +323,81 @@ def preprocess(inputs, prefix, tokenizer, *, json_keys=("text",), append_eod: bo
             raise PaiZooError(
                 f"no documents in {', '.join(map(str, inputs))}" + (f" ({bad.count} skipped)" if bad.count else "")
             )
+        write_start = time.perf_counter()
         for writer in writers:
             writer.finalize()
+        summary.profile["write"] = summary.profile.get("write", 0.0) + time.perf_counter() - write_start
     bar.close()
     summary.skipped, summary.skipped_examples = bad.count, bad.examples
     summary.seconds = time.perf_counter() - start
     return summary
+
+
+def _gigatoken_version() -> str:
+    from importlib.metadata import version
+
+    return version("gigatoken")
+
+
+def _prefetch(iterator: Iterator, depth: int = 2) -> Iterator:
+    """``iterator``'s items, produced by a thread at most ``depth`` items ahead (its exception re-raised here)."""
+    import queue
+    import threading
+
+    items: queue.Queue = queue.Queue(depth)
+    done = object()
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            for item in iterator:
+                while not stop.is_set():
+                    try:
+                        items.put((item, None), timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            items.put((done, None))
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+            items.put((done, exc))
+
+    thread = threading.Thread(target=produce, name="preprocess-reader", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item, error = items.get()
+            if item is done:
+                if error is not None:
+                    raise error
+                return
+            yield item
+    finally:
+        stop.set()
+        thread.join()
+
+
+def _encode_fast(fast, inputs, keys, text_mode, batch_bytes, add_special_tokens, append_eod, dtype,
+                 profile: dict) -> Iterator[_EncodedBatch]:
+    """The fast engine's batches: read and parsed by a thread, encoded here (gigatoken releases the GIL)."""
+    from .blocks import iter_text_batches
+
+    append = [fast.eod_id] if append_eod else []
+    for name in ("read", "parse", "encode"):
+        profile.setdefault(name, 0.0)
+    batches = iter_text_batches(inputs, keys, text_mode=text_mode, batch_bytes=batch_bytes)
+    for batch in _prefetch(batches):
+        profile["read"] += batch.read_seconds
+        profile["parse"] += batch.parse_seconds
+        start = time.perf_counter()
+        tokens, lengths = [], []
+        for column in batch.texts:
+            flat, sizes = fast.encode_batch_arrays(column, add_special_tokens, append=append)
+            tokens.append(flat.astype(dtype, copy=False))
+            lengths.append(sizes)
+        profile["encode"] += time.perf_counter() - start
+        yield _EncodedBatch(tokens, lengths, batch.nbytes, [(None, error) for error in batch.bad])
 
 
 # -- SFT ------------------------------------------------------------------------------------------
