@@ -216,9 +216,9 @@ def _exact_engine_name(tok) -> str:
         tok.kind, type(tok).__name__) + ")"
 
 
-def _sample_texts(inputs, keys, text_mode: str, count: int = 128, max_bytes: int = 1 << 18) -> list[str]:
+def _sample_texts(inputs, keys, text_mode: str, count: int = 64, max_bytes: int = 1 << 16) -> list[str]:
     """Texts of the first good records of the inputs (the run's own text, for the engine check): at most
-    ``count`` records and about ``max_bytes`` of text, so that the exact engine checks them in well under a
+    ``count`` records and about ``max_bytes`` of text, so that the exact engine checks them in a fraction of a
     second."""
     from .blocks import iter_text_batches
 
