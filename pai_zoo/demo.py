@@ -16,6 +16,12 @@ import sys
 import time
 from pathlib import Path
 
+import pai_zoo
+from pai_zoo.data import toy
+from pai_zoo.data.preprocess import preprocess
+from pai_zoo.tokenizers import load_tokenizer
+from pai_zoo.training import TrainConfig, train
+
 PROMPT = "the cat"
 
 
@@ -27,12 +33,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    import pai_zoo
     from pai_zoo.conversion import convert
-    from pai_zoo.data import toy
-    from pai_zoo.data.preprocess import preprocess
-    from pai_zoo.tokenizers import load_tokenizer
-    from pai_zoo.training import TrainConfig, train
 
     torch.set_num_threads(min(2, torch.get_num_threads()))
     start = time.perf_counter()

@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from .config_map import McoreConfig
+from .errors import UnknownModelError
 from .family import Family
 
 
@@ -14,8 +15,6 @@ def config_class(family: Family, model_type: str):
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     if model_type not in CONFIG_MAPPING:
-        from .errors import UnknownModelError
-
         raise UnknownModelError(
             f"model_type {model_type!r} is not in transformers; family {family.name!r} must supply hf_config_class"
         )

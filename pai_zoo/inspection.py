@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import hf
 from .checkpoint import CONFIG, HFCheckpoint, is_hf_checkpoint, read_config, tokenizer_files
 from .errors import PaiZooError, no_such_path
 from .megatron_args import shown
@@ -65,8 +66,6 @@ def inspect_checkpoint(path, *, family: str | None = None, tokenizer=None, itera
 
 
 def _hf(path: Path, family_name: str | None) -> Inspection:
-    from . import hf
-
     registry = get_registry()
     raw = read_config(path)
     family = registry.family(family_name) if family_name else registry.family_for_hf_config(raw, str(path / CONFIG))

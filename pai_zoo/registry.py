@@ -20,6 +20,7 @@ import pluggy
 from . import defaults, hookspecs
 from .errors import PluginError, UnknownModelError, looks_like_path
 from .family import Family
+from .megatron_args import matches
 
 ENTRY_POINT_GROUP = "pai_zoo"
 PLUGINS_ENV = "PAI_ZOO_PLUGINS"
@@ -170,7 +171,6 @@ class Registry:
 
     def families_for_megatron_args(self, arch: dict) -> list[Family]:
         """The families whose :attr:`Family.megatron_args` claim a Megatron-LM checkpoint's architecture."""
-        from .megatron_args import matches
 
         return [f for f in self.families.values() if f.megatron_args and matches(arch, f.megatron_args)]
 

@@ -5,6 +5,8 @@ import argparse
 import dataclasses
 import inspect
 
+from .. import registry as _registry
+
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
     """Shows ``(default: X)`` after a flag's help, except for switches and flags without a default."""
@@ -32,9 +34,7 @@ def defaults(settings) -> dict:
 
 
 def registry():
-    from ..registry import get_registry
-
-    return get_registry()
+    return _registry.get_registry()  # looked up at call time: tests swap it
 
 
 def family_or_preset(name: str):

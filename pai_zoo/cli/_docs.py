@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..generation import SamplingParams
+from ..training.config import DECAY_STYLES, DEFAULT_WARMUP_FRACTION, SETTINGS, TrainConfig, aliases
+
 #: The worked YAML examples (``pai-zoo train EXAMPLE.yaml``); the test loads each with ``TrainConfig.load``.
 EXAMPLES = {
     "Continued pretraining": (
@@ -85,8 +88,6 @@ def _default(f: dataclasses.Field):
 
 
 def _train_table() -> list[str]:
-    from ..training.config import SETTINGS, TrainConfig, aliases
-
     others: dict[str, list[str]] = {}
     for key, (name, negated) in aliases().items():
         if key != name:
@@ -106,8 +107,6 @@ def _train_table() -> list[str]:
 
 
 def _sampling_table() -> list[str]:
-    from ..generation import SamplingParams
-
     rows = ["| field | flag | default | meaning |", "|---|---|---|---|"]
     for f in dataclasses.fields(SamplingParams):
         flag, text = SAMPLING[f.name]
@@ -117,7 +116,6 @@ def _sampling_table() -> list[str]:
 
 def configuration_markdown() -> str:
     """The text of ``docs/configuration.md``."""
-    from ..training.config import DECAY_STYLES, DEFAULT_WARMUP_FRACTION
 
     lines = [
         "# Configuration",

@@ -5,6 +5,9 @@ import json
 import sys
 from pathlib import Path
 
+from ..generation import GenerationError, SamplingParams, generate, read_prompts
+from ..handle import load
+from ..mcore.parallel_sizes import check_world
 from ..util.dist import is_rank0
 from ..util.files import atomic_path
 from ._common import add_command, defaults
@@ -14,8 +17,6 @@ BATCH_SIZE = 8
 
 
 def add_parser(subparsers) -> None:
-    from ..generation import SamplingParams
-
     sampling = defaults(SamplingParams)
     p = add_command(subparsers, "generate", "complete prompts (JSON Lines in and out, or one streamed --prompt)")
     p.add_argument("--model", required=True, help="Megatron checkpoint (pai-zoo's or Megatron-LM's), Hugging Face "
@@ -47,7 +48,6 @@ def run(args, out=None) -> int:
     """Prompts from JSON Lines to JSON Lines, or one ``--prompt`` streamed to ``out`` (stdout). The
     output file appears only when every prompt is done (written to a temporary name, renamed at the
     end). Under ``torchrun`` with ``--tp N`` rank 0 writes."""
-    from ..generation import GenerationError, generate, read_prompts
 
     out = out or sys.stdout
     if (args.prompt is None) == (args.prompts is None):
@@ -56,7 +56,6 @@ def run(args, out=None) -> int:
         raise GenerationError("--prompts needs --output OUT.jsonl")
     if args.tp < 1:
         raise GenerationError(f"--tp must be positive (got {args.tp})")
-    from ..mcore.parallel_sizes import check_world
 
     check_world(args.tp)  # --tp 3 in one process: the torchrun command to use, before anything loads
     if args.prompt is not None:
@@ -68,7 +67,6 @@ def run(args, out=None) -> int:
     prompts = [prompt for _, _, prompt in records]
     import torch
 
-    from ..handle import load
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .. import conformance_record, hf
+from ..errors import UnknownModelError
 from ..tokenizers.names import describe_tokenizer
 from ._common import add_command, family_or_preset, registry
 
@@ -30,8 +32,6 @@ def _is_folder_argument(name: str) -> bool:
 
 
 def _is_family(reg, name: str) -> bool:
-    from ..errors import UnknownModelError
-
     try:
         reg.family(name)
     except UnknownModelError:
@@ -79,7 +79,6 @@ def print_family(family, name: str) -> None:
     print("config translation (HF -> megatron-core):")
     for rule in family.config_map.rules:
         print(f"  {rule.describe()}")
-    from .. import hf
 
     config = family.to_mcore_config(hf.config_dict(hf.hf_config(family, family.presets[family.tiny])))
     table = reg.weight_map(family, config)
@@ -91,7 +90,6 @@ def print_family(family, name: str) -> None:
 
 def print_conformance(name: str) -> None:
     """The recorded conformance results of a family (:mod:`pai_zoo.conformance_record`)."""
-    from .. import conformance_record
 
     try:
         results = conformance_record.read(name)

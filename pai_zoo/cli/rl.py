@@ -13,14 +13,13 @@ import argparse
 import json
 
 from ..errors import PaiZooError
+from ..rl import list_trainers
 from ._common import add_command
 
 RESERVED = ("list", "run")  # subcommands of ``rl`` that a trainer's name cannot shadow
 
 
 def add_parser(subparsers) -> None:
-    from ..rl import list_trainers
-
     p = add_command(subparsers, "rl", "RL trainers: rl list | rl NAME [flags] (ppo, reward, plugins')")
     try:
         trainers = list_trainers()
@@ -64,8 +63,6 @@ def _raiser(exc: PaiZooError):
 
 
 def run_list(args) -> int:
-    from ..rl import list_trainers
-
     trainers = list_trainers()
     if not trainers:
         print("no RL trainers registered")

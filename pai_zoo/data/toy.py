@@ -6,6 +6,8 @@ import json
 import random
 from pathlib import Path
 
+from ..testing.tokenizers import ByteLevelBPE
+
 SUBJECTS = ("the cat", "a dog", "the bird", "my friend", "the old man", "a child", "the teacher", "our neighbour")
 VERBS = ("sees", "likes", "follows", "finds", "paints", "visits", "helps", "calls")
 OBJECTS = ("the red ball", "a small house", "the green tree", "the river", "a blue boat", "the quiet garden",
@@ -43,7 +45,6 @@ def write_corpus(path, documents: int = 400, seed: int = 0) -> Path:
 def write_tokenizer(folder, vocab_size: int = 400, seed: int = 0) -> Path:
     """A byte-level BPE ``tokenizer.json`` (+ ``tokenizer_config.json`` with ChatML) trained on the
     toy grammar, in ``folder``; the special tokens get ids 0, 1, 2."""
-    from ..testing.tokenizers import ByteLevelBPE
 
     return ByteLevelBPE(
         corpus=sentences(3000, seed), repeat=1, vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,

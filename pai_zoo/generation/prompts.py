@@ -6,7 +6,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import no_such_path
+from ..errors import DataError, no_such_path
 from .params import GenerationError
 
 
@@ -83,7 +83,6 @@ def encode_chat_response(prompt, response: str, tokenizer, where: str = "record"
     if not isinstance(response, str) or not response:
         raise GenerationError(f"{where}: with a chat template the response must be non-empty text")
     from ..data.sft import build_example
-    from ..errors import DataError
 
     try:
         ids, mask = build_example([*messages, {"role": "assistant", "content": response}], tokenizer)

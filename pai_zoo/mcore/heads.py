@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from ..mapping import Copy, Output, WeightMap
+
 SCORE = "score"
 HF_SCORE = "score.weight"
 
@@ -57,7 +59,6 @@ def untied(config):
 
 def score_weight_map(table):
     """``table`` with its LM-head row (``Output``) replaced by ``score.weight <-> output_layer.weight``."""
-    from ..mapping import Copy, Output, WeightMap
 
     rows = [Copy(HF_SCORE, row.mcore[0]) if isinstance(row, Output) else row for row in table.rows]
     return WeightMap(*rows)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import warnings
 
 import torch
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer.identity_op import IdentityOp
 from megatron.core.transformer.transformer_layer import TransformerLayer
 from megatron.core.utils import make_viewless_tensor
@@ -73,7 +74,6 @@ def parallel_layer_spec(layernorms: int = 1, normalization: str = "LayerNorm", q
     ``layernorms=2``: attention and MLP each have their own (``input_layernorm``,
     ``pre_mlp_layernorm``).
     """
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     if layernorms not in (1, 2):
         raise ValueError(f"a parallel attention + MLP layer has 1 or 2 layer norms, not {layernorms!r}")

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..mcore.dist_ckpt import PAI_ZOO_CONFIG, DistCheckpointReader, MegatronCheckpoint
+from ..registry import get_registry
 from .config import DerivedConfig, derive_config
 from .files import (
     TRACKER,
@@ -95,8 +96,6 @@ def open_checkpoint(path, family=None, *, reference=None, iteration=None) -> Meg
     name = getattr(family, "name", family)
     path = Path(path)
     if (path / PAI_ZOO_CONFIG).is_file() and iteration is None:
-        from ..registry import get_registry
-
         return MegatronCheckpoint(path, get_registry().family(name) if name else None)
     info = describe(path, family=name, reference=reference, iteration=iteration)
     try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import hf
 from ..checkpoint import CONFIG, is_hf_checkpoint, read_config
 from ..config_map import McoreConfig
 from ..errors import ConfigTranslationError, UnknownModelError
@@ -69,8 +70,6 @@ def _family_config(family: Family, arch: dict, vocab_size: int, divisor: int, wh
 
 
 def _reference_config(folder: Path) -> tuple[Family, McoreConfig]:
-    from .. import hf
-
     raw = read_config(folder)
     family = get_registry().family_for_hf_config(raw, where=str(folder / CONFIG))
     return family, family.to_mcore_config(hf.config_dict(hf.hf_config(family, raw)))

@@ -23,7 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from ..errors import PaiZooError, no_such_path
+from ..mcore import import_megatron
+from ..mcore.dist_ckpt import DistCheckpointReader
 
 TRACKER = "latest_checkpointed_iteration.txt"
 RELEASE = "release"
@@ -56,8 +60,6 @@ def _allowed(name: str):
     if name == "signal.Signals":
         return signal.Signals
     if module.startswith("megatron."):
-        from ..mcore import import_megatron
-
         try:
             import_megatron()
             obj = getattr(importlib.import_module(module), attr)
@@ -74,7 +76,6 @@ def allowing(globals_: list):
     """``torch.serialization.safe_globals`` for the entries of ``globals_`` not allowed already. Leaving that context
     removes what it added, and megatron-core registers ``argparse.Namespace`` & co. process-wide on import: removing
     those would break megatron-core's own loader for the rest of the process."""
-    import torch
 
     current = torch.serialization.get_safe_globals()
     entries = [g for g in globals_ if g not in current and (g[0] if isinstance(g, tuple) else g) not in current]
@@ -83,7 +84,6 @@ def allowing(globals_: list):
 
 def safe_load(file, *, mmap: bool = False, where: str | None = None) -> Any:
     """``torch.load`` of a Megatron-LM pickle with ``weights_only=True`` and pai-zoo's allow-list."""
-    import torch
 
     where = where or str(file)
     try:
@@ -194,7 +194,6 @@ def common_state(it: IterationFolder) -> dict:
                 and not k.startswith("model")}
     if (it.folder / COMMON_FILE).is_file():
         return safe_load(it.folder / COMMON_FILE)
-    from ..mcore.dist_ckpt import DistCheckpointReader
 
     reader = DistCheckpointReader(it.folder)
     try:

@@ -17,6 +17,8 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
+import torch
+
 from .files import LEGACY_FILE, IterationFolder, MegatronCheckpointError, rank_dir_name, safe_load
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.*)$")
@@ -136,7 +138,6 @@ class LegacyReader:
 
     def read_local(self, layout, name: str):
         """The full tensor ``name`` (shape ``layout.local_shapes[name]``), tensor-parallel shards joined."""
-        import torch
 
         full = tuple(layout.local_shapes[name])
         refs = sorted(self._index[name], key=lambda r: r[0])

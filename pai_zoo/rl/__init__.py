@@ -9,13 +9,12 @@ from __future__ import annotations
 from ..errors import PluginError, UnknownModelError
 from ..registry import Registry, get_registry
 from .base import RLTrainer
+from .ppo import PPOTrainer
+from .reward import RewardTrainer
 
 
 def builtin_trainers() -> dict[str, type[RLTrainer]]:
     """The trainers pai-zoo itself registers: ``ppo`` and the reward-model trainer ``reward``."""
-    from .ppo import PPOTrainer  # imports torch: only when the trainers are asked for
-    from .reward import RewardTrainer
-
     return {"ppo": PPOTrainer, "reward": RewardTrainer}
 
 

@@ -13,7 +13,10 @@ import json
 import shutil
 from pathlib import Path
 
+from .. import hf
+from ..checkpoint import tokenizer_files
 from ..mcore import dist_ckpt
+from ..mcore.heads import untied
 from ..run_checkpoint import latest_iteration as _latest_iteration
 from ..run_checkpoint import load_checkpoint, save_checkpoint
 from ..util.dist import is_rank0
@@ -24,9 +27,6 @@ def describe_model(folder, handle, model, head: dict | None = None) -> None:
     """``pai_zoo.json`` and ``hf/`` of a model folder (rank 0 writes them)."""
     from megatron.core import parallel_state as ps
 
-    from .. import hf
-    from ..checkpoint import tokenizer_files
-    from ..mcore.heads import untied
 
     if not is_rank0():
         return
@@ -81,7 +81,6 @@ def _hf_side(path) -> Path | None:
 
 def checkpoint_tokenizer_files(path) -> dict[str, bytes]:
     """``{file name: bytes}`` of the tokenizer files a model folder carries (empty for a preset)."""
-    from ..checkpoint import tokenizer_files
 
     source = _hf_side(path)
     return {f.name: f.read_bytes() for f in tokenizer_files(source)} if source and source.is_dir() else {}

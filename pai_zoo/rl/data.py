@@ -16,6 +16,9 @@ from dataclasses import dataclass
 from ..data.sources import BadRecord, iter_records
 from ..data.vocabulary import check_token_ids
 from ..errors import PaiZooError
+from ..generation import encode_prompt
+from ..generation import read_prompts as read_prompt_records
+from ..generation.prompts import encode_chat_response
 
 PAIR_FIELDS = ("prompt", "chosen", "rejected")
 
@@ -57,8 +60,6 @@ def _records(path):
 
 
 def _chat_pair(where: str, record: dict, tokenizer, vocab_size: int) -> Pair:
-    from ..generation.prompts import encode_chat_response
-
     if tokenizer is None:
         raise PaiZooError(f"{where}: --chat needs a tokenizer and the model has none; "
                           "give a model folder with tokenizer files")
@@ -104,8 +105,6 @@ def read_prompts(path, tokenizer=None, vocab_size: int = 1 << 62, chat: bool = F
     """Every prompt of a JSON Lines file (``{"prompt": text | [ids]}``, and with ``chat`` also
     ``{"messages": [...]}``, read as ``pai-zoo generate [--chat]`` reads prompts), as token ids inside the
     vocabulary."""
-    from ..generation import encode_prompt
-    from ..generation import read_prompts as read_prompt_records
 
     prompts = []
     for where, _record, prompt in read_prompt_records(path, chat=chat):

@@ -9,6 +9,8 @@ import torch
 from ..errors import PaiZooError
 from ..handle import load
 from ..mcore.heads import attach_score_head, has_score_head
+from ..mcore.pipeline import forward_logits
+from ..training.optim import megatron_optimizer
 
 
 def load_model(spec, tensor_parallel_size: int = 1, seed: int = 0, **overrides):
@@ -73,7 +75,6 @@ def pad_right(seqs: Sequence[Sequence[int]], pad_id: int = 0):
 def forward(model, input_ids, attention_mask):
     """The model's output ``[b, s, padded vocab | 1]`` on a padded batch (left or right padding),
     with gradients when the caller wants them."""
-    from ..mcore.pipeline import forward_logits
 
     return forward_logits(model, input_ids, attention_mask)
 
@@ -85,8 +86,6 @@ class Optimizer:
     learning rate; checkpointed with :mod:`pai_zoo.run_checkpoint`."""
 
     def __init__(self, model, lr: float, weight_decay: float = 0.0, max_grad_norm: float = 1.0):
-        from ..training.optim import megatron_optimizer
-
         self.model = model
         self.ddp, self.optimizer, self.scheduler = megatron_optimizer(
             model, lr=lr, weight_decay=weight_decay, clip_grad=max_grad_norm)

@@ -24,7 +24,10 @@ import time
 from pathlib import Path
 
 from ..errors import PaiZooError
+from ..generation import context_length, generate
+from ..util.metrics import METRICS_FILE, MetricsLog
 from .base import RLTrainer
+from .data import read_prompts
 
 DEFAULTS = {
     "critic": None, "steps": 20, "rollout_batch_size": 16, "ppo_epochs": 2, "mini_batch_size": 8,
@@ -97,7 +100,6 @@ class _PPORun:
         import torch
 
         from ..mcore.heads import has_score_head
-        from ..util.metrics import METRICS_FILE, MetricsLog
         from .checkpoint import latest_iteration, load_model_state
         from .models import (
             Optimizer,
@@ -162,8 +164,6 @@ class _PPORun:
 
     def _prompts(self, prompts) -> list[list[int]]:
         """The prompts as token ids, each inside the vocabulary and leaving room for a response."""
-        from ..generation import context_length
-        from .data import read_prompts
 
         if isinstance(prompts, (str, Path)):
             prompts = read_prompts(prompts, self.actor.tokenizer, self.actor.vocab_size, chat=self.s["chat"])
@@ -191,7 +191,6 @@ class _PPORun:
     def rollout(self) -> dict:
         import torch
 
-        from ..generation import generate
         from .models import forward
         from .ops import (
             gae,

@@ -12,7 +12,9 @@ import time
 from pathlib import Path
 
 from ..errors import PaiZooError
+from ..util.metrics import METRICS_FILE, MetricsLog
 from .base import RLTrainer
+from .data import read_pairs
 
 DEFAULTS = {"epochs": 1, "batch_size": 8, "lr": 1e-5, "weight_decay": 0.0, "eval_fraction": 0.1, "seed": 0,
             "max_grad_norm": 1.0, "tensor_parallel_size": 1, "log_every": 1, "chat": False}
@@ -54,9 +56,7 @@ class RewardTrainer(RLTrainer):
         import torch
 
         from ..mcore.heads import head_record
-        from ..util.metrics import METRICS_FILE, MetricsLog
         from .checkpoint import save_model
-        from .data import read_pairs
         from .models import Optimizer, load_model, pad_id_of, value_model
         from .ops import pairwise_loss
 

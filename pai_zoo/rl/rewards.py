@@ -2,7 +2,6 @@
 
 Every reward is called as ``reward(prompts, responses) -> FloatTensor[batch]`` with lists of
 token ids. ``--reward`` takes a reward-model folder or a rule:
-
     rule:contains=ID[,ID...]   1 when the response contains one of the ids, else 0
     rule:fraction=ID[,ID...]   the share of response tokens that are among the ids
 
@@ -15,6 +14,8 @@ from collections.abc import Callable, Sequence
 import torch
 
 from ..errors import PaiZooError
+from ..mcore.heads import has_score_head, sequence_scores
+from .models import describe, forward, load_model, pad_right
 
 RULES = ("contains", "fraction")
 
@@ -73,9 +74,6 @@ class ModelReward:
         handle.model.eval()
 
     def __call__(self, prompts, responses) -> torch.Tensor:
-        from ..mcore.heads import sequence_scores
-        from .models import forward, pad_right
-
         ids, mask = pad_right([list(p) + list(r) for p, r in zip(prompts, responses)], self.pad_id)
         with torch.no_grad():
             return sequence_scores(forward(self.handle.model, ids, mask), mask).float()
@@ -84,8 +82,6 @@ class ModelReward:
 def make_reward(spec, tensor_parallel_size: int = 1, seed: int = 0):
     """A reward from ``spec``: a ``rule:...`` string, a callable, or a reward-model path/handle
     (returned with its handle for the tokenizer checks: ``(reward, handle or None)``)."""
-    from ..mcore.heads import has_score_head
-    from .models import describe, load_model
 
     if callable(spec) and not hasattr(spec, "model"):
         return CallableReward(spec), None

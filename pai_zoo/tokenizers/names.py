@@ -20,8 +20,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import NamedTuple
 
+from ..checkpoint import read_config
 from ..errors import NoBundledTokenizerError, PaiZooError, looks_like_path, no_such_path
+from ..registry import get_registry
+from ..util.cache import cache_dir
 from ..util.files import atomic_folder
+from .loader import load_tokenizer
 
 __all__ = ["NoBundledTokenizerError", "TokenizerRef", "bundled_tokenizer_folder", "describe_tokenizer",
            "family_tokenizer", "model_tokenizer", "resolve_tokenizer"]
@@ -40,8 +44,6 @@ class TokenizerRef(NamedTuple):
 
     def load(self):
         """The :class:`pai_zoo.tokenizers.Tokenizer` (through the family's ``pai_zoo_tokenizer`` hook if known)."""
-        from ..registry import get_registry
-        from .loader import load_tokenizer
 
         if self.family is None:
             return load_tokenizer(self.path)
@@ -51,8 +53,6 @@ class TokenizerRef(NamedTuple):
 def family_tokenizer(family, path, registry=None):
     """The tokenizer of ``family``'s checkpoint folder or tokenizer file ``path``: the first plugin's answer to the
     ``pai_zoo_tokenizer`` hook, else the core's reader (:func:`pai_zoo.tokenizers.load_tokenizer`)."""
-    from ..registry import get_registry
-    from .loader import load_tokenizer
 
     found = (registry or get_registry()).plugin_tokenizer(family, path)
     return found if found is not None else load_tokenizer(path)
@@ -62,8 +62,6 @@ def bundled_tokenizer_folder(family, kind: str = "test") -> Path:
     """The folder of a family's bundled tokenizer, ``kind`` ``"test"`` (``Family.test_tokenizer``) or
     ``"published"`` (``Family.published_tokenizer``), written under pai-zoo's cache folder on first use
     (through a temporary folder, so concurrent processes never see half a tokenizer)."""
-    from ..registry import get_registry
-    from ..util.cache import cache_dir
 
     root = cache_dir()
     if kind == "test":
@@ -115,8 +113,6 @@ def _checkpoint_side(path: Path) -> Path:
 def _path_ref(path: Path) -> TokenizerRef:
     import contextlib
 
-    from ..checkpoint import read_config
-    from ..registry import get_registry
 
     path = _checkpoint_side(path)
     family = None
@@ -176,7 +172,6 @@ def resolve_tokenizer(spec) -> TokenizerRef:
     """The tokenizer ``spec`` names: a checkpoint folder, a tokenizer file, a test preset (its toy test
     tokenizer), or a family or published preset (its real published tokenizer where the plugin bundles one,
     else :class:`NoBundledTokenizerError`). Unknown names raise :class:`PaiZooError`."""
-    from ..registry import get_registry
 
     path = Path(str(spec)).expanduser()
     if path.exists():
