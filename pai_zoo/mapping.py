@@ -2,7 +2,9 @@
 
 A table is a list of rows between Hugging Face and megatron-core parameter names.
 Names may hold ``{layer}``, expanded for every transformer layer, and ``{expert}``, expanded for
-every routed expert of a mixture-of-experts layer (``MappingContext.num_experts``)::
+every routed expert of a mixture-of-experts layer (``MappingContext.num_experts``). A ``{layer}`` row
+with ``layer_kind`` ``"moe"`` or ``"dense"`` (:func:`on_layers`) expands only for the mixture-of-experts
+layers or only for the dense ones (``MappingContext.moe_layers``, from megatron's ``moe_layer_freq``)::
 
     WeightMap(
         Vocab("model.embed_tokens.weight", "embedding.word_embeddings.weight"),
@@ -50,6 +52,18 @@ class MappingContext:
     padded_vocab_size: int
     tied_embeddings: bool
     num_experts: int = 0  # routed experts per MoE layer (megatron's num_moe_experts); 0 without MoE
+    moe_layers: tuple[int, ...] | None = None  # the MoE layers' indices; None: every layer (with experts)
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return self.num_experts > 0 and (self.moe_layers is None or layer in self.moe_layers)
+
+    def layers_of(self, kind: str | None) -> list[int]:
+        """The layers a row of ``layer_kind`` ``kind`` expands for (``None``: all)."""
+        if kind is None:
+            return list(range(self.num_layers))
+        if kind not in LAYER_KINDS:
+            raise MappingError(f"table error: layer_kind {kind!r} is not one of {LAYER_KINDS}")
+        return [i for i in range(self.num_layers) if self.is_moe_layer(i) == (kind == "moe")]
 
     @classmethod
     def from_config(
@@ -66,7 +80,34 @@ class MappingContext:
             padded_vocab_size=padded_vocab_size or config.padded_vocab_size(tensor_parallel_size),
             tied_embeddings=config.tied_embeddings,
             num_experts=int(config.get("num_moe_experts") or 0),
+            moe_layers=moe_layer_indices(config.get("moe_layer_freq", 1), config.num_layers),
         )
+
+
+#: :attr:`Row.layer_kind` values: rows of the mixture-of-experts layers only, or of the dense layers only.
+LAYER_KINDS = ("moe", "dense")
+
+
+def moe_layer_indices(freq, num_layers: int) -> tuple[int, ...] | None:
+    """The MoE layers of megatron's ``moe_layer_freq`` (an int ``f``: layers ``i % f == 0``; a list: one 1/0 per
+    layer), ``None`` when every layer is one."""
+    if isinstance(freq, (list, tuple)):
+        if len(freq) != num_layers:
+            raise MappingError(f"moe_layer_freq has {len(freq)} entries for {num_layers} layers")
+        layers = tuple(i for i, v in enumerate(freq) if v)
+    else:
+        layers = tuple(i for i in range(num_layers) if i % int(freq or 1) == 0)
+    return None if len(layers) == num_layers else layers
+
+
+def on_layers(kind: str, *rows: "Row") -> list["Row"]:
+    """``rows`` marked to expand only for the mixture-of-experts layers (``kind`` ``"moe"``) or only for the
+    dense layers among them (``"dense"``); returns them as a list."""
+    if kind not in LAYER_KINDS:
+        raise MappingError(f"table error: layer kind {kind!r} is not one of {LAYER_KINDS}")
+    for row in rows:
+        row.layer_kind = kind
+    return list(rows)
 
 
 def _fill(name: str, layer: int | None, expert: int | None) -> str:
@@ -102,6 +143,8 @@ class Row:
 
     hf: tuple[str, ...]
     mcore: tuple[str, ...]
+    #: ``None``: every layer; ``"moe"`` / ``"dense"``: only the mixture-of-experts / dense layers (:func:`on_layers`).
+    layer_kind: str | None = None
 
     def to_mcore(self, tensors: list, ctx: MappingContext) -> list:  # pragma: no cover - interface
         raise NotImplementedError
@@ -319,7 +362,7 @@ class WeightMap:
             raise ValueError(f"direction must be one of {DIRECTIONS}, not {direction!r}")
         steps, optional = [], set()
         for row in self.rows:
-            layers = range(ctx.num_layers) if row.per_layer else [None]
+            layers = ctx.layers_of(row.layer_kind) if row.per_layer else [None]
             if row.per_expert and ctx.num_experts < 1:
                 raise MappingError(f"table error: {row} names {{expert}} but the model has no experts "
                                    "(num_moe_experts)")

@@ -115,13 +115,114 @@ def test_qwen3_moe_reads_the_published_num_experts_key():
 
 @pytest.mark.parametrize("family, preset, changes, message", [
     ("mixtral", "mixtral-odd", {"router_jitter_noise": 0.1}, "router_jitter_noise"),
-    ("qwen2-moe", "qwen2-moe-odd", {"decoder_sparse_step": 2}, "decoder_sparse_step"),
-    ("qwen3-moe", "qwen3-moe-odd", {"mlp_only_layers": [1]}, "mlp_only_layers"),
     ("qwen2-moe", "qwen2-moe-odd", {"use_sliding_window": True, "sliding_window": 4}, "sliding"),
+    ("qwen3-moe", "qwen3-moe-odd", {"mlp_only_layers": [0, 1, 2]}, "no layer is a mixture of experts"),
 ])
 def test_unsupported_routing_layouts_are_refused(family, preset, changes, message):
     with pytest.raises(ConfigTranslationError, match=message):
         _arch(family, preset, **changes)
+
+
+@pytest.mark.parametrize("family, preset, changes, pattern", [
+    ("qwen2-moe", "qwen2-moe-odd", {"decoder_sparse_step": 2}, [0, 1, 0]),  # layer i MoE when (i + 1) % 2 == 0
+    ("qwen3-moe", "qwen3-moe-odd", {"mlp_only_layers": [1]}, [1, 0, 1]),
+    ("qwen3-moe", "qwen3-moe-odd", {"decoder_sparse_step": 3, "mlp_only_layers": [0]}, [0, 0, 1]),
+    ("qwen3-moe", "qwen3-moe-odd", {}, 1),
+])
+def test_dense_layers_among_moe_layers_become_moe_layer_freq_and_come_back(family, preset, changes, pattern):
+    fam, cfg = _arch(family, preset, **changes)
+    assert cfg["moe_layer_freq"] == pattern
+    back = fam.to_hf_config_dict(cfg)
+    for key in ("decoder_sparse_step", "mlp_only_layers"):
+        assert back[key] == changes.get(key, fam.presets[preset].get(key, 1 if key == "decoder_sparse_step" else []))
+    cfg.arch["moe_layer_freq"] = [1, 1, 0]  # changed in megatron's names: written as dense layers
+    back = fam.to_hf_config_dict(cfg)
+    assert (back["decoder_sparse_step"], back["mlp_only_layers"]) == (1, [2])
+
+
+def test_mixtral_has_no_dense_layers():
+    fam, cfg = _arch("mixtral", "mixtral-odd")
+    cfg.arch["moe_layer_freq"] = [0, 1, 1]
+    with pytest.raises(ConfigTranslationError, match="every layer of this family is a mixture of experts"):
+        fam.to_hf_config_dict(cfg)
+
+
+# -- the generic routing rules (layouts.moe_config_rules): every field, both ways ---------------------------------
+def _deepseek_like_map():
+    from pai_zoo import ConfigMap, Field
+    from pai_zoo.layouts import FirstKDense, moe_config_rules
+
+    return ConfigMap(
+        Field("num_hidden_layers", "num_layers"),
+        *moe_config_rules("n_routed_experts", aux_loss=None, score="sigmoid", score_key="scoring_func",
+                          groups=("n_group", "topk_group"), scaling="routed_scaling_factor", expert_bias=True,
+                          shared_count="n_shared_experts", dense_layers=FirstKDense(), router_fp32=True),
+    )
+
+
+def _two_way(config_map, hf: dict):
+    cfg = config_map.to_mcore("x", hf)
+    return cfg.arch, config_map.to_hf(cfg)
+
+
+SIGMOID_GROUPED = {"n_routed_experts": 12, "num_experts_per_tok": 4, "moe_intermediate_size": 24,
+                   "norm_topk_prob": True, "n_group": 3, "topk_group": 2, "routed_scaling_factor": 2.5,
+                   "n_shared_experts": 2, "first_k_dense_replace": 2, "scoring_func": "sigmoid", "num_hidden_layers": 6}
+
+
+def test_sigmoid_grouped_routing_in_megatron_names_and_back():
+    arch, back = _two_way(_deepseek_like_map(), SIGMOID_GROUPED)
+    assert back == SIGMOID_GROUPED
+    expected = {"num_moe_experts": 12, "moe_router_topk": 4, "moe_ffn_hidden_size": 24,
+                "moe_router_score_function": "sigmoid", "moe_router_pre_softmax": False,
+                "moe_router_num_groups": 3, "moe_router_group_topk": 2, "moe_router_topk_scaling_factor": 2.5,
+                "moe_router_enable_expert_bias": True, "moe_shared_expert_intermediate_size": 48,
+                "moe_shared_expert_gate": False, "moe_layer_freq": [0, 0, 1, 1, 1, 1], "moe_router_dtype": "fp32",
+                "moe_router_load_balancing_type": "none"}
+    assert {k: arch[k] for k in expected} == expected
+    import megatron.core.transformer.transformer_config as tc
+
+    fields = set(tc.TransformerConfig.__dataclass_fields__)
+    assert set(expected) <= fields  # every translated name is a TransformerConfig field
+
+
+@pytest.mark.parametrize("changes, kept", [
+    ({"n_group": 1, "topk_group": 1}, {}),  # one group: plain top-k, no megatron groups, 1/1 written back
+    ({"n_group": None, "topk_group": None}, {}),
+    ({"n_shared_experts": 0}, {}),
+    ({"first_k_dense_replace": 0}, {"moe_layer_freq": 1}),
+])
+def test_degenerate_routing_values_come_back_as_given(changes, kept):
+    arch, back = _two_way(_deepseek_like_map(), {**SIGMOID_GROUPED, **changes})
+    assert back == {**SIGMOID_GROUPED, **changes}
+    assert "moe_router_num_groups" not in arch or changes.get("n_group", 3) not in (None, 1)
+    assert all(arch[k] == v for k, v in kept.items())
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"norm_topk_prob": False}, "megatron-core always renormalises the top-k sigmoid scores"),
+    ({"topk_group": 1}, r"scores a group by its top 2 experts, megatron-core by its top .* = 4"),
+    ({"n_group": 5}, "need a group count dividing them"),
+    ({"first_k_dense_replace": 6}, "no layer is a mixture of experts"),
+    ({"scoring_func": "softmax"}, "expert bias needs sigmoid scores"),
+])
+def test_routing_values_megatron_cannot_compute_are_refused(changes, message):
+    with pytest.raises(ConfigTranslationError, match=message):
+        _two_way(_deepseek_like_map(), {**SIGMOID_GROUPED, **changes})
+
+
+@pytest.mark.parametrize("arch_change, message", [
+    ({"moe_layer_freq": [1, 0, 1, 1, 1, 1]}, "dense layers are the first first_k_dense_replace layers only"),
+    ({"moe_shared_expert_intermediate_size": 30}, "not a whole number of experts"),
+    ({"moe_shared_expert_gate": True}, "shared experts have no gate"),
+    ({"moe_router_pre_softmax": True}, "no Hugging Face form"),
+])
+def test_megatron_values_without_a_hugging_face_form_are_refused(arch_change, message):
+    config_map = _deepseek_like_map()
+    cfg = config_map.to_mcore("x", SIGMOID_GROUPED)
+    cfg.arch.update(arch_change)
+    with pytest.raises(ConfigTranslationError, match=message):
+        config_map.to_hf(cfg)
 
 
 # -- the conformance forward check catches a broken router -----------------------------------------------------
@@ -220,3 +321,14 @@ def test_expert_parallel_2_equals_one_process(tmp_path, name, preset):
     assert (got - reference).abs().max().item() <= 1e-5
     if name == "mixtral":  # the comparison sees a wrong expert layout on one rank
         assert (_ep_logits(tmp_path, swap=True)[..., :vocab] - reference).abs().max().item() > 1e-4
+
+
+def test_dense_layers_among_moe_layers_forward_equals_transformers():
+    """Qwen3-MoE with layer 1 dense (mlp_only_layers): megatron's dense MLP there, experts elsewhere, the
+    transformers logits; the dense layer's MLP rows are the plain ``mlp.{gate,up,down}_proj``."""
+    from pai_zoo_conformance import checks
+
+    case = checks.build_case(get_registry().family("qwen3-moe"), "qwen3-moe-odd", mlp_only_layers=[1])
+    layers = case.mcore_model.decoder.layers
+    assert not hasattr(layers[1].mlp, "router") and hasattr(layers[0].mlp, "router")
+    assert checks.check_forward_equivalence(case) < 1e-4

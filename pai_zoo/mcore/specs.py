@@ -13,22 +13,31 @@ def default_layer_spec(config):
     ``layernorm_zero_centered_gamma`` its norms are :class:`~pai_zoo.mcore.norms.ZeroCenteredNorm`
     (``1 + weight``); :func:`pai_zoo.mcore.build.build_gpt_model` then gives the final norm the same class.
     With ``num_moe_experts`` every layer's MLP is megatron-core's ``MoELayer`` (router, ``SequentialMLP``
-    experts ``mlp.experts.local_experts.{e}``, shared experts when ``moe_shared_expert_intermediate_size``)."""
+    experts ``mlp.experts.local_experts.{e}``, shared experts when ``moe_shared_expert_intermediate_size``); where
+    ``moe_layer_freq`` lists dense layers (0) among them, a :func:`block_spec` with a dense MLP on those layers."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # "Apex is not installed. Falling back to Torch Norm"
-        spec = get_gpt_layer_local_spec(
-            num_experts=config.get("num_moe_experts") or None,  # a MoE layer (SequentialMLP experts) when set
-            moe_grouped_gemm=bool(config.get("moe_grouped_gemm", False)),
-            qk_layernorm=bool(config.get("qk_layernorm", False)),
-            normalization=config.get("normalization", "LayerNorm"),
-        )
-    if config.get("layernorm_zero_centered_gamma", False):
-        from .norms import ZeroCenteredNorm
+    def one(experts):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "Apex is not installed. Falling back to Torch Norm"
+            spec = get_gpt_layer_local_spec(
+                num_experts=experts,  # a MoE layer (SequentialMLP experts) when set
+                moe_grouped_gemm=bool(config.get("moe_grouped_gemm", False)),
+                qk_layernorm=bool(config.get("qk_layernorm", False)),
+                normalization=config.get("normalization", "LayerNorm"),
+            )
+        if config.get("layernorm_zero_centered_gamma", False):
+            from .norms import ZeroCenteredNorm
 
-        spec = with_norm(spec, ZeroCenteredNorm)
-    return spec
+            spec = with_norm(spec, ZeroCenteredNorm)
+        return spec
+
+    experts = config.get("num_moe_experts") or None
+    freq = config.get("moe_layer_freq", 1)
+    if experts and isinstance(freq, (list, tuple)) and 0 in freq:  # dense layers among the MoE layers
+        moe, dense = one(experts), one(None)
+        return block_spec(config, [moe if v else dense for v in freq])
+    return one(experts)
 
 
 def with_norm(layer_spec, norm):

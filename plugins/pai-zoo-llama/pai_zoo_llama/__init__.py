@@ -109,7 +109,8 @@ MIXTRAL_CONFIG = ConfigMap(
 )
 
 MIXTRAL_WEIGHTS = WeightMap(
-    *llama_layout(mlp=moe_layout("block_sparse_moe.", gate_up="{w1,w3}.weight", down="w2.weight"))
+    *llama_layout(mlp=moe_layout("block_sparse_moe.", gate_up="{w1,w3}.weight", down="w2.weight",
+                                    dense=None))
 )
 
 MIXTRAL = Family(

@@ -30,6 +30,7 @@ from pai_zoo.layouts import (
     HF_LAYER,
     MCORE_LAYER,
     SWIGLU_RMSNORM,
+    SparseStep,
     llama_config_rules,
     llama_layout,
     llama_megatron_args,
@@ -154,18 +155,15 @@ class FullAttentionOnly(Rule):
         return "use_sliding_window false, layer_types all full_attention (no window)"
 
 
-#: Every layer a MoE layer: dense layers among them (decoder_sparse_step > 1, mlp_only_layers) are refused.
-_ALL_SPARSE = {"decoder_sparse_step": 1, "mlp_only_layers": []}
-
 QWEN2_MOE_CONFIG = ConfigMap(
     *llama_config_rules(
         Field("attention_dropout", "attention_dropout", default=0.0),
         Field("qkv_bias", "add_qkv_bias", default=True),
         FullAttentionOnly(),
         Rope(),
-        *moe_config_rules(shared_ffn="shared_expert_intermediate_size"),
+        # dense layers among the MoE layers: decoder_sparse_step, mlp_only_layers -> moe_layer_freq.
+        *moe_config_rules(shared_ffn="shared_expert_intermediate_size", dense_layers=SparseStep()),
         head_dim=None,
-        hf_fixed=_ALL_SPARSE,
         mcore_fixed={"add_bias_linear": False},
     ),
     # max_window_layers: only with sliding windows (refused); output_router_logits: whether transformers returns
@@ -179,10 +177,10 @@ QWEN3_MOE_CONFIG = ConfigMap(
         sliding_window(),
         Rope(),
         # transformers 5 calls num_experts num_local_experts (config.json may hold either; attribute_map).
-        *moe_config_rules("num_local_experts"),
+        *moe_config_rules("num_local_experts", dense_layers=SparseStep()),
         # Qwen3MoeConfig declares no head_dim; its attention reads one from config.json when it is there.
         head_dim=None,
-        hf_fixed={"attention_bias": False, **_ALL_SPARSE},
+        hf_fixed={"attention_bias": False},
         mcore_fixed={"add_qkv_bias": False, "add_bias_linear": False, "qk_layernorm": True},
     ),
     # use_sliding_window only decides sliding_window (transformers sets it to None when false), which applies
