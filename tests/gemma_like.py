@@ -1,6 +1,8 @@
 """A Gemma-shaped test family written with the core options only (no layer spec, no model class): zero-centred
 RMSNorm (``layernorm_zero_centered_gamma``) and the word-embedding scale (``pai_zoo.embedding_scale``), checked
-against transformers' ``GemmaForCausalLM``. Not registered: tests build it directly."""
+against transformers' ``GemmaForCausalLM``. Not registered: tests build it directly (the core options' tests,
+tests/test_mcore_core_options.py, and the guide's layer-spec example, tests/test_doc_example_plugin.py). The
+installed Gemma family is the plugin in plugins/pai-zoo-gemma (the same rules, plus Gemma-2)."""
 from __future__ import annotations
 
 from pai_zoo import ConfigMap, Family, Field, Fixed, Rope, WeightMap

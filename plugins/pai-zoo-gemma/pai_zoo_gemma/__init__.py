@@ -1,0 +1,225 @@
+"""pai-zoo plugin for Gemma (``GemmaForCausalLM``) and Gemma-2 (``Gemma2ForCausalLM``), written against pai-zoo's
+public API only: data (config rules and weight tables) plus the core's options and modules.
+
+Gemma is the Llama layout with a GeLU-tanh gated MLP, RMSNorms that scale by ``1 + weight`` (the core's
+``layernorm_zero_centered_gamma``), word embeddings multiplied by ``sqrt(hidden_size)`` (the core's
+``pai_zoo.embedding_scale``), an explicit ``head_dim`` and a tied head. Gemma-2 adds sandwich norms (a norm on
+the attention and MLP outputs: :mod:`pai_zoo.mcore.post_norm`), the attention scale
+``query_pre_attn_scalar ** -0.5`` (megatron-core's ``softmax_scale``), sliding-window attention on the layers
+``layer_types`` names (megatron-core's ``window_size`` and per-layer ``window_attn_skip_freq``), and soft-capped
+attention scores and final logits (:mod:`pai_zoo.mcore.softcap`).
+"""
+from __future__ import annotations
+
+from pai_zoo import (
+    QKV,
+    ConfigMap,
+    ConfigTranslationError,
+    Copy,
+    Family,
+    Field,
+    Fixed,
+    GateUp,
+    Output,
+    Rope,
+    Rule,
+    Vocab,
+    WeightMap,
+    hookimpl,
+)
+from pai_zoo.config_map import EMBEDDING_SCALE, FAMILY_KEY_PREFIX
+
+from .presets import GEMMA2_PRESETS, GEMMA_PRESETS
+from .tokenizer_files import write_gemma_tokenizer
+
+#: arch keys of the Gemma-2 switches megatron-core has no field for (read by the layer spec and model class).
+POST_NORMS = FAMILY_KEY_PREFIX + "post_norms"
+ATTN_SOFTCAP = FAMILY_KEY_PREFIX + "attn_logit_softcapping"
+FINAL_SOFTCAP = FAMILY_KEY_PREFIX + "final_logit_softcapping"
+
+SLIDING, FULL = "sliding_attention", "full_attention"
+
+
+class QueryPreAttnScalar(Rule):
+    """``query_pre_attn_scalar`` q <-> megatron-core's ``softmax_scale`` ``q ** -0.5`` (back: the nearest integer
+    when ``1 / scale**2`` is one to rounding, as every published config's is)."""
+
+    hf_keys = ("query_pre_attn_scalar",)
+
+    def to_mcore(self, hf: dict, arch: dict) -> None:
+        value = hf["query_pre_attn_scalar"]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ConfigTranslationError(f"config.json has query_pre_attn_scalar={value!r}; it must be a positive "
+                                         "number (the attention scale is its inverse square root)")
+        arch["softmax_scale"] = float(value) ** -0.5
+
+    def to_hf(self, arch: dict, hf: dict) -> None:
+        value = arch["softmax_scale"] ** -2
+        hf["query_pre_attn_scalar"] = round(value) if abs(value - round(value)) <= 1e-9 * value else value
+
+    def describe(self) -> str:
+        return "query_pre_attn_scalar q -> softmax_scale q ** -0.5"
+
+
+class LayerTypes(Rule):
+    """``sliding_window`` w and ``layer_types`` -> megatron-core's ``window_size`` ``[w - 1, 0]`` and
+    ``window_attn_skip_freq``, one flag per layer (1: the window applies, layer type ``sliding_attention``;
+    0: ``full_attention``), which megatron-core's attention reads by its global layer number."""
+
+    hf_keys = ("sliding_window", "layer_types")
+
+    def to_mcore(self, hf: dict, arch: dict) -> None:
+        window, types = hf.get("sliding_window"), hf.get("layer_types")
+        if types is None or len(types) != hf["num_hidden_layers"]:
+            raise ConfigTranslationError(f"config.json has layer_types={types!r}; Gemma-2 needs one entry per layer "
+                                         f"(num_hidden_layers={hf['num_hidden_layers']})")
+        unknown = sorted({t for t in types if t not in (SLIDING, FULL)})
+        if unknown:
+            raise ConfigTranslationError(f"config.json's layer_types has {unknown}; supported: {SLIDING!r}, {FULL!r}")
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+            raise ConfigTranslationError(f"config.json has sliding_window={window!r}; it must be a positive integer")
+        arch["window_size"] = None if window is None else [window - 1, 0]
+        arch["window_attn_skip_freq"] = [1 if t == SLIDING else 0 for t in types]
+
+    def to_hf(self, arch: dict, hf: dict) -> None:
+        window = arch.get("window_size")
+        hf["sliding_window"] = None if window is None else int(window[0]) + 1
+        hf["layer_types"] = [SLIDING if flag else FULL for flag in arch["window_attn_skip_freq"]]
+
+    def describe(self) -> str:
+        return "sliding_window w, layer_types -> window_size [w - 1, 0], window_attn_skip_freq (1 = sliding layer)"
+
+
+def _config_rules(*family_rules: Rule, hf_fixed: dict) -> ConfigMap:
+    """Gemma's shape fields (``head_dim`` required: it is not hidden / heads in every size) and ``family_rules``,
+    then the GeLU-tanh gated MLP, bias-free zero-centred RMSNorm and the embedding scale."""
+    return ConfigMap(
+        Field("vocab_size", "vocab_size"),
+        Field("hidden_size", "hidden_size"),
+        Field("intermediate_size", "ffn_hidden_size"),
+        Field("num_hidden_layers", "num_layers"),
+        Field("num_attention_heads", "num_attention_heads"),
+        Field("num_key_value_heads", "num_query_groups"),
+        Field("head_dim", "kv_channels"),
+        Field("max_position_embeddings", "max_sequence_length"),
+        Field("rms_norm_eps", "layernorm_epsilon"),
+        Field("tie_word_embeddings", "share_embeddings_and_output_weights", default=True),
+        Field("attention_dropout", "attention_dropout", default=0.0),
+        Rope(),
+        *family_rules,
+        Fixed(
+            # use_bidirectional_attention: transformers' switch to non-causal attention (embedding models)
+            hf={"attention_bias": False, "use_bidirectional_attention": None, **hf_fixed},
+            mcore={"gated_linear_unit": True, "activation_func": "gelu_tanh", "normalization": "RMSNorm",
+                   "add_bias_linear": False, "add_qkv_bias": False, "layernorm_zero_centered_gamma": True,
+                   EMBEDDING_SCALE: "sqrt_hidden_size"},
+        ),
+        passthrough=("cache_implementation",),  # a generation setting ("hybrid") in Gemma-2's config.json
+    )
+
+
+GEMMA_CONFIG = _config_rules(hf_fixed={"hidden_act": "gelu_pytorch_tanh"})  # GemmaConfig maps a legacy "gelu"
+
+GEMMA2_CONFIG = _config_rules(
+    QueryPreAttnScalar(),
+    LayerTypes(),
+    Field("attn_logit_softcapping", ATTN_SOFTCAP, default=None),
+    Field("final_logit_softcapping", FINAL_SOFTCAP, default=None),
+    Fixed(mcore={POST_NORMS: True}),
+    # Gemma2Config reads hidden_activation; the published config.json files carry hidden_act too
+    hf_fixed={"hidden_activation": "gelu_pytorch_tanh", "hidden_act": "gelu_pytorch_tanh"},
+)
+
+L, M = "model.layers.{layer}.", "decoder.layers.{layer}."
+
+
+def weights(config) -> WeightMap:
+    """The Llama layout's table; Gemma-2's four norms per layer: ``post_attention_layernorm`` is the norm on
+    the attention output there (megatron: on ``linear_proj``'s output), ``pre_feedforward_layernorm`` the
+    pre-MLP norm and ``post_feedforward_layernorm`` the norm on the MLP output."""
+    if config.get(POST_NORMS):
+        norms = [
+            Copy(L + "post_attention_layernorm.weight", M + "self_attention.linear_proj.post_layernorm.weight"),
+            Copy(L + "pre_feedforward_layernorm.weight", M + "pre_mlp_layernorm.weight"),
+            Copy(L + "post_feedforward_layernorm.weight", M + "mlp.linear_fc2.post_layernorm.weight"),
+        ]
+    else:
+        norms = [Copy(L + "post_attention_layernorm.weight", M + "pre_mlp_layernorm.weight")]
+    return WeightMap(
+        Vocab("model.embed_tokens.weight", "embedding.word_embeddings.weight"),
+        Copy(L + "input_layernorm.weight", M + "input_layernorm.weight"),
+        QKV(L + "self_attn.{q,k,v}_proj.weight", M + "self_attention.linear_qkv.weight"),
+        Copy(L + "self_attn.o_proj.weight", M + "self_attention.linear_proj.weight"),
+        *norms,
+        GateUp(L + "mlp.{gate,up}_proj.weight", M + "mlp.linear_fc1.weight"),
+        Copy(L + "mlp.down_proj.weight", M + "mlp.linear_fc2.weight"),
+        Copy("model.norm.weight", "decoder.final_layernorm.weight"),
+        Output("lm_head.weight", "output_layer.weight"),
+    )
+
+
+def layer_spec(config):
+    """megatron-core's local spec with the core's zero-centred norms (the final norm too); for Gemma-2 the
+    norms on the attention and MLP outputs and the soft-capped core attention."""
+    from pai_zoo.mcore.specs import default_layer_spec
+
+    spec = default_layer_spec(config)
+    if config.get(POST_NORMS):
+        from pai_zoo.mcore.post_norm import with_post_norms
+
+        spec = with_post_norms(spec)
+    if config.get(ATTN_SOFTCAP) is not None:
+        from pai_zoo.mcore.softcap import with_attention_softcap
+
+        spec = with_attention_softcap(spec, config.get(ATTN_SOFTCAP))
+    return spec
+
+
+def model_class(config):
+    """``GPTModel``; with soft-capped final logits when the config caps them."""
+    from pai_zoo.mcore.build import model_base
+
+    cap = config.get(FINAL_SOFTCAP)
+    if cap is None:
+        return model_base()
+    from pai_zoo.mcore.softcap import soft_capped_logits_model
+
+    return soft_capped_logits_model(cap)
+
+
+GEMMA = Family(
+    name="gemma",
+    aliases=("gemma1",),
+    hf_architectures=("GemmaForCausalLM",),
+    model_types=("gemma",),
+    presets=GEMMA_PRESETS,
+    tiny="gemma-tiny",
+    odd="gemma-odd",
+    config_map=GEMMA_CONFIG,
+    weight_map=weights,
+    test_tokenizer=write_gemma_tokenizer,
+    backends=("local",),  # the zero-centred norms are pai-zoo modules of the local spec
+    description="Gemma (GemmaForCausalLM: gemma-2b, gemma-7b)",
+)
+
+GEMMA2 = Family(
+    name="gemma2",
+    aliases=("gemma-2",),
+    hf_architectures=("Gemma2ForCausalLM",),
+    model_types=("gemma2",),
+    presets=GEMMA2_PRESETS,
+    tiny="gemma2-tiny",
+    odd="gemma2-odd",
+    config_map=GEMMA2_CONFIG,
+    weight_map=weights,
+    layer_spec=layer_spec,
+    model_class=model_class,
+    test_tokenizer=write_gemma_tokenizer,
+    backends=("local",),
+    description="Gemma-2 (Gemma2ForCausalLM: gemma-2-2b, gemma-2-9b, gemma-2-27b)",
+)
+
+
+@hookimpl
+def pai_zoo_families():
+    return [GEMMA, GEMMA2]
