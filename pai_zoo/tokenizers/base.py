@@ -6,9 +6,9 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import TokenizerError
+from ..errors import TokenizerError, no_such_path
 from .chat import render_chat_template
-from .config import CHAT_TEMPLATE_FILE, TOKENIZER_CONFIG
+from .config import CHAT_TEMPLATE_FILE, TOKENIZER_CONFIG, read_tokenizer_config
 
 __all__ = ["Tokenizer"]
 
@@ -47,6 +47,15 @@ class Tokenizer(abc.ABC):
                 self.special_tokens_map[key] = value
             else:
                 self.special_tokens_map.pop(key, None)
+
+    @staticmethod
+    def _files(path: str | Path, what: str, config: dict[str, Any] | None) -> tuple[Path, dict[str, Any]]:
+        """An adapter's start: the tokenizer file ``path`` (missing: an error naming it and ``what`` it should be)
+        and the tokenizer config that goes with it, ``config`` when given, else the one beside the file."""
+        path = Path(path)
+        if not path.is_file():
+            raise no_such_path(path, what)
+        return path, read_tokenizer_config(path.parent) if config is None else dict(config)
 
     # ids of the named special tokens ---------------------------------------------------------------------------
     def _id_of(self, token: str | None) -> int | None:

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import TokenizerError, no_such_path
+from ..errors import TokenizerError
 from .base import Tokenizer
 from .config import (
     LLAMA_CLASSES,
@@ -20,7 +20,6 @@ from .config import (
     added_tokens_decoder,
     extra_special_tokens,
     named_special_tokens,
-    read_tokenizer_config,
     token_content,
 )
 
@@ -60,14 +59,11 @@ class HFTokenizer(Tokenizer):
         from tokenizers import AddedToken
         from tokenizers import Tokenizer as RustTokenizer
 
-        path = Path(path)
-        if not path.is_file():
-            raise no_such_path(path, "a tokenizer.json")
+        path, config = self._files(path, "a tokenizer.json", config)
         try:
             self._tok = RustTokenizer.from_file(str(path))
         except Exception as exc:  # the Rust error names no file
             raise TokenizerError(f"{path} is not a valid Hugging Face tokenizer.json: {exc}") from exc
-        config = read_tokenizer_config(path.parent) if config is None else dict(config)
         self.config = config
         # What the post-processor adds is decided by tokenizer.json, as in transformers (which drops
         # add_bos_token/add_eos_token from the config when a tokenizer.json exists). Padding and truncation

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ..errors import TokenizerError, no_such_path
+from ..errors import TokenizerError
 from .base import Tokenizer
 from .config import (
     LLAMA_CLASSES,
@@ -22,7 +22,6 @@ from .config import (
     extra_special_tokens,
     named_special_tokens,
     pick,
-    read_tokenizer_config,
     token_content,
 )
 
@@ -100,16 +99,13 @@ class SentencePieceTokenizer(Tokenizer):
     ) -> None:
         import sentencepiece as spm
 
-        path = Path(path)
-        if not path.is_file():
-            raise no_such_path(path, "a SentencePiece model")
+        path, config = self._files(path, "a SentencePiece model", config)
         data = path.read_bytes()
         try:
             self._proto = _read_model(data)
             self._sp = spm.SentencePieceProcessor(model_proto=data)
         except Exception as exc:
             raise TokenizerError(f"{path} is not a valid SentencePiece model: {exc}") from exc
-        config = read_tokenizer_config(path.parent) if config is None else dict(config)
         self.config = config
         sp = self._sp
         self._n_pieces = sp.get_piece_size()

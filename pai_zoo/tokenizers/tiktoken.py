@@ -7,9 +7,9 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import TokenizerError, no_such_path
+from ..errors import TokenizerError
 from .base import Tokenizer
-from .config import added_tokens_decoder, named_special_tokens, pick, read_tokenizer_config
+from .config import added_tokens_decoder, named_special_tokens, pick
 
 __all__ = ["CL100K_PAT_STR", "QWEN_PAT_STR", "TiktokenTokenizer", "read_tiktoken_ranks"]
 
@@ -92,9 +92,7 @@ class TiktokenTokenizer(Tokenizer):
     ) -> None:
         import tiktoken
 
-        path = Path(path)
-        if not path.is_file():
-            raise no_such_path(path, "a tiktoken rank file")
+        path, config = self._files(path, "a tiktoken rank file", config)
         try:
             ranks = read_tiktoken_ranks(path)
         except UnicodeDecodeError as exc:
@@ -105,7 +103,6 @@ class TiktokenTokenizer(Tokenizer):
                 f"{path} lacks {len(missing)} of the 256 single-byte tokens (e.g. byte {missing[0]}); "
                 "tiktoken could not encode arbitrary text with it"
             )
-        config = read_tokenizer_config(path.parent) if config is None else dict(config)
         self.config = config
         if special_tokens is None:
             special_tokens = {tok["content"]: index for index, tok in added_tokens_decoder(config)}
