@@ -119,6 +119,8 @@ BAD_LINES = {
     "missing key": ('{"body": "x"}', r"bad.jsonl:3: no key 'text'"),
     "empty": ('{"text": "   "}', r"bad.jsonl:3: empty document"),
     "not utf-8": (b'{"text": "caf\xe9"}', r"bad.jsonl:3: not UTF-8"),
+    "not a string": ('{"text": 5}', r"bad.jsonl:3: 'text' is a int, not a string"),
+    "not an object": ('["text"]', r"bad.jsonl:3: expected a JSON object, found list"),
 }
 
 
@@ -133,12 +135,13 @@ def outputs_present(prefix: Path) -> list[str]:
     return sorted(p.name for p in prefix.parent.iterdir() if p.name.startswith(prefix.name))
 
 
+@pytest.mark.parametrize("engine", ["hf", "fast"])
 @pytest.mark.parametrize("case", BAD_LINES)
-def test_bad_record_stops_with_file_and_line_and_writes_nothing(tmp_path, bpe, case):
+def test_bad_record_stops_with_file_and_line_and_writes_nothing(tmp_path, bpe, case, engine):
     line, message = BAD_LINES[case]
     src = write_bad(tmp_path / "bad.jsonl", line)
     with pytest.raises(BadRecord, match=message):
-        preprocess([src], tmp_path / "out", bpe, workers=2 if case == "empty" else 1)
+        preprocess([src], tmp_path / "out", bpe, workers=2 if case == "empty" else 1, engine=engine)
     assert outputs_present(tmp_path / "out") == []
 
 
