@@ -169,6 +169,10 @@ CASES = {
     "rl-ppo-unknown-actor": (["rl", "ppo", "--actor", "nosuch", "--reward", "rule:contains=1", "--prompts",
                               "{t}/prompts_bad.jsonl", "--save", "{t}/out"], 1, "unknown model 'nosuch'", ["{t}/out"]),
     "rl-ppo-usage": (["rl", "ppo", "--actor", "llama3-tiny"], 2, "--reward", []),
+    "plugin-new-unknown-source": (["plugin", "new", "myarch", "--from-config", "nosucharch", "--output", "{t}/out"], 1,
+                                  "--from-config nosucharch: not a folder", ["{t}/out"]),
+    "plugin-new-claimed": (["plugin", "new", "myarch", "--from-config", "LlamaForCausalLM", "--output", "{t}/out"], 1,
+                           "already claimed by family 'llama'", ["{t}/out"]),
 }
 
 

@@ -31,7 +31,7 @@ LAYERS = {
         "conformance_record",
         "testing",
     ),
-    3: ("handle", "conversion", "run_checkpoint", "inspection"),
+    3: ("handle", "conversion", "run_checkpoint", "inspection", "scaffold"),
     4: ("data", "generation", "training", "rl"),
     5: ("cli", "demo"),
 }

@@ -10,6 +10,7 @@ run function (``pai-zoo list`` imports neither torch nor megatron-core).
     pai-zoo generate --model M --prompts IN.jsonl --output OUT.jsonl | --prompt TEXT   text generation
     pai-zoo train [CONFIG.yaml] --model M --data PREFIX --save DIR [flags]   (torchrun for several processes)
     pai-zoo rl list | rl reward --model M --data PAIRS.jsonl --save RM | rl ppo --actor M --reward RM ...   RL
+    pai-zoo plugin new NAME --from-config CONFIG [--like FAMILY]   a plugin distribution from an HF config
 
 A user error (a :class:`~pai_zoo.errors.PaiZooError`, or a file the system cannot open) is printed as
 one ``pai-zoo: error: ...`` line, plus ``hint: ...`` where the error carries one; ``--debug`` shows
@@ -28,7 +29,8 @@ from ..util.quiet import quiet_run
 from ._common import HelpFormatter
 
 #: the command modules, in the order ``pai-zoo --help`` lists them
-COMMANDS = ("list", "info", "conformance", "inspect", "convert", "preprocess", "dataset", "generate", "train", "rl")
+COMMANDS = ("list", "info", "conformance", "inspect", "convert", "preprocess", "dataset", "generate", "train", "rl",
+            "plugin")
 
 #: exit codes (also in ``pai-zoo --help`` and README's CLI section)
 OK, USER_ERROR, USAGE, VERIFY_FAILED, INTERRUPTED = 0, 1, 2, 3, 130
