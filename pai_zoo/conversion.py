@@ -75,10 +75,13 @@ def parse_dtype(value) -> torch.dtype | None:
 
 def convert(src, dst, to: str, *, family: str | None = None, tp: int = 1, pp: int = 1, dtype=None,
             force: bool = False, max_shard_size: str | int = "5GB", verify: bool = False,
-            progress: bool | None = None, tokenizer=None, iteration=None, verify_tolerance=None) -> ConversionReport:
+            progress: bool | None = None, tokenizer=None, iteration=None, verify_tolerance=None,
+            ep: int = 1, etp: int | None = None) -> ConversionReport:
     """Convert ``src`` to ``dst``: ``to="mcore"`` (HF folder, or a Megatron-LM checkpoint -> pai-zoo's
     Megatron-Core checkpoint with a ``tp``/``pp`` layout) or ``to="hf"`` (Megatron-Core checkpoint, pai-zoo's or
-    Megatron-LM's -> HF folder). For a Megatron-LM source, ``tokenizer`` is a folder whose tokenizer files are
+    Megatron-LM's -> HF folder). ``ep``/``etp``: the expert-parallel and expert-tensor-parallel sizes a
+    mixture-of-experts checkpoint is laid out for (:func:`check_expert_layout`; ``etp`` defaults to ``tp``).
+    For a Megatron-LM source, ``tokenizer`` is a folder whose tokenizer files are
     copied and whose ``config.json`` (the original HF model's) supplies what the args lack; ``iteration`` picks
     a saved iteration. ``verify`` compares the logits of both sides on a sample prompt (see
     :func:`verify_conversion`; ``verify_tolerance``, ``(atol, rtol)`` or ``"ATOL[,RTOL]"``, overrides its rule)."""
@@ -97,6 +100,12 @@ def convert(src, dst, to: str, *, family: str | None = None, tp: int = 1, pp: in
         get_registry().family(family)  # an unknown --family fails before anything is written
     if tp < 1 or pp < 1:
         raise PaiZooError(f"--tp and --pp must be positive (got tp={tp}, pp={pp})")
+    if ep < 1 or (etp is not None and etp < 1):
+        raise PaiZooError(f"--ep and --etp must be positive (got ep={ep}, etp={etp})")
+    if to == "hf" and (ep != 1 or etp is not None):
+        raise PaiZooError("--ep/--etp lay out a Megatron-Core checkpoint (--to mcore); a Hugging Face folder has "
+                          "no layout, and a Megatron-Core source is read whatever EP/TP/PP layout saved it")
+    experts = (ep, tp if etp is None else etp)
     if verify_tolerance is not None:
         verify_tolerance = parse_tolerance(verify_tolerance)  # a bad --verify-tolerance fails before any work
     if tokenizer is not None and not Path(tokenizer).is_dir():
@@ -118,9 +127,9 @@ def convert(src, dst, to: str, *, family: str | None = None, tp: int = 1, pp: in
     try:
         if to == "mcore" and is_megatron_lm_checkpoint(src):
             report = _megatron_lm_to_mcore(src, tmp, family, tp, pp, parse_dtype(dtype), progress, tokenizer,
-                                           iteration, final=dst)
+                                           iteration, final=dst, experts=experts)
         elif to == "mcore":
-            report = _hf_to_mcore(src, tmp, family, tp, pp, parse_dtype(dtype), progress, final=dst)
+            report = _hf_to_mcore(src, tmp, family, tp, pp, parse_dtype(dtype), progress, final=dst, experts=experts)
         else:
             report = _mcore_to_hf(src, tmp, family, parse_dtype(dtype), max_shard_size, progress, tokenizer,
                                   iteration)
@@ -153,26 +162,52 @@ def _family_for(config: dict, where: Path, name: str | None) -> Family:
 
 
 # -- HF -> Megatron-Core ------------------------------------------------------------------------
+def check_expert_layout(config: McoreConfig, ep: int, etp: int) -> None:
+    """An expert layout the model can have: ``ep`` dividing the routed-expert count (each EP rank holds
+    ``num_moe_experts / ep`` experts) and ``etp`` dividing the experts' FFN width; a model without experts takes
+    only 1 (``etp``: its ``tp``). Otherwise a :class:`PaiZooError` listing the valid sizes."""
+    experts = int(config.get("num_moe_experts") or 0)
+    if not experts:
+        if ep != 1:
+            raise PaiZooError(f"--ep {ep}: family {config.family!r} (this model) has no experts; --ep applies to "
+                              "mixture-of-experts models only")
+        return
+    if experts % ep:
+        valid = ", ".join(str(n) for n in range(1, experts + 1) if experts % n == 0)
+        raise PaiZooError(f"--ep {ep} does not divide the {experts} routed experts; valid --ep: {valid}")
+    width = int(config.get("moe_ffn_hidden_size") or config["ffn_hidden_size"])
+    if width % etp:
+        valid = ", ".join(str(n) for n in range(1, min(width, 64) + 1) if width % n == 0)
+        raise PaiZooError(f"--etp {etp} does not divide the experts' FFN width {width} (moe_ffn_hidden_size); "
+                          f"valid --etp: {valid}")
+
+
 def _hf_to_mcore(src: Path, out: Path, family_name, tp: int, pp: int, dtype, progress,
-                 final: Path | None = None) -> ConversionReport:
+                 final: Path | None = None, experts: tuple[int, int] = (1, 1)) -> ConversionReport:
     if not is_hf_checkpoint(src):
         raise PaiZooError(f"{src}: not a Hugging Face checkpoint folder (no {CONFIG})")
     raw_config = read_config(src)
     family = _family_for(raw_config, src / CONFIG, family_name)
     config = family.to_mcore_config(hf.config_dict(hf.hf_config(family, raw_config)))
     check_layout(config, tp, pp)  # an invalid --tp/--pp names the valid ones
+    check_expert_layout(config, *experts)
     source = HFCheckpoint(src)
     try:
-        return _write_mcore(src, out, family, config, source, tp, pp, dtype, progress, final)
+        return _write_mcore(src, out, family, config, source, tp, pp, dtype, progress, final, experts)
     finally:
         source.close()
 
 
 def _write_mcore(
     src: Path, out: Path, family: Family, config: McoreConfig, source: HFCheckpoint, tp, pp, dtype, progress,
-    final: Path | None = None,
+    final: Path | None = None, experts: tuple[int, int] = (1, 1),
 ):
-    """Write ``out`` (renamed to ``final`` afterwards: the folder Megatron-LM's ``--load`` is given)."""
+    """Write ``out`` (renamed to ``final`` afterwards: the folder Megatron-LM's ``--load`` is given).
+
+    The tensors are stored as megatron-core's ``sharded_state_dict`` names them: global tensors, each routed
+    expert a slice of its layer's expert axis (the chunk an expert-parallel rank saves for it), so any EP/TP/PP
+    layout loads them; ``tp``, ``pp`` and ``experts`` (EP, ETP) are the layout recorded in the args and
+    ``pai_zoo.json`` (Megatron-LM's ``--use-checkpoint-args``)."""
     dtype = dtype or _floating_dtype(source)
     padded = config.padded_vocab_size(tp)
     layout = dist_ckpt.layout_of(family, config, dtype, padded)
@@ -200,9 +235,11 @@ def _write_mcore(
     final = Path(final or out).resolve()
     tokenizer_model = str(final / dist_ckpt.HF_DIR) if tokenizer_files(src) else None
     args = mla.megatron_lm_args(config, tp, pp, padded, dtype, tokenizer_model=tokenizer_model)
+    if config.get("num_moe_experts"):
+        args.expert_model_parallel_size, args.expert_tensor_parallel_size = experts
     writer.finish({"args": args, "checkpoint_version": 3.0, "iteration": 0})
     (out / dist_ckpt.TRACKER).write_text(dist_ckpt.RELEASE)
-    dist_ckpt.write_pai_zoo_config(out, config, tp, pp, dtype, padded)
+    dist_ckpt.write_pai_zoo_config(out, config, tp, pp, dtype, padded, experts=experts)
     _copy_hf_side(src, out / dist_ckpt.HF_DIR)
     mla.write_readme(out, config, args, load_dir=final)
     report.notes.append("Megatron-LM: add " + mla.load_command(final, config, dtype))
@@ -237,11 +274,11 @@ def _mcore_to_hf(src: Path, out: Path, family_name, dtype, max_shard_size, progr
 
 
 def _megatron_lm_to_mcore(src: Path, out: Path, family_name, tp, pp, dtype, progress, tokenizer,
-                          iteration, final: Path | None = None) -> ConversionReport:
+                          iteration, final: Path | None = None, experts: tuple[int, int] = (1, 1)) -> ConversionReport:
     """A Megatron-LM checkpoint re-laid out as pai-zoo's: through a Hugging Face folder inside ``out``."""
     staging = out / ".hf-staging"
     first = _mcore_to_hf(src, staging, family_name, dtype, "5GB", progress, tokenizer, iteration)
-    report = _hf_to_mcore(staging, out, first.family, tp, pp, dtype, progress, final)
+    report = _hf_to_mcore(staging, out, first.family, tp, pp, dtype, progress, final, experts)
     shutil.rmtree(staging)
     report.notes = first.notes + report.notes
     return report

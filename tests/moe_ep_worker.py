@@ -1,7 +1,9 @@
 """Run under ``torchrun`` with 2 processes: load a Megatron-Core checkpoint of a mixture-of-experts model
 (written by ``convert --to mcore`` with one process) with expert parallelism 2 (each rank builds half the
 experts; megatron-core's ``dist_checkpointing`` gives each rank its own experts) and save rank 0's logits of
-given token ids. Used by ``tests/test_moe.py``."""
+given token ids; with ``--save DIR``, save the model as that expert-parallel run would (megatron-core's
+``dist_checkpointing.save``, each rank writing its own experts) into a checkpoint folder ``DIR``. Used by
+``tests/test_moe.py``."""
 from __future__ import annotations
 
 import argparse
@@ -13,8 +15,10 @@ def main(argv=None) -> None:
     parser.add_argument("--ep", type=int, default=2)
     parser.add_argument("--ids", required=True)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--save", help="save the loaded model under this EP layout into this folder")
     parser.add_argument("--swap-experts", action="store_true",
-                        help="swap the last rank's first two local experts of layer 0 (a broken layout, for tests)")
+                        help="swap the last rank's first two local experts of the first MoE layer (a broken layout, "
+                             "for tests)")
     args = parser.parse_args(argv)
 
     import torch
@@ -39,9 +43,26 @@ def main(argv=None) -> None:
     family = get_registry().family(config.family)
     model = build_gpt_model(family, config, padded_vocab_size=meta.get("padded_vocab_size"),
                             expert_model_parallel_size=args.ep).eval()
-    local = model.decoder.layers[0].mlp.experts.local_experts
+    local = next(layer.mlp.experts.local_experts for layer in model.decoder.layers if hasattr(layer.mlp, "experts"))
     assert len(local) * args.ep == config["num_moe_experts"], (len(local), config["num_moe_experts"])
     dist_ckpt.load_model_weights(model, args.checkpoint)
+    if args.save:
+        import json
+        import shutil
+        from pathlib import Path
+
+        from megatron.core import dist_checkpointing
+
+        save, source = Path(args.save), Path(args.checkpoint)
+        if torch.distributed.get_rank() == 0:
+            (save / dist_ckpt.RELEASE).mkdir(parents=True)
+            record = json.loads((source / dist_ckpt.PAI_ZOO_CONFIG).read_text())
+            record["expert_parallel"] = args.ep
+            (save / dist_ckpt.PAI_ZOO_CONFIG).write_text(json.dumps(record))
+            (save / dist_ckpt.TRACKER).write_text(dist_ckpt.RELEASE)
+            shutil.copytree(source / dist_ckpt.HF_DIR, save / dist_ckpt.HF_DIR)
+        torch.distributed.barrier()
+        dist_checkpointing.save(model.sharded_state_dict(), str(save / dist_ckpt.RELEASE))
     if args.swap_experts and torch.distributed.get_rank() == args.ep - 1:
         with torch.no_grad():
             first = local[0].linear_fc1.weight.detach().clone()

@@ -277,8 +277,57 @@ def test_forward_check_fails_on_a_wrong_router(odd_cases, name, arch):
         checks.check_forward_equivalence(_rebuilt(odd_cases[name], **arch))
 
 
+@pytest.fixture(scope="module")
+def glm_case():
+    """GLM-4.5's tiny preset (sigmoid scores, 2 groups, scaling 2.5) with a non-zero score-correction bias (the
+    suite draws parameters; the bias is a buffer, zero unless set)."""
+    import torch
+
+    from pai_zoo_conformance import checks
+
+    case = checks.build_case(get_registry().family("glm4-moe"), "glm4-moe-tiny")
+    with torch.no_grad():
+        for name, buffer in case.hf_model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buffer.copy_(0.3 * torch.randn(buffer.shape, generator=torch.Generator().manual_seed(3)))
+    return _rebuilt(case)
+
+
+def test_glm4_moe_expert_bias_reaches_megatron(glm_case):
+    import torch
+
+    from pai_zoo_conformance import checks
+
+    bias = glm_case.mcore_model.decoder.layers[1].mlp.router.expert_bias
+    assert bias.abs().max().item() > 0.1
+    assert torch.equal(bias, glm_case.hf_model.model.layers[1].mlp.gate.e_score_correction_bias)
+    assert checks.check_forward_equivalence(glm_case) < 1e-4
+
+
+@pytest.mark.parametrize("arch", [
+    {"moe_router_topk_scaling_factor": None},  # routed scaling dropped
+    {"moe_router_num_groups": None, "moe_router_group_topk": None},  # grouped routing ignored
+    {"moe_router_topk": 4, "moe_router_num_groups": None, "moe_router_group_topk": None},  # top-k ignored
+    {"bias": 0.0},  # the score-correction bias ignored
+])
+def test_forward_check_fails_on_a_wrong_sigmoid_router(glm_case, arch):
+    import torch
+
+    from pai_zoo_conformance import checks
+    from pai_zoo_conformance.checks import ConformanceFailure
+
+    broken = _rebuilt(glm_case, **{k: v for k, v in arch.items() if k != "bias"})
+    if "bias" in arch:
+        with torch.no_grad():
+            for layer in broken.mcore_model.decoder.layers:
+                if hasattr(layer.mlp, "router"):
+                    layer.mlp.router.expert_bias.fill_(arch["bias"])
+    with pytest.raises(ConformanceFailure, match=r"\[forward\]"):
+        checks.check_forward_equivalence(broken)
+
+
 # -- expert parallelism: a converted checkpoint loaded with EP=2 -------------------------------------------------
-def _ep_logits(folder, swap: bool = False):
+def _ep_logits(folder, swap: bool = False, checkpoint: str = "mcore", save: str | None = None):
     import os
     import socket
     import subprocess
@@ -293,8 +342,9 @@ def _ep_logits(folder, swap: bool = False):
     out = folder / ("ep-swapped.pt" if swap else "ep.pt")
     worker = Path(__file__).with_name("moe_ep_worker.py")
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-               "--master-port", str(port), str(worker), "--checkpoint", str(folder / "mcore"), "--ep", "2",
+               "--master-port", str(port), str(worker), "--checkpoint", str(folder / checkpoint), "--ep", "2",
                "--ids", str(folder / "ids.pt"), "--out", str(out)] + (["--swap-experts"] if swap else [])
+    command += ["--save", str(folder / save)] if save else []
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -323,6 +373,74 @@ def test_expert_parallel_2_equals_one_process(tmp_path, name, preset):
         assert (_ep_logits(tmp_path, swap=True)[..., :vocab] - reference).abs().max().item() > 1e-4
 
 
+def _hf_tensors(folder):
+    from safetensors.torch import load_file
+
+    out = {}
+    for file in sorted(folder.glob("*.safetensors")):
+        out.update(load_file(file))
+    return out
+
+
+def test_convert_ep_2_and_an_expert_parallel_save_read_back_in_one_process(tmp_path):
+    """GLM-4.5's tiny preset (a dense layer, score-correction bias, shared expert): ``convert --ep 2`` records the
+    layout (args, pai_zoo.json) and 2 EP processes load it with the one-process logits; what those 2 processes
+    save (each rank its own experts) is read back in one process by ``pai_zoo.load`` (same logits) and by
+    ``convert --to hf`` (every tensor bit-identical to the original folder's)."""
+    import json
+
+    import torch
+
+    import pai_zoo
+    from pai_zoo.conversion import convert
+    from pai_zoo.mcore import dist_ckpt
+    from pai_zoo_conformance import checks
+
+    case = checks.build_case(get_registry().family("glm4-moe"), "glm4-moe-tiny")
+    with torch.no_grad():
+        for name, buffer in case.hf_model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buffer.copy_(0.3 * torch.randn(buffer.shape, generator=torch.Generator().manual_seed(3)))
+    case.hf_model.save_pretrained(tmp_path / "hf")
+    convert(tmp_path / "hf", tmp_path / "mcore", "mcore", ep=2)
+    record = json.loads((tmp_path / "mcore" / dist_ckpt.PAI_ZOO_CONFIG).read_text())
+    assert (record["expert_parallel"], record["expert_tensor_parallel"]) == (2, 1)
+    vocab = case.mcore_config["vocab_size"]
+    ids = torch.randint(0, vocab, (2, 12), generator=torch.Generator().manual_seed(5))
+    torch.save(ids, tmp_path / "ids.pt")
+    reference = pai_zoo.load(tmp_path / "mcore", backend="mcore").logits(ids)
+    with torch.no_grad():
+        hf_logits = case.hf_model(input_ids=ids).logits
+    assert (reference - hf_logits).abs().max().item() < 1e-4
+    got = _ep_logits(tmp_path, save="ep-saved")[..., :vocab]
+    assert (got - reference).abs().max().item() <= 1e-5
+    files = {f.name.split("_")[2] for f in (tmp_path / "ep-saved" / dist_ckpt.RELEASE).glob("__*_*.distcp")}
+    assert files == {"0", "1"}  # both ranks wrote their part
+    again = pai_zoo.load(tmp_path / "ep-saved", backend="mcore").logits(ids)
+    assert (again - reference).abs().max().item() <= 1e-5
+    convert(tmp_path / "ep-saved", tmp_path / "back", "hf")
+    original, back = _hf_tensors(tmp_path / "hf"), _hf_tensors(tmp_path / "back")
+    assert back.keys() == original.keys()
+    assert all(torch.equal(back[k], original[k]) for k in original)
+
+
+@pytest.mark.parametrize("preset, changes, message", [
+    ("glm4-moe-tiny", {"ep": 3}, r"--ep 3 does not divide the 4 routed experts; valid --ep: 1, 2, 4"),
+    ("glm4-moe-tiny", {"ep": 2, "etp": 5}, r"--etp 5 does not divide the experts' FFN width 48"),
+    ("glm4-tiny", {"ep": 2}, "has no experts"),
+])
+def test_convert_refuses_an_expert_layout_the_model_cannot_have(tmp_path, preset, changes, message):
+    from pai_zoo import PaiZooError
+    from pai_zoo.conversion import convert
+    from pai_zoo_conformance import checks
+
+    family = "glm4-moe" if "moe" in preset else "glm"
+    checks.build_case(get_registry().family(family), preset).hf_model.save_pretrained(tmp_path / "hf")
+    with pytest.raises(PaiZooError, match=message):
+        convert(tmp_path / "hf", tmp_path / "mcore", "mcore", **changes)
+    assert not (tmp_path / "mcore").exists()
+
+
 def test_dense_layers_among_moe_layers_forward_equals_transformers():
     """Qwen3-MoE with layer 1 dense (mlp_only_layers): megatron's dense MLP there, experts elsewhere, the
     transformers logits; the dense layer's MLP rows are the plain ``mlp.{gate,up,down}_proj``."""
@@ -332,3 +450,27 @@ def test_dense_layers_among_moe_layers_forward_equals_transformers():
     layers = case.mcore_model.decoder.layers
     assert not hasattr(layers[1].mlp, "router") and hasattr(layers[0].mlp, "router")
     assert checks.check_forward_equivalence(case) < 1e-4
+
+
+# -- generation: greedy decoding equals transformers token for token ---------------------------------------------
+@pytest.mark.parametrize("name", ["mixtral", "qwen2-moe", "qwen3-moe", "glm4-moe"])
+def test_greedy_generation_equals_transformers_token_for_token(name):
+    """pai-zoo's KV-cached loop on the megatron-core MoE model (a left-padded batch of different lengths, EOS off)
+    and transformers' ``generate`` on the same weights give the same tokens, every row, no near-tie allowance."""
+    import torch
+
+    from pai_zoo.generation import Finisher, SamplingParams, hf_generate, mcore_generate
+    from pai_zoo_conformance import checks
+
+    fam = get_registry().family(name)
+    case = checks.build_case(fam, fam.tiny)
+    vocab = case.mcore_config["vocab_size"]
+    gen = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in (6, 1, 9)]
+    params = SamplingParams(max_new_tokens=12)
+    ours, theirs = [Finisher(params, (), None) for _ in prompts], [Finisher(params, (), None) for _ in prompts]
+    mcore_generate(case.mcore_model, prompts, params, ours, vocab_size=vocab)
+    hf_generate(case.hf_model, prompts, params, theirs)
+    assert [len(f.tokens) for f in ours] == [12, 12, 12]
+    assert [f.tokens for f in ours] == [f.tokens for f in theirs]
+    assert len({tuple(f.tokens) for f in ours}) == 3  # the rows differ: the comparison sees each prompt

@@ -23,6 +23,9 @@ def add_parser(subparsers) -> None:
                                        "(default: latest_checkpointed_iteration.txt)")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel size the checkpoint is laid out for")
     p.add_argument("--pp", type=int, default=1, help="pipeline-parallel size the checkpoint is laid out for")
+    p.add_argument("--ep", type=int, default=1,
+                   help="expert-parallel size a mixture-of-experts checkpoint is laid out for (divides the experts)")
+    p.add_argument("--etp", type=int, help="expert-tensor-parallel size (default: --tp)")
     p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"),
                    help="store tensors in this dtype (default: as the source)")
     p.add_argument("--max-shard-size", default="5GB", help="largest safetensors shard (--to hf), e.g. 5GB, 500MB")
@@ -46,6 +49,7 @@ def run(args) -> int:
         args.src, args.dst, args.to, family=args.family, tp=args.tp, pp=args.pp, dtype=args.dtype,
         force=args.force, max_shard_size=args.max_shard_size, verify=args.verify or args.verify_tolerance is not None,
         progress=None, tokenizer=args.tokenizer, iteration=args.iteration, verify_tolerance=args.verify_tolerance,
+        ep=args.ep, etp=args.etp,
     )
     for note in report.notes:
         print(note)

@@ -380,8 +380,11 @@ def read_pai_zoo_config(path) -> dict:
 
 
 def write_pai_zoo_config(
-    path, config: McoreConfig, tp: int, pp: int, dtype: torch.dtype, padded_vocab_size: int
+    path, config: McoreConfig, tp: int, pp: int, dtype: torch.dtype, padded_vocab_size: int,
+    experts: tuple[int, int] | None = None,
 ) -> None:
+    """``pai_zoo.json``: the config and the layout the checkpoint was written for (``experts``: the expert-parallel
+    and expert-tensor-parallel sizes of a mixture of experts, recorded when given)."""
     record = {
         "format": 1,
         "mcore_config": json.loads(config.to_json()),
@@ -390,6 +393,8 @@ def write_pai_zoo_config(
         "dtype": str(dtype).removeprefix("torch."),
         "padded_vocab_size": padded_vocab_size,
     }
+    if experts is not None and config.get("num_moe_experts"):
+        record["expert_parallel"], record["expert_tensor_parallel"] = experts
     (Path(path) / PAI_ZOO_CONFIG).write_text(json.dumps(record, indent=2) + "\n")
 
 

@@ -1,6 +1,7 @@
 """pai-zoo plugin for GLM-4 in transformers: ``GlmForCausalLM`` (glm-4-9b-hf) and ``Glm4ForCausalLM``
 (GLM-4-0414, with norms on the attention and MLP outputs). RMSNorm, GQA, QKV bias, fused ``gate_up_proj``,
-interleaved rotary embeddings on half of each head."""
+interleaved rotary embeddings on half of each head. Family ``glm4-moe``: GLM-4.5 (``Glm4MoeForCausalLM``),
+a mixture of experts with sigmoid routing, score-correction bias, routed scaling and first-k dense layers."""
 from __future__ import annotations
 
 from pai_zoo import (
@@ -13,9 +14,19 @@ from pai_zoo import (
     hookimpl,
 )
 from pai_zoo.config_map import FAMILY_KEY_PREFIX, Rule
-from pai_zoo.layouts import HF_LAYER, MCORE_LAYER, llama_config_rules, llama_layout, qkv_bias
+from pai_zoo.layouts import (
+    HF_LAYER,
+    MCORE_LAYER,
+    FirstKDense,
+    llama_config_rules,
+    llama_layout,
+    moe_config_rules,
+    moe_layout,
+    qkv_bias,
+)
 
 from .presets import PRESETS
+from .presets_moe import GLM4_MOE_PRESETS
 from .tokenizer_files import write_glm4_tokenizer
 
 #: arch key: the layers norm their attention and MLP outputs (Glm4ForCausalLM).
@@ -90,6 +101,74 @@ GLM = Family(
 )
 
 
+# -- GLM-4.5 (Glm4MoeForCausalLM) ------------------------------------------------------------------------------
+class NoMtpLayers(Rule):
+    """``num_nextn_predict_layers`` (transformers' ``num_mtp_layers``): GLM-4.5's multi-token-prediction layers,
+    stored after the decoder layers (``model.layers.{num_hidden_layers}.*``). transformers' model leaves them out
+    and so does this family's: the count is kept for the way back, and a checkpoint holding their tensors is
+    refused by the weight table (naming them) rather than dropped."""
+
+    hf_keys = ("num_nextn_predict_layers", "num_mtp_layers")
+    KEY = FAMILY_KEY_PREFIX + "num_nextn_predict_layers"
+
+    def to_mcore(self, hf: dict, arch: dict) -> None:
+        arch[self.KEY] = hf.get("num_nextn_predict_layers", hf.get("num_mtp_layers", 0))
+
+    def to_hf(self, arch: dict, hf: dict) -> None:
+        hf["num_nextn_predict_layers"] = arch.get(self.KEY, 0)
+
+    def describe(self) -> str:
+        return "num_nextn_predict_layers kept (MTP layers are not converted: their tensors are refused)"
+
+
+GLM4_MOE_CONFIG = ConfigMap(
+    *llama_config_rules(
+        Field("attention_bias", "add_qkv_bias"),
+        Field("use_qk_norm", "qk_layernorm", default=False),
+        Field("attention_dropout", "attention_dropout", default=0.0),
+        Rope(),  # partial_rotary_factor 0.5 -> rotary_percent; GLM-4.5 rotates halves (rotate_half), not pairs
+        NoMtpLayers(),
+        *moe_config_rules("n_routed_experts", aux_loss=None, score="sigmoid", groups=("n_group", "topk_group"),
+                          scaling="routed_scaling_factor", expert_bias=True, shared_count="n_shared_experts",
+                          dense_layers=FirstKDense(), router_fp32=True),
+        head_dim=None,
+        mcore_fixed={"add_bias_linear": False, "rotary_interleaved": False},
+    ),
+    # Whether transformers returns the router logits: no effect on the logits.
+    passthrough=("output_router_logits",),
+)
+
+
+def glm4_moe_weights(config) -> WeightMap:
+    """GLM-4.5: per-expert ``mlp.experts.{e}.{gate,up,down}_proj``, the router ``mlp.gate`` and its
+    ``e_score_correction_bias``, the ungated ``mlp.shared_experts``, plain MLPs on the first-k dense layers; QKV
+    bias and (``use_qk_norm``) per-head q/k norms."""
+    rows = llama_layout(mlp=moe_layout(shared="shared_experts." if config.get("moe_shared_expert_intermediate_size")
+                                       else None, expert_bias="gate.e_score_correction_bias"))
+    rows.append(qkv_bias())
+    if config.get("qk_layernorm"):
+        rows += [
+            Copy(L + "self_attn.q_norm.weight", M + "self_attention.q_layernorm.weight"),
+            Copy(L + "self_attn.k_norm.weight", M + "self_attention.k_layernorm.weight"),
+        ]
+    return WeightMap(*rows)
+
+
+GLM4_MOE = Family(
+    name="glm4-moe",
+    aliases=("glm4_moe", "glm-4.5-moe"),
+    hf_architectures=("Glm4MoeForCausalLM",),
+    model_types=("glm4_moe",),
+    presets=GLM4_MOE_PRESETS,
+    tiny="glm4-moe-tiny",
+    odd="glm4-moe-odd",
+    config_map=GLM4_MOE_CONFIG,
+    weight_map=glm4_moe_weights,
+    test_tokenizer=write_glm4_tokenizer,
+    description="GLM-4.5 and GLM-4.5-Air (Glm4MoeForCausalLM): sigmoid-routed experts with a shared expert",
+)
+
+
 @hookimpl
 def pai_zoo_families():
-    return [GLM]
+    return [GLM, GLM4_MOE]
