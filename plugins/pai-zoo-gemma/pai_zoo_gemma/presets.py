@@ -35,8 +35,8 @@ def _gemma2(hidden, inter, layers, heads, kv, *, head_dim=256, scalar=256, windo
 
 GEMMA_PRESETS = {
     # Gemma-shaped, small enough for a CPU test: GQA (2 query heads per group), head_dim 24 != 64 / 4, tied head,
-    # vocabulary 301 (no multiple of 128), 512 positions.
-    "gemma-tiny": _gemma(64, 96, 2, 4, 2, head_dim=24, vocab=301, max_pos=512),
+    # vocabulary 509 (no multiple of 128; the test tokenizer has 500 pieces), 512 positions.
+    "gemma-tiny": _gemma(64, 96, 2, 4, 2, head_dim=24, vocab=509, max_pos=512),
     # Unusual shapes (Family.odd): 6 query heads in 2 key/value groups (GQA ratio 3), head_dim 20 != 48 / 6,
     # vocabulary 997, an untied head, rms_norm_eps 1e-5, rope theta 50000, 300 positions.
     "gemma-odd": {
@@ -53,7 +53,7 @@ GEMMA2_PRESETS = {
     # 20 ** -0.5), a sliding window of 6 tokens on layer 0 (shorter than the suite's 16-token sequences), full
     # attention on layer 1, and caps low enough to bite on the suite's unit-scale random weights (attention
     # scores 4, logits 3; the published 50 and 30 leave random tiny models' values almost untouched).
-    "gemma2-tiny": _gemma2(64, 96, 2, 4, 2, head_dim=24, scalar=20, window=6, vocab=301, max_pos=512,
+    "gemma2-tiny": _gemma2(64, 96, 2, 4, 2, head_dim=24, scalar=20, window=6, vocab=509, max_pos=512,
                            attn_cap=4.0, final_cap=3.0),
     # Unusual shapes (Family.odd): 6 query heads in 2 key/value groups (GQA ratio 3), head_dim 20 != 48 / 6,
     # vocabulary 997, an untied head, query_pre_attn_scalar 12, the window (5 tokens) on layer 1 only (the reverse
