@@ -173,6 +173,8 @@ CASES = {
                                   "--from-config nosucharch: not a folder", ["{t}/out"]),
     "plugin-new-claimed": (["plugin", "new", "myarch", "--from-config", "LlamaForCausalLM", "--output", "{t}/out"], 1,
                            "already claimed by family 'llama'", ["{t}/out"]),
+    "plugin-new-unknown-like": (["plugin", "new", "myarch", "--from-config", "helium", "--like", "nosuch", "--output",
+                                 "{t}/out"], 1, "--like nosuch: no installed family of that name", ["{t}/out"]),
 }
 
 

@@ -44,12 +44,20 @@ def new_plugin(name: str, source: str, output=None, like: str | None = None, for
     ``./pai-zoo-NAME``); returns the measured :class:`Draft` (its ``stubs`` empty when it passed)."""
     from .measure import search
 
+    try:
+        import pai_zoo_conformance  # noqa: F401 - the checks the draft is measured with
+    except ImportError:
+        raise ScaffoldError("plugin new measures the plugin with the conformance suite, which is not installed",
+                            hint="pip install pai-zoo-conformance (in this tree: pip install -e conformance)") from None
     src = read_source(source)
     _check_name(name, src.architecture, src.model_type)
     if like is not None:
         from ..registry import get_registry
 
-        get_registry().family(like)  # an unknown --like is an error naming the installed families
+        registry = get_registry()
+        if not registry.is_family(like):
+            raise ScaffoldError(f"--like {like}: no installed family of that name (installed: "
+                                f"{', '.join(sorted(registry.families)) or 'none'})")
     draft = infer(name, src, like)
     search(draft)
     write_plugin(draft, Path(output) if output is not None else Path.cwd() / draft.distribution, force=force)

@@ -115,6 +115,10 @@ def sized_preset(base: dict, hf: dict, shape: dict, extra: dict, window: int) ->
     preset = {k: v for k, v in base.items() if k != "architectures"}
     preset = {"model_type": base["model_type"], "architectures": base["architectures"], **preset}
     preset.update({k: v for k, v in shape.items() if k in hf})
+    layers = hf.get("num_hidden_layers")
+    for key, value in hf.items():  # per-layer lists (layer_types ...) shortened to the test depth
+        if isinstance(value, list) and layers and len(value) == layers and key != "architectures":
+            preset[key] = list(base.get(key, value))[: shape["num_hidden_layers"]]
     if "head_dim" not in hf:  # megatron and transformers derive hidden / heads
         preset.pop("head_dim", None)
     if hf.get("sliding_window") is not None:
@@ -209,7 +213,11 @@ def infer(name: str, source: Source, like: str | None = None) -> Draft:
                             "(separate q/k/v and gate/up/down projections, RMSNorm); write this one by hand "
                             "(docs/writing-a-plugin.md)")
     draft = Draft(name=name, source=source, hf=hf)
-    _infer_names(draft)
+    try:
+        _infer_names(draft)
+    except Exception as exc:  # transformers refuses the test shapes: say so, not where
+        raise ScaffoldError(f"{source.where}: transformers cannot build {source.architecture} with the test presets' "
+                            f"shapes: {type(exc).__name__}: {' '.join(str(exc).split())}") from None
     _infer_keys(draft, like)
     return draft
 
@@ -254,13 +262,13 @@ def _infer_names(draft: Draft) -> None:
     linear = {g for groups in switches.values() for g in groups if BIAS_GROUPS[g][1] == "add_bias_linear"}
     if linear and linear != {"out", "mlp"}:
         for key in [k for k, groups in switches.items() if groups & linear]:
-            if switches[key] - linear or hf[key]:
+            if hf[key]:
                 draft.stubs.append(f"config key {key!r} switches the {'/'.join(sorted(switches[key]))} biases, "
                                    "which megatron-core cannot switch apart (add_bias_linear is o_proj and the MLP)")
             else:
                 draft.hf_fixed[key] = False
-                draft.notes[key] = (f"{key} switches the {'/'.join(sorted(switches[key]))} biases alone; megatron-"
-                                    "core's add_bias_linear switches o_proj's and the MLP's together")
+                draft.notes[key] = (f"{key} switches the {'/'.join(sorted(switches[key]))} biases; megatron-core's "
+                                    "add_bias_linear switches o_proj's and the MLP's together: supported off")
             del switches[key]
     draft.bias_keys = sorted(switches)
     _fit_odd_head_dim(draft, values)
@@ -322,7 +330,9 @@ def _infer_keys(draft: Draft, like: str | None) -> None:
     draft.llama_kwargs["tie_default"] = hf.get("tie_word_embeddings", False)
     act = hf["hidden_act"]
     if act not in ACTIVATIONS:
-        draft.stubs.append(f"hidden_act={act!r}: no megatron-core activation_func (known: {sorted(ACTIVATIONS)})")
+        draft.hf_fixed["hidden_act"] = act
+        draft.stubs.append(f"hidden_act={act!r}: no megatron-core activation_func for it (known: "
+                           f"{', '.join(sorted(ACTIVATIONS))}); the plugin computes silu")
     else:
         if act != "silu":
             draft.hf_fixed["hidden_act"] = act

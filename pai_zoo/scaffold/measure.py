@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from ..errors import PaiZooError
 from .draft import Draft
 from .render import package_init, presets_module
 
@@ -56,7 +57,7 @@ def forward(family) -> tuple[dict[str, float], str | None, Any]:
             case = checks.build_case(family, preset)
             checks.check_mapping_coverage(case)
             deltas[preset] = checks.check_forward_equivalence(case)
-        except checks.ConformanceFailure as exc:
+        except (checks.ConformanceFailure, PaiZooError) as exc:  # a rule refusing a preset value too
             return deltas, f"{preset}: {exc}", case
     return deltas, None, None
 
@@ -69,7 +70,7 @@ def config_failures(family) -> list[str]:
     for preset in family.presets:
         try:
             checks.check_config_round_trip(family, preset)
-        except (checks.ConformanceFailure, Exception) as exc:  # a rule refusing a preset value too
+        except (checks.ConformanceFailure, PaiZooError) as exc:  # a rule refusing a preset value too
             out.append(f"{exc}")
     return out
 
