@@ -90,7 +90,7 @@ class LayerTypes(Rule):
         return "sliding_window w, layer_types -> window_size [w - 1, 0], window_attn_skip_freq (1 = sliding layer)"
 
 
-def _config_rules(*family_rules: Rule, hf_fixed: dict) -> ConfigMap:
+def _config_rules(*family_rules: Rule, hf_fixed: dict, passthrough: tuple[str, ...] = ()) -> ConfigMap:
     """Gemma's shape fields (``head_dim`` required: it is not hidden / heads in every size) and ``family_rules``,
     then the GeLU-tanh gated MLP, bias-free zero-centred RMSNorm and the embedding scale."""
     return ConfigMap(
@@ -114,11 +114,16 @@ def _config_rules(*family_rules: Rule, hf_fixed: dict) -> ConfigMap:
                    "add_bias_linear": False, "add_qkv_bias": False, "layernorm_zero_centered_gamma": True,
                    EMBEDDING_SCALE: "sqrt_hidden_size"},
         ),
-        passthrough=("cache_implementation",),  # a generation setting ("hybrid") in Gemma-2's config.json
+        passthrough=("cache_implementation", *passthrough),  # a generation setting ("hybrid") in Gemma-2's
     )
 
 
-GEMMA_CONFIG = _config_rules(hf_fixed={"hidden_act": "gelu_pytorch_tanh"})  # GemmaConfig maps a legacy "gelu"
+GEMMA_CONFIG = _config_rules(
+    hf_fixed={"hidden_act": "gelu_pytorch_tanh"},  # GemmaConfig maps the published files' legacy "gelu" to it
+    # some published config.json files carry hidden_activation (transformers 4's override, often null);
+    # transformers 5's GemmaForCausalLM reads hidden_act only
+    passthrough=("hidden_activation",),
+)
 
 GEMMA2_CONFIG = _config_rules(
     QueryPreAttnScalar(),

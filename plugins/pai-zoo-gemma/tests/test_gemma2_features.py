@@ -178,3 +178,23 @@ def test_the_margin_does_not_depend_on_the_seed(name):
     deltas = [checks.check_forward_equivalence(checks.build_case(family, family.odd, seed=seed))
               for seed in range(4)]
     assert max(deltas) < 2e-5, deltas
+
+
+@pytest.mark.parametrize("name, extra", [
+    ("gemma", {"hidden_act": "gelu", "hidden_activation": None}),  # the first Gemma files: legacy "gelu"
+    ("gemma2", {"hidden_act": "gelu_pytorch_tanh", "cache_implementation": "hybrid"}),
+])
+def test_published_config_extras_are_accepted_and_kept(name, extra):
+    """Keys the published config.json files carry beside the architecture: translated, and back as they were
+    (a legacy "gelu" is transformers' own GeLU-tanh)."""
+    from pai_zoo import hf
+
+    family = get_registry().family(name)
+    published = next(p for p in family.presets if not p.endswith(("-tiny", "-odd")))
+    original = hf.config_dict(hf.hf_config(family, {**family.presets[published], **extra}))
+    assert not family.config_map.untranslated_architecture_keys(original)
+    config = family.to_mcore_config(original)
+    assert config["activation_func"] == "gelu_tanh" and config["layernorm_zero_centered_gamma"] is True
+    back = hf.config_dict(hf.hf_config_from_mcore(family, config))
+    for key in extra:
+        assert back[key] == original[key], key
