@@ -1,7 +1,10 @@
 """Conversion benchmark: a ~1.1B-parameter Llama-architecture checkpoint in bf16, HF -> mcore -> HF.
 
 Generates random weights locally (TinyLlama-1.1B's shape: 22 layers, hidden 2048, GQA 32/4,
-vocabulary 32000), written as sharded safetensors. Then, on the same disk:
+vocabulary 32000), written as sharded safetensors; ``--case moe``: a ~0.95B-parameter Mixtral-architecture
+mixture of experts instead (16 layers, hidden 1024, GQA 16/4, 16 experts of width 1024 per layer, top-2,
+vocabulary 32000; 768 per-expert tensors).
+Then, on the same disk:
 
 * copies the safetensors bytes with a plain file copy (the physical limit),
 * converts HF -> Megatron-Core and Megatron-Core -> HF, each in a fresh process that reports
@@ -30,6 +33,15 @@ CONFIG = {
     "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "bfloat16",
 }
 
+#: ``--case moe``: Mixtral's layout, 16 experts per layer (~0.95B parameters).
+MOE_CONFIG = {
+    "model_type": "mixtral", "architectures": ["MixtralForCausalLM"], "vocab_size": 32000, "hidden_size": 1024,
+    "intermediate_size": 1024, "num_hidden_layers": 16, "num_attention_heads": 16, "num_key_value_heads": 4,
+    "num_local_experts": 16, "num_experts_per_tok": 2, "router_aux_loss_coef": 0.02, "sliding_window": None,
+    "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "rope_theta": 1000000.0, "hidden_act": "silu",
+    "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "bfloat16",
+}
+
 CHILD = r"""
 import json, sys, time
 import torch
@@ -53,31 +65,44 @@ print(json.dumps({"seconds": seconds, "bytes": report.bytes, "tensors": report.t
 """
 
 
-def generate(folder: Path, shard_size: str) -> int:
-    """Random bf16 weights of CONFIG written tensor by tensor; returns the bytes written."""
-    import torch
-
-    from pai_zoo.checkpoint import SafetensorsWriter
-
-    c = CONFIG
+def tensor_plan(c: dict) -> list[tuple[str, tuple[int, ...]]]:
+    """The checkpoint's tensors (names and shapes) for config ``c``: Llama's, or Mixtral's per-expert ones."""
     h, f, v, kv = c["hidden_size"], c["intermediate_size"], c["vocab_size"], c["num_key_value_heads"]
     d = h // c["num_attention_heads"]
+    experts = c.get("num_local_experts", 0)
     plan = [("model.embed_tokens.weight", (v, h))]
     for i in range(c["num_hidden_layers"]):
         p = f"model.layers.{i}."
         plan += [(p + "input_layernorm.weight", (h,)), (p + "self_attn.q_proj.weight", (h, h)),
                  (p + "self_attn.k_proj.weight", (kv * d, h)), (p + "self_attn.v_proj.weight", (kv * d, h)),
-                 (p + "self_attn.o_proj.weight", (h, h)), (p + "post_attention_layernorm.weight", (h,)),
-                 (p + "mlp.gate_proj.weight", (f, h)), (p + "mlp.up_proj.weight", (f, h)),
-                 (p + "mlp.down_proj.weight", (h, f))]
+                 (p + "self_attn.o_proj.weight", (h, h)), (p + "post_attention_layernorm.weight", (h,))]
+        if experts:
+            moe = p + "block_sparse_moe."
+            plan.append((moe + "gate.weight", (experts, h)))
+            for e in range(experts):
+                plan += [(f"{moe}experts.{e}.w1.weight", (f, h)), (f"{moe}experts.{e}.w3.weight", (f, h)),
+                         (f"{moe}experts.{e}.w2.weight", (h, f))]
+        else:
+            plan += [(p + "mlp.gate_proj.weight", (f, h)), (p + "mlp.up_proj.weight", (f, h)),
+                     (p + "mlp.down_proj.weight", (h, f))]
     plan += [("model.norm.weight", (h,)), ("lm_head.weight", (v, h))]
+    return plan
+
+
+def generate(folder: Path, shard_size: str, config: dict = CONFIG) -> int:
+    """Random bf16 weights of ``config`` written tensor by tensor; returns the bytes written."""
+    import torch
+
+    from pai_zoo.checkpoint import SafetensorsWriter
+
+    plan = tensor_plan(config)
     folder.mkdir(parents=True)
     writer = SafetensorsWriter(folder, [(n, s, torch.bfloat16) for n, s in plan], shard_size)
     gen = torch.Generator().manual_seed(0)
     for name, shape in plan:
         writer.write(name, (torch.randn(shape, generator=gen) * 0.02).to(torch.bfloat16))
     writer.close()
-    (folder / "config.json").write_text(json.dumps(CONFIG, indent=2))
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
     return writer.total_size
 
 
@@ -120,6 +145,13 @@ def run_conversion(src: Path, dst: Path, to: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
 def _fmt(values) -> str:
     return ", ".join(f"{v:.2f}" for v in values)
 
@@ -139,14 +171,19 @@ def main() -> None:
     parser.add_argument("--shard-size", default="1GB")
     parser.add_argument("--keep", action="store_true", help="keep the generated checkpoints")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of copy and conversions (medians)")
+    parser.add_argument("--case", choices=("dense", "moe"), default="dense",
+                        help="dense: the Llama-shaped 1.1B model; moe: the Mixtral-shaped 0.95B one with 16 experts")
     args = parser.parse_args()
+    config = MOE_CONFIG if args.case == "moe" else CONFIG
     work = Path(args.workdir or tempfile.mkdtemp(prefix="pai-zoo-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
         t = time.perf_counter()
-        size = generate(work / "hf", args.shard_size)
-        print(f"generated {size / 1e9:.2f} GB of bf16 safetensors ({CONFIG['num_hidden_layers']} layers) "
-              f"in {time.perf_counter() - t:.1f} s")
+        size = generate(work / "hf", args.shard_size, config)
+        plan = tensor_plan(config)
+        print(f"generated {size / 1e9:.2f} GB of bf16 safetensors ({config['num_hidden_layers']} layers, "
+              f"{config.get('num_local_experts', 0)} experts per layer, {len(plan)} tensors, "
+              f"{sum(_numel(s) for _, s in plan) / 1e9:.2f}B parameters) in {time.perf_counter() - t:.1f} s")
         # The disk's write speed swings from run to run: interleave the runs and take medians.
         copies, user_copies, runs = [], [], {"mcore": [], "hf": []}
         for _ in range(args.rounds):

@@ -328,27 +328,11 @@ def test_forward_check_fails_on_a_wrong_sigmoid_router(glm_case, arch):
 
 # -- expert parallelism: a converted checkpoint loaded with EP=2 -------------------------------------------------
 def _ep_logits(folder, swap: bool = False, checkpoint: str = "mcore", save: str | None = None):
-    import os
-    import socket
-    import subprocess
-    import sys
-    from pathlib import Path
+    from pai_zoo_conformance.expert_parallel import expert_parallel_logits
 
-    import torch
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     out = folder / ("ep-swapped.pt" if swap else "ep.pt")
-    worker = Path(__file__).with_name("moe_ep_worker.py")
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-               "--master-port", str(port), str(worker), "--checkpoint", str(folder / checkpoint), "--ep", "2",
-               "--ids", str(folder / "ids.pt"), "--out", str(out)] + (["--swap-experts"] if swap else [])
-    command += ["--save", str(folder / save)] if save else []
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return torch.load(out)
+    return expert_parallel_logits(folder / checkpoint, folder / "ids.pt", out, 2, swap=swap,
+                                  save=folder / save if save else None)
 
 
 @pytest.mark.parametrize("name, preset", [("mixtral", "mixtral-tiny"), ("qwen2-moe", "qwen2-moe-tiny")])

@@ -89,7 +89,12 @@ class ConformanceSuite:
         _record(request, {"disk round trip": checks.check_disk_round_trip(case, tmp_path)})
 
     def test_tensor_and_pipeline_parallel_equivalence(self, case, tmp_path, request):
-        _record(request, _parallel(checks.check_parallel_equivalence(case, tmp_path)))
+        deltas = _parallel(checks.check_parallel_equivalence(case, tmp_path))
+        if case.mcore_config.get("num_moe_experts"):  # a mixture of experts: its experts split over 2 ranks too
+            from .expert_parallel import check_expert_parallel_equivalence
+
+            deltas["ep=2"] = check_expert_parallel_equivalence(case, tmp_path / "ep")
+        _record(request, deltas)
 
     def test_greedy_generation_matches_transformers(self, case, request):
         result = checks.check_generation(case)

@@ -1,9 +1,9 @@
-"""Run under ``torchrun`` with 2 processes: load a Megatron-Core checkpoint of a mixture-of-experts model
-(written by ``convert --to mcore`` with one process) with expert parallelism 2 (each rank builds half the
-experts; megatron-core's ``dist_checkpointing`` gives each rank its own experts) and save rank 0's logits of
-given token ids; with ``--save DIR``, save the model as that expert-parallel run would (megatron-core's
-``dist_checkpointing.save``, each rank writing its own experts) into a checkpoint folder ``DIR``. Used by
-``tests/test_moe.py``."""
+"""Run under ``torchrun`` with ``--ep`` processes: load a Megatron-Core checkpoint of a mixture-of-experts model
+(written by ``convert --to mcore``) with that expert parallelism (each rank builds its share of the experts;
+megatron-core's ``dist_checkpointing`` gives each rank its own experts) and save rank 0's logits of given token
+ids; with ``--save DIR``, save the model as that expert-parallel run would (megatron-core's
+``dist_checkpointing.save``, each rank writing its own experts) into a checkpoint folder ``DIR``. Used by the
+suite's expert-parallel check (:mod:`pai_zoo_conformance.expert_parallel`) and ``tests/test_moe.py``."""
 from __future__ import annotations
 
 import argparse

@@ -1,0 +1,60 @@
+"""The expert-parallel check of the conformance suite, for families whose models have routed experts: a
+checkpoint converted with ``convert --ep 2`` and loaded by 2 gloo processes (each holding half the experts,
+megatron-core's alltoall dispatcher moving the tokens) gives the one-process logits."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .checks import PARALLEL_ATOL, Case, _fail
+
+
+def expert_parallel_logits(checkpoint, ids_file, out, ep: int = 2, swap: bool = False, save=None):
+    """Rank 0's logits of the token ids in ``ids_file`` from ``checkpoint`` loaded by ``ep`` processes
+    (:mod:`pai_zoo_conformance.expert_worker`; ``swap``: the last rank's first two experts swapped, ``save``: the
+    folder the EP run saves its model into). A failed run is a ``ConformanceFailure`` with its stderr."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    import torch
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ep), "--master-addr",
+               "127.0.0.1", "--master-port", str(port), "-m", "pai_zoo_conformance.expert_worker",
+               "--checkpoint", str(checkpoint), "--ep", str(ep), "--ids", str(ids_file), "--out", str(out)]
+    command += (["--swap-experts"] if swap else []) + (["--save", str(save)] if save else [])
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=600, env={**os.environ,
+                                                                                       "OMP_NUM_THREADS": "1"})
+    if proc.returncode != 0:
+        _fail("expert parallel", f"ep={ep}: torchrun failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return torch.load(out)
+
+
+def check_expert_parallel_equivalence(case: Case, folder: Path, ep: int = 2, atol: float = PARALLEL_ATOL) -> float:
+    """``convert --to mcore --ep ep`` of the case's model, loaded with expert parallelism ``ep``: its logits equal
+    the one-process load's within ``atol``. Returns the max |delta|."""
+    import torch
+
+    import pai_zoo
+    from pai_zoo.conversion import convert
+
+    folder = Path(folder)
+    experts = int(case.mcore_config.get("num_moe_experts") or 0)
+    if experts % ep:
+        _fail("expert parallel", f"{case.preset}: {experts} experts do not split over ep={ep} ranks")
+    case.hf_model.save_pretrained(folder / "hf")
+    convert(folder / "hf", folder / "mcore", "mcore", ep=ep)
+    vocab = case.mcore_config["vocab_size"]
+    ids = torch.randint(0, vocab, (2, 12), generator=torch.Generator().manual_seed(98))
+    torch.save(ids, folder / "ids.pt")
+    reference = pai_zoo.load(folder / "mcore", backend="mcore").logits(ids)
+    got = expert_parallel_logits(folder / "mcore", folder / "ids.pt", folder / f"logits-ep{ep}.pt", ep)[..., :vocab]
+    if got.shape != reference.shape:
+        _fail("expert parallel", f"ep={ep}: logits shape {tuple(got.shape)} != {tuple(reference.shape)}")
+    delta = (got - reference).abs().max().item()
+    if not delta <= atol:
+        _fail("expert parallel", f"ep={ep}: max |logits delta| vs one process = {delta:.3g} > {atol:g}")
+    return delta
