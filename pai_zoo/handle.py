@@ -276,7 +276,9 @@ def load_mcore_weights(model, source: Source, config: McoreConfig, dtype, scratc
     from .mcore.dist_ckpt import load_model_weights
     from .weights import load_into, mcore_tensors
 
-    single = parallel_state.get_model_parallel_group().size() == 1
+    # one process holds the whole model: no TP/PP and no expert parallelism (EP ranks hold a share of the experts)
+    single = (parallel_state.get_model_parallel_group().size() == 1
+              and parallel_state.get_expert_model_parallel_world_size() == 1)
     if source.kind == "mcore":
         load_model_weights(model, source.path)
     elif source.kind == "megatron-lm" and single:
@@ -315,6 +317,9 @@ def load_mcore_weights(model, source: Source, config: McoreConfig, dtype, scratc
                 "--pp",
                 str(parallel_state.get_pipeline_model_parallel_world_size()),
             ]
+            if config.get("num_moe_experts"):
+                command += ["--ep", str(parallel_state.get_expert_model_parallel_world_size()),
+                            "--etp", str(parallel_state.get_expert_tensor_parallel_world_size())]
             if source.tokenizer_dir is not None:
                 command += ["--tokenizer", str(source.tokenizer_dir)]
             if source.iteration is not None:
