@@ -216,16 +216,20 @@ def _exact_engine_name(tok) -> str:
         tok.kind, type(tok).__name__) + ")"
 
 
-def _sample_texts(inputs, keys, text_mode: str, count: int = 256) -> list[str]:
-    """The texts of the first ``count`` good records of the inputs (the run's own text, for the engine check)."""
+def _sample_texts(inputs, keys, text_mode: str, count: int = 64, max_bytes: int = 1 << 16) -> list[str]:
+    """Texts of the first good records of the inputs (the run's own text, for the engine check): at most
+    ``count`` records and about ``max_bytes`` of text, so that the exact engine checks them in a fraction of a
+    second."""
     from .blocks import iter_text_batches
 
     texts: list[str] = []
-    for batch in iter_text_batches(inputs, keys, text_mode=text_mode, batch_bytes=1 << 20):
-        for column in batch.texts:
-            texts += column[:count]
-        if batch.documents >= count or len(texts) >= count * len(keys):
-            break
+    size = 0
+    for batch in iter_text_batches(inputs, keys, text_mode=text_mode, batch_bytes=max_bytes):
+        for row in zip(*batch.texts):
+            texts += row
+            size += sum(map(len, row))
+            if len(texts) >= count * len(keys) or size >= max_bytes:
+                return texts
     return texts
 
 
@@ -242,6 +246,7 @@ def select_engine(tok, engine: str, inputs, keys, *, text_mode: str = "file", ad
         ENGINES,
         FastEngineMismatch,
         FastEngineUnavailable,
+        fast_engine_installed,
         fast_tokenizer,
         first_difference,
         hard_strings,
@@ -251,6 +256,8 @@ def select_engine(tok, engine: str, inputs, keys, *, text_mode: str = "file", ad
         raise SettingError(f"--engine {engine}: not one of {', '.join(ENGINES)}")
     if engine == "hf":
         return None, "--engine hf"
+    if engine == "auto" and not fast_engine_installed():  # the exact engine, as without the fast extra
+        return None, "gigatoken is not installed"
     try:
         fast = fast_tokenizer(tok, threads=threads)
         texts = hard_strings(tok) + _sample_texts(inputs, keys, text_mode)
@@ -291,6 +298,7 @@ def preprocess(inputs, prefix, tokenizer, *, json_keys=("text",), append_eod: bo
     dtype = optimal_dtype(tok.vocab_size)
     outputs = [output_prefix(prefix, key) for key in keys]
     summary = PreprocessSummary(outputs)
+    summary.profile["check"] = time.perf_counter() - start  # loading the fast engine and checking it
     bad = _BadRecords(skip_bad)
     bar = Progress("preprocess", units=("documents", "tokens"), enabled=progress)
     with contextlib.ExitStack() as stack:
@@ -323,6 +331,8 @@ def preprocess(inputs, prefix, tokenizer, *, json_keys=("text",), append_eod: bo
             raise PaiZooError(
                 f"no documents in {', '.join(map(str, inputs))}" + (f" ({bad.count} skipped)" if bad.count else "")
             )
+        if fast is not None:
+            summary.extra["cache_resets"] = fast.cache_resets
         write_start = time.perf_counter()
         for writer in writers:
             writer.finalize()
@@ -378,6 +388,10 @@ def _prefetch(iterator: Iterator, depth: int = 2) -> Iterator:
         thread.join()
 
 
+#: How much the fast engine's encode caches may grow the process before they are dropped (bytes).
+FAST_CACHE_GROWTH = 768 << 20
+
+
 def _encode_fast(fast, inputs, keys, text_mode, batch_bytes, add_special_tokens, append_eod, dtype,
                  profile: dict) -> Iterator[_EncodedBatch]:
     """The fast engine's batches: read and parsed by a thread, encoded here (gigatoken releases the GIL)."""
@@ -396,6 +410,7 @@ def _encode_fast(fast, inputs, keys, text_mode, batch_bytes, add_special_tokens,
             flat, sizes = fast.encode_batch_arrays(column, add_special_tokens, append=append)
             tokens.append(flat.astype(dtype, copy=False))
             lengths.append(sizes)
+        fast.bound_memory(FAST_CACHE_GROWTH)
         profile["encode"] += time.perf_counter() - start
         yield _EncodedBatch(tokens, lengths, batch.nbytes, [(None, error) for error in batch.bad])
 
