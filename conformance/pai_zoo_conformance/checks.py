@@ -84,8 +84,8 @@ def _randomise(model, seed: int, norm_identity: float = 1.0) -> None:
     (unit-scale activations, so attention is sharp and positions matter, unlike the tiny
     default init), norm weights near the norm's identity (``norm_identity``: 1, or 0 for norms that
     scale by ``1 + weight``, so that their gain is near 1 too and the margin does not depend on the
-    seed) and biases near zero but all distinct, so that a table swapping two tensors cannot pass
-    unnoticed."""
+    seed) and biases near zero but all distinct (a router's ``e_score_correction_bias`` buffer too), so that a
+    table swapping two tensors cannot pass unnoticed."""
     import torch
 
     gen = torch.Generator().manual_seed(seed + 1)
@@ -98,6 +98,9 @@ def _randomise(model, seed: int, norm_identity: float = 1.0) -> None:
                 p.copy_(0.1 * noise)
             else:
                 p.copy_(norm_identity + 0.1 * noise)
+        for name, b in model.named_buffers():  # a MoE router's score-correction bias: a buffer, zero at init
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(0.1 * torch.randn(b.shape, generator=gen, dtype=torch.float32))
 
 
 def odd_preset(family: Family) -> str:
