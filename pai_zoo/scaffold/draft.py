@@ -5,14 +5,17 @@ A :class:`Draft` holds code, not objects: every rule and row is the source text 
 :mod:`pai_zoo.scaffold.measure` builds and checks is exactly what is written.
 
 - **Config keys.** The shape keys, ``rms_norm_eps``, ``tie_word_embeddings`` and ``hidden_act`` are the Llama
-  layout's rules (:func:`pai_zoo.layouts.llama_config_rules`). Every other key is matched, in order, against the
+  layout's rules (:func:`pai_zoo.layouts.llama_config_rules`; written out when the norm epsilon has another key,
+  :data:`EPS_KEYS`). Every other key is matched, in order, against the
   plain ``Field`` rules and ``passthrough`` keys of the installed families (``--like FAMILY`` first), then a few
   shared rules (``Rope()``, ``sliding_window()``, dropouts). A boolean key that switches bias tensors on and off
   (found by building the model on the meta device with the key flipped) becomes ``add_qkv_bias`` /
-  ``add_bias_linear`` by which tensors it adds. A key nothing explains stays untranslated, listed as a stub; the
-  suite's config check then names it.
-- **Weights.** :func:`pai_zoo.layouts.llama_layout` plus the bias rows the config switches on. Parameter names no
-  row covers are listed as stubs (the suite's mapping check names them).
+  ``add_bias_linear`` by which tensors it adds; a key that switches other tensors, or biases megatron-core cannot
+  switch alone, is supported off (``Fixed`` at ``False``) when the source has it off. A key nothing explains stays
+  untranslated, listed as a stub; the suite's config check then names it.
+- **Weights.** :func:`pai_zoo.layouts.llama_layout` plus the bias rows the config switches on, and the norm biases
+  of LayerNorms (``input_layernorm.bias`` ...: megatron's ``normalization="LayerNorm"``). Parameter names no row
+  covers are listed as stubs (the suite's mapping check names them).
 """
 from __future__ import annotations
 
@@ -30,7 +33,14 @@ LLAMA_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_laye
               "hidden_act")
 #: The keys without which an architecture is not Llama-shaped for the scaffold.
 REQUIRED_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                 "max_position_embeddings", "rms_norm_eps", "hidden_act")
+                 "max_position_embeddings", "hidden_act")
+#: Norm epsilon keys, the Llama layout's first (another one: the shape rules are written out, not
+#: ``llama_config_rules``).
+EPS_KEYS = ("rms_norm_eps", "layer_norm_eps", "norm_eps", "layer_norm_epsilon", "layernorm_epsilon", "rms_norm_epsilon")
+#: LayerNorm (with biases) instead of RMSNorm, shown by these names: their rows.
+LAYERNORM_BIAS_ROWS = ['Copy(L + "input_layernorm.bias", M + "input_layernorm.bias")',
+                       'Copy(L + "post_attention_layernorm.bias", M + "pre_mlp_layernorm.bias")',
+                       'Copy("model.norm.bias", "decoder.final_layernorm.bias")']
 #: ``hidden_act`` -> megatron's ``activation_func`` (:data:`pai_zoo.mcore.build.ACTIVATIONS`).
 ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh",
                "gelu_new": "gelu_tanh", "relu": "relu"}
@@ -75,6 +85,8 @@ class Draft:
     variants: dict[str, Any] = field(default_factory=dict)  # arch values found by measurement
     variant_notes: dict[str, str] = field(default_factory=dict)  # arch key -> why (the measured deltas)
     notes: dict[str, str] = field(default_factory=dict)  # hf_fixed key -> why
+    layernorm: bool = False  # the norms are LayerNorms with biases (their names show it)
+    eps_key: str = "rms_norm_eps"
     odd_shape: dict[str, Any] = field(default_factory=lambda: dict(ODD_SHAPE))
     odd_note: str = ""
     stubs: list[str] = field(default_factory=list)  # what neither keys, names nor measurement explain
@@ -119,8 +131,9 @@ def sized_preset(base: dict, hf: dict, shape: dict, extra: dict, window: int) ->
     for key, value in hf.items():  # per-layer lists (layer_types ...) shortened to the test depth
         if isinstance(value, list) and layers and len(value) == layers and key != "architectures":
             preset[key] = list(base.get(key, value))[: shape["num_hidden_layers"]]
-    if "head_dim" not in hf:  # megatron and transformers derive hidden / heads
+    if "head_dim" not in hf:  # megatron and transformers derive hidden / heads (16: a quarter still rotates pairs)
         preset.pop("head_dim", None)
+        preset["hidden_size"] = preset["num_attention_heads"] * 16
     if hf.get("sliding_window") is not None:
         preset["sliding_window"] = window
     preset.update(extra)
@@ -206,7 +219,8 @@ def infer(name: str, source: Source, like: str | None = None) -> Draft:
 
     hf = CONFIG_MAPPING[source.model_type].from_dict(
         {k: v for k, v in source.given.items() if k != "model_type"}).to_dict()
-    missing = [k for k in REQUIRED_KEYS if k not in hf]
+    missing = [k for k in REQUIRED_KEYS if k not in hf] + ([] if any(k in hf for k in EPS_KEYS) else
+                                                         ["norm epsilon (" + ", ".join(EPS_KEYS) + ")"])
     if missing:
         raise ScaffoldError(f"{source.where}: {source.model_type} is not Llama-shaped: its config has no "
                             f"{', '.join(missing)}", hint="plugin new writes plugins for Llama-shaped architectures "
@@ -244,8 +258,12 @@ def _infer_names(draft: Draft) -> None:
         groups = {g for g, (suffixes, _) in BIAS_GROUPS.items() if changed & set(suffixes)}
         covered = {s for g in groups for s in BIAS_GROUPS[g][0]}
         if not groups or changed - covered:
-            draft.stubs.append(f"config key {key!r} switches parameters no known row explains: "
-                               f"{sorted(changed - covered)}")
+            if value is False:  # the measured model has it off: supported off
+                draft.hf_fixed[key] = False
+                draft.notes[key] = f"{key} switches parameters no row of the Llama layout maps: supported off"
+            else:
+                draft.stubs.append(f"config key {key!r} switches parameters no known row explains: "
+                                   f"{sorted(changed - covered)}")
             continue
         switches[key] = groups
         every |= flipped
@@ -254,6 +272,10 @@ def _infer_names(draft: Draft) -> None:
             "post_attention_layernorm.weight", "self_attn.o_proj.weight", "mlp.down_proj.weight",
             *(f"self_attn.{p}_proj.weight" for p in "qkv"), *(f"mlp.{p}_proj.weight" for p in ("gate", "up"))}
     rows |= {s for suffixes, _ in BIAS_GROUPS.values() for s in suffixes}
+    if {"input_layernorm.bias", "post_attention_layernorm.bias", "model.norm.bias"} <= on_names:
+        draft.layernorm = True
+        draft.mcore_fixed["normalization"] = "LayerNorm"
+        rows |= {"input_layernorm.bias", "post_attention_layernorm.bias", "model.norm.bias"}
     unknown = sorted(n for n in on_names - rows if not n.endswith("inv_freq"))
     if unknown:
         draft.stubs.append(f"parameters no row of the Llama layout maps: {unknown}")
@@ -325,7 +347,10 @@ def _one_switch(switch: str, keys: list[str]) -> str:
 def _infer_keys(draft: Draft, like: str | None) -> None:
     """Rules for every architecture key not read by the Llama layout's rules or a bias switch."""
     hf = draft.hf
-    if "head_dim" not in hf:
+    draft.eps_key = next(k for k in EPS_KEYS if k in hf)
+    if "num_key_value_heads" not in hf:
+        draft.llama_kwargs["gqa"] = False
+    elif "head_dim" not in hf:
         draft.llama_kwargs["head_dim"] = None
     draft.llama_kwargs["tie_default"] = hf.get("tie_word_embeddings", False)
     act = hf["hidden_act"]
@@ -339,7 +364,7 @@ def _infer_keys(draft: Draft, like: str | None) -> None:
         if ACTIVATIONS[act] != "silu":
             draft.mcore_fixed["activation_func"] = ACTIVATIONS[act]
     fields, passthrough = known_rules(like)
-    handled = set(LLAMA_KEYS) | set(draft.bias_keys) | set(draft.hf_fixed) | set(NON_ARCHITECTURE_KEYS)
+    handled = {*LLAMA_KEYS, draft.eps_key, *draft.bias_keys, *draft.hf_fixed, *NON_ARCHITECTURE_KEYS}
     rope = False
     for key in hf:
         if key in handled:

@@ -59,6 +59,8 @@ def forward(family) -> tuple[dict[str, float], str | None, Any]:
             deltas[preset] = checks.check_forward_equivalence(case)
         except (checks.ConformanceFailure, PaiZooError) as exc:  # a rule refusing a preset value too
             return deltas, f"{preset}: {exc}", case
+        except Exception as exc:  # a model that cannot run the preset (transformers' or megatron-core's)
+            return deltas, f"{preset}: building or running the models failed: {type(exc).__name__}: {exc}", None
     return deltas, None, None
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .draft import BIAS_ROWS, Draft, py
+from .draft import BIAS_ROWS, LAYERNORM_BIAS_ROWS, Draft, py
 
 #: Names the generated package may import, by the public module that exports them.
 IMPORTS = {
@@ -77,13 +77,46 @@ def config_code(draft: Draft) -> str:
     passthrough = ""
     if draft.passthrough:
         passthrough = f"    passthrough={py(tuple(draft.passthrough))},  # as the installed families pass them\n"
-    return "CONFIG = ConfigMap(\n    *llama_config_rules(\n" + "\n".join(args) + "\n    ),\n" + passthrough + ")\n"
+    if draft.eps_key == "rms_norm_eps":
+        return "CONFIG = ConfigMap(\n    *llama_config_rules(\n" + "\n".join(args) + "\n    ),\n" + passthrough + ")\n"
+    return _explicit_config(draft, passthrough)
+
+
+def _explicit_config(draft: Draft, passthrough: str) -> str:
+    """The rules of :func:`pai_zoo.layouts.llama_config_rules` written out, for a config whose norm epsilon key is
+    another than ``rms_norm_eps``."""
+    kw = draft.llama_kwargs
+    shape = [("vocab_size", "vocab_size"), ("hidden_size", "hidden_size"), ("intermediate_size", "ffn_hidden_size"),
+             ("num_hidden_layers", "num_layers"), ("num_attention_heads", "num_attention_heads")]
+    lines = [f"    Field({py(h)}, {py(m)})," for h, m in shape]
+    if kw.get("gqa", True):
+        lines.append('    Field("num_key_value_heads", "num_query_groups"),')
+        lines.append('    Field("head_dim", "kv_channels"' + (", default=None)," if "head_dim" in kw else "),"))
+    lines.append('    Field("max_position_embeddings", "max_sequence_length"),')
+    lines.append(f'    Field({py(draft.eps_key)}, "layernorm_epsilon"),  # the norm epsilon key of this config')
+    tie = kw["tie_default"]
+    lines.append(f'    Field("tie_word_embeddings", "share_embeddings_and_output_weights", default={tie!r}),')
+    for code, comment in draft.family_rules:
+        code = code.replace("\n        ", "\n    ")
+        lines.append(f"    {code},{'  # ' + comment if comment and len(code) + len(comment) < 100 else ''}")
+    act = draft.hf_fixed.get("hidden_act", "silu")
+    hf_fixed = {"hidden_act": act, **{k: v for k, v in draft.hf_fixed.items() if k != "hidden_act"}}
+    mcore = {"gated_linear_unit": True, "activation_func": "silu", "normalization": "RMSNorm", **draft.mcore_fixed,
+             **draft.variants}
+    comments = {k: draft.variant_notes.get(k, "") for k in draft.variants}
+    lines.append(f"    Fixed(\n        hf={_dict_block(hf_fixed, draft.notes, 8)},\n"
+                 f"        mcore={_dict_block(mcore, comments, 8)},\n    ),")
+    return "CONFIG = ConfigMap(\n" + "\n".join(lines) + "\n" + passthrough + ")\n"
 
 
 def weights_code(draft: Draft) -> str:
     lines = ["def weights(config) -> WeightMap:",
              '    """The Llama layout\'s table; bias rows where the config switches them on."""',
              "    rows = llama_layout()"]
+    if draft.layernorm:
+        lines.append("    rows += [  # LayerNorms with biases")
+        lines += [f"        {r}," for r in LAYERNORM_BIAS_ROWS]
+        lines.append("    ]")
     for switch in draft.bias_switches:
         rows = BIAS_ROWS[switch]
         lines.append(f"    if config.get({py(switch)}):")
@@ -119,8 +152,8 @@ def package_init(draft: Draft) -> str:
                                                             f"It has stubs ({STUB}): see below.\n\"\"\""))
     doc = _wrap_doc(doc)
     body = (
-        config_code(draft) + "\n" + stubs_code(draft) + (LAYER_PREFIXES if draft.bias_switches else "")
-        + weights_code(draft)
+        config_code(draft) + "\n" + stubs_code(draft)
+        + (LAYER_PREFIXES if draft.bias_switches or draft.layernorm else "") + weights_code(draft)
         + "\n\n" + TOKENIZER + "\n" + family_code(draft) + "\n\n@hookimpl\ndef pai_zoo_families():\n"
         "    return [FAMILY]\n"
     )
