@@ -389,7 +389,7 @@ def _prefetch(iterator: Iterator, depth: int = 2) -> Iterator:
 
 
 #: How much the fast engine's encode caches may grow the process before they are dropped (bytes).
-FAST_CACHE_GROWTH = 768 << 20
+FAST_CACHE_GROWTH = 512 << 20
 
 
 def _encode_fast(fast, inputs, keys, text_mode, batch_bytes, add_special_tokens, append_eod, dtype,
