@@ -462,3 +462,26 @@ def test_writer_makes_the_prefix_folder(tmp_path):
         writer.add_document([1, 2, 3])
     assert (tmp_path / "new" / "deeper" / "corpus.bin").stat().st_size == 12
     assert (tmp_path / "new" / "deeper" / "corpus.idx").is_file()
+
+
+def test_statistics_take_the_token_id_range_from_the_sidecar_unless_full(tmp_path, capsys):
+    from pai_zoo.cli import main
+
+    docs = random_docs(5, 4, 900)
+    with IndexedDatasetWriter(tmp_path / "s", np.uint16, {"tokenizer": None}) as w:
+        for tokens, lengths in docs:
+            w.add_document(tokens, lengths)
+    tokens = np.concatenate([t for t, _ in docs])
+    assert statistics(tmp_path / "s")["max_token_id"] == int(tokens.max()) < 900
+    # The same number of bytes, other ids: only a full read sees them (the sidecar still matches the sizes).
+    Path(f"{tmp_path / 's'}.bin").write_bytes(b"\xff" * (2 * tokens.size))
+    assert (statistics(tmp_path / "s")["min_token_id"], statistics(tmp_path / "s")["max_token_id"]) == (
+        int(tokens.min()), int(tokens.max()))
+    full = statistics(tmp_path / "s", full=True)
+    assert (full["min_token_id"], full["max_token_id"]) == (65535, 65535)
+    assert main(["dataset", "inspect", tmp_path / "s", "--full"]) == 0
+    out = capsys.readouterr().out
+    assert "max_token_id:          65535" in out and "token ids from:        .bin (read in full)" in out
+    assert main(["dataset", "inspect", tmp_path / "s"]) == 0
+    out = capsys.readouterr().out
+    assert f"max_token_id:          {int(tokens.max())}" in out and "token ids from:        sidecar" in out

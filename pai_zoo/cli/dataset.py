@@ -12,6 +12,8 @@ def add_parser(subparsers) -> None:
     q.add_argument("prefix", help="PREFIX of PREFIX.bin/PREFIX.idx, or of PREFIX_text_document.bin/.idx")
     q.add_argument("--document", type=int, help="show this document")
     q.add_argument("--tokenizer", help="decode the document with this tokenizer")
+    q.add_argument("--full", action="store_true",
+                   help="read every token for the token-id range (default: the sidecar's, when it matches the files)")
     q.set_defaults(func=run_inspect)
     q = add_command(dsub, "merge", "concatenate datasets")
     q.add_argument("prefixes", nargs="+", help="PREFIX of each input PREFIX.bin/PREFIX.idx (or PREFIX_text_document)")
@@ -20,15 +22,17 @@ def add_parser(subparsers) -> None:
 
 
 def run_inspect(args) -> int:
-    from ..data.indexed import IndexedDatasetReader, statistics
+    from ..data.indexed import IndexedDatasetReader, read_sidecar, statistics
     from ..data.prefix import resolve_prefix
 
     prefix = resolve_prefix(args.prefix)
     if str(prefix) != args.prefix:
         print(f"{'dataset:':<22} {prefix}")
-    stats = statistics(prefix)
+    stats = statistics(prefix, full=args.full)
     for key, value in stats.items():
         print(f"{key + ':':<22} {value:.2f}" if isinstance(value, float) else f"{key + ':':<22} {value}")
+    source = ".bin (read in full)" if args.full or read_sidecar(prefix) is None else "sidecar (--full reads .bin)"
+    print(f"{'token ids from:':<22} {source}")
     for line in _sft_lines(prefix, stats):
         print(line)
     if args.document is not None:
