@@ -95,7 +95,9 @@ class Family:
         mcore_versions: PEP 440 specifier of the megatron-core versions the family supports
             (``">=0.16.1"``); building its model under another version is an error.
         backends: the layer-spec backends its layers work with: ``"local"`` (megatron-core's
-            torch modules) and/or ``"transformer_engine"``.
+            torch modules) and/or ``"transformer_engine"`` (``pai-zoo train --transformer-impl``). ``None``
+            (default): both for a family with megatron-core's own layers (no ``layer_spec``, no
+            ``model_class``), ``("local",)`` for one with modules of its own.
         megatron_args: how a Megatron-LM checkpoint's ``args`` claim the family: dicts of architecture
             values in megatron-core's names (``{"gated_linear_unit": True, "add_qkv_bias": False, ...}``,
             translated from the args by :mod:`pai_zoo.megatron_args`); the family claims a checkpoint whose
@@ -125,7 +127,7 @@ class Family:
     published_tokenizer_presets: tuple[str, ...] = ()
     description: str = ""
     mcore_versions: str = ">=0.16.1"
-    backends: tuple[str, ...] = ("local",)
+    backends: tuple[str, ...] | None = None
     megatron_args: tuple[Mapping[str, Any], ...] = ()
     zero_centered_norms: bool | None = None
     plugin: str = field(default="", compare=False)
@@ -161,6 +163,9 @@ class Family:
         except InvalidSpecifier:
             raise PluginError(f"family {self.name!r}: mcore_versions={self.mcore_versions!r} is not a PEP 440 "
                               "version specifier (like '>=0.16.1,<0.20')") from None
+        if self.backends is None:
+            own = self.layer_spec is not None or self.model_class is not None
+            object.__setattr__(self, "backends", ("local",) if own else BACKENDS)
         unknown = sorted(set(self.backends) - set(BACKENDS))
         if unknown or not self.backends:
             raise PluginError(

@@ -258,7 +258,8 @@ def _load_mcore(source: Source, config: McoreConfig, dtype, seed: int, tp: int |
 
 
 def load_mcore_weights(model, source: Source, config: McoreConfig, dtype, scratch: Path | None = None) -> None:
-    """Fill a (possibly TP/PP-sharded) megatron-core ``model`` from ``source``'s checkpoint.
+    """Fill a (possibly TP/PP-sharded) megatron-core ``model`` (or a list of virtual-pipeline model chunks)
+    from ``source``'s checkpoint.
 
     A Megatron-Core checkpoint is read by megatron-core's own loader (any saved layout). A
     Hugging Face folder is streamed through the family's table into a single-process model;

@@ -80,16 +80,46 @@ def _set_rng_state(state: dict) -> None:
     tensor_parallel.get_cuda_rng_tracker().set_states(state["tracker"])
 
 
-def _sharded_state(model, optimizer, scheduler, common: dict, loading: bool, with_optimizer: bool = True) -> dict:
+#: The distributed optimizer's checkpoint format: megatron-core's fully reshardable one (each parameter's state as
+#: a regular optimizer holds it), so that a run resumes with another tensor-, pipeline- or data-parallel layout.
+OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
+
+
+def model_keys(model) -> list[str]:
+    """The state keys of ``model`` (a GPTModel, or a list of the interleaved schedule's model chunks): ``model``,
+    then ``model1``, ``model2`` ... as Megatron-LM names the chunks. The tensors inside carry global names, so a
+    checkpoint reads the same whatever the chunks."""
+    chunks = model if isinstance(model, (list, tuple)) else [model]
+    return ["model" if i == 0 else f"model{i}" for i in range(len(chunks))]
+
+
+def layout() -> dict:
+    """This run's parallel layout, as saved with each checkpoint (``layout`` in the common state)."""
+    from megatron.core import parallel_state
+
+    return {"tp": parallel_state.get_tensor_model_parallel_world_size(),
+            "pp": parallel_state.get_pipeline_model_parallel_world_size(),
+            "dp": parallel_state.get_data_parallel_world_size(),
+            "vpp": parallel_state.get_virtual_pipeline_model_parallel_world_size() or 1}
+
+
+def _sharded_state(model, optimizer, scheduler, common: dict, loading: bool, with_optimizer: bool = True,
+                   with_rng: bool = True) -> dict:
     from megatron.core import parallel_state
     from megatron.core.dist_checkpointing.mapping import ShardedObject
 
-    model_state = model.sharded_state_dict()
+    chunks = model if isinstance(model, (list, tuple)) else [model]
     state = dict(common)
-    state["model"] = model_state
+    for key, chunk in zip(model_keys(model), chunks):
+        state[key] = chunk.sharded_state_dict()
     if with_optimizer:
-        state["optimizer"] = optimizer.sharded_state_dict(model_state, is_loading=loading)
+        model_state = {key: state[key] for key in model_keys(model)}
+        model_state = model_state["model"] if len(chunks) == 1 else model_state
+        state["optimizer"] = optimizer.sharded_state_dict(model_state, is_loading=loading,
+                                                          metadata=OPTIMIZER_METADATA)
     state["opt_param_scheduler"] = scheduler.state_dict()
+    if not with_rng:
+        return state
     pp, tp = (
         parallel_state.get_pipeline_model_parallel_world_size(),
         parallel_state.get_tensor_model_parallel_world_size(),
@@ -155,7 +185,8 @@ def save_checkpoint(folder: Path, iteration: int, model, optimizer, scheduler, c
     torch.distributed.barrier()
     state = _sharded_state(
         model, optimizer, scheduler,
-        {**common, "iteration": iteration, "pai_zoo_format": FORMAT, "has_optimizer": bool(save_optim)}, False,
+        {**common, "iteration": iteration, "pai_zoo_format": FORMAT, "has_optimizer": bool(save_optim),
+         "layout": layout()}, False,
         with_optimizer=save_optim,
     )
     dist_checkpointing.save(state, str(tmp))
@@ -169,6 +200,18 @@ def save_checkpoint(folder: Path, iteration: int, model, optimizer, scheduler, c
     return final
 
 
+def _allocate_distributed_optimizer_state(optimizer) -> None:
+    """A distributed optimizer that has not stepped yet holds no Adam state for a checkpoint to load into
+    (and, with torch's Adam, no step count: its ``state_dict`` fails): megatron-core's own
+    ``_init_optimizer_states_with_dummy_values`` allocates it, as its loading paths do; the load then replaces
+    the weights and the state."""
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
+        if isinstance(inner, DistributedOptimizer) and not inner.optimizer.state:
+            inner._init_optimizer_states_with_dummy_values()
+
+
 def has_optimizer_state(path: Path) -> bool:
     """Whether the iteration folder ``path`` holds the optimizer state (not saved weights-only)."""
     from megatron.core import dist_checkpointing
@@ -179,28 +222,44 @@ def has_optimizer_state(path: Path) -> bool:
 def load_checkpoint(folder: Path, model, optimizer, scheduler) -> dict:
     """Restore model, optimizer, scheduler and RNG states from the latest iteration; returns the
     common state (``iteration``, ``consumed_samples`` ...). An iteration saved weights-only
-    (``has_optimizer`` False in the returned state) leaves the optimizer as it is: freshly built."""
+    (``has_optimizer`` False in the returned state) leaves the optimizer as it is: freshly built. An iteration
+    saved with another tensor- or pipeline-parallel layout is resharded by megatron-core (the model, and the
+    optimizer in megatron-core's fully reshardable format) and its RNG states are left out; ``resharded_from`` is
+    the saved layout when it differs from this run's in any size (data-parallel too), else None. ``model``: a
+    GPTModel or the list of its virtual-pipeline chunks."""
     from megatron.core import dist_checkpointing
 
     path = iteration_dir(folder)
     try:
-        with_optimizer = has_optimizer_state(path)
+        common = dist_checkpointing.load_common_state_dict(str(path))
     except Exception as e:
         raise PaiZooError(f"{path}: cannot resume from this checkpoint ({type(e).__name__}: {e})") from e
-    template = _sharded_state(model, optimizer, scheduler, {}, True, with_optimizer=with_optimizer)
+    with_optimizer = bool(common.get("has_optimizer", True))
+    saved = common.get("layout")
+    # the RNG states are saved per (pipeline, tensor) rank: with another layout they do not apply (the weights,
+    # optimizer and schedule are resharded by megatron-core; the RNG states start from the seed)
+    same_layout = saved is None or all(saved.get(k) == v for k, v in layout().items() if k in ("tp", "pp"))
+    if with_optimizer:
+        _allocate_distributed_optimizer_state(optimizer)
+    template = _sharded_state(model, optimizer, scheduler, {}, True, with_optimizer=with_optimizer,
+                              with_rng=same_layout)
     try:
         state = dist_checkpointing.load(template, str(path))
     except Exception as e:
         raise PaiZooError(f"{path}: cannot resume from this checkpoint ({type(e).__name__}: {e})") from e
     if state.get("pai_zoo_format") != FORMAT:
         raise PaiZooError(f"{path}: not a pai-zoo training checkpoint (format {state.get('pai_zoo_format')!r})")
-    model.load_state_dict(state.pop("model"), strict=False)
+    chunks = model if isinstance(model, (list, tuple)) else [model]
+    for key, chunk in zip(model_keys(model), chunks):
+        chunk.load_state_dict(state.pop(key), strict=False)
     if with_optimizer:
         optimizer.load_state_dict(state.pop("optimizer"))
     state["has_optimizer"] = with_optimizer
     scheduler.load_state_dict(state.pop("opt_param_scheduler"))
-    rng = state.pop("rng_state")
-    _set_rng_state(rng[0] if isinstance(rng, list) else rng)
+    state["resharded_from"] = saved if saved is not None and saved != layout() else None
+    if same_layout:
+        rng = state.pop("rng_state")
+        _set_rng_state(rng[0] if isinstance(rng, list) else rng)
     return state
 
 

@@ -411,24 +411,6 @@ def test_megatron_lm_spellings_repeat_the_baseline(setup, baseline, tmp_path):
     assert losses(save) == pytest.approx(losses(baseline), abs=1e-6)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="megatron-core's recompute needs CUDA")
-def test_recompute_activations_repeats_the_baseline(setup, baseline, tmp_path):
-    save = tmp_path / "recompute"
-    run(megatron_lm_args(setup, save, "--recompute-activations"))
-    assert losses(save) == pytest.approx(losses(baseline), abs=1e-5)
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal on the CPU")
-def test_recompute_activations_is_refused_on_the_cpu(tmp_path, capsys):
-    from pai_zoo.cli import main
-
-    code = main(["train", "--model", "llama3-tiny", "--data", str(tmp_path / "d"), "--save", str(tmp_path / "o"),
-                 "--recompute-activations"])
-    err = capsys.readouterr().err
-    assert code == 1 and "--recompute-activations True: activation recompute is not supported on the CPU yet" in err
-    assert not (tmp_path / "o").exists()
-
-
 def test_linear_decay_and_the_default_warmup(setup, tmp_path):
     """--lr-decay-style linear; no warm-up setting: a tenth of 8 steps, rounded down, is none (no error)."""
     save = tmp_path / "linear"

@@ -48,6 +48,12 @@ def add_parser(subparsers) -> None:
         shown = f" (default: {value})" if value not in (None, "") else ""
         p.add_argument(*setting.all_flags, dest=name, action=_Given, nargs="+" if name == "data" else None,
                        metavar=name.upper(), help=setting.help + shown)
+    p.add_argument("--plan", action="store_true",
+                   help="print the memory per GPU of this model, layout and settings (parameters, gradients, Adam "
+                        "state with and without the distributed optimizer, activations with and without recompute) "
+                        "and stop: no training")
+    p.add_argument("--gpus", type=int, metavar="N", help="with --plan: the GPUs of the run (default: TP x PP x CP)")
+    p.add_argument("--gpu-memory", type=float, metavar="GB", help="with --plan: each GPU's memory, to compare with")
     p.set_defaults(func=run)
 
 
@@ -56,9 +62,40 @@ def run(args) -> int:
     from ..training.trainer import train
 
     cfg = TrainConfig.load(args.config, getattr(args, GIVEN, None) or {})
+    if args.plan:
+        return plan(cfg, args.gpus, args.gpu_memory)
     cfg.check_required()
     last = train(cfg)
     if last and is_rank0():
         print(f"trained {cfg.model} -> {cfg.save}: step {last['step']}, loss {last['loss']:.4f}"
               + (f", eval loss {last['eval_loss']:.4f}" if "eval_loss" in last else ""))
+    return 0
+
+
+def plan(cfg, gpus: int | None, gpu_memory: float | None) -> int:
+    """``--plan``: the memory per GPU (:mod:`pai_zoo.training.plan`), from the model's config alone."""
+    from ..handle import resolve
+    from ..hf import config_dict, hf_config
+    from ..mcore.parallel_sizes import check_layout
+    from ..training.config import TrainConfigError
+    from ..training.plan import make_plan, plan_lines
+
+    if not cfg.model:
+        raise TrainConfigError("--plan needs --model: the model to plan for (a preset, a Hugging Face folder or a "
+                               "Megatron checkpoint)")
+    source = resolve(cfg.model)
+    config = source.mcore_config or source.family.to_mcore_config(config_dict(hf_config(source.family,
+                                                                                        source.hf_config)))
+    world = gpus or cfg.tensor_parallel_size * cfg.pipeline_parallel_size * cfg.context_parallel_size
+    check_layout(config, cfg.tensor_parallel_size, cfg.pipeline_parallel_size, error=TrainConfigError)
+    dp = cfg.data_parallel_size(world)
+    cfg._check_scale(dp, gpu=True)
+    cfg.check_model(config.num_layers, config.get("num_moe_experts"))
+    if config.get("num_moe_experts"):
+        raise TrainConfigError(f"--plan: {cfg.model} is a mixture-of-experts model, which the plan does not count "
+                               "yet (dense models only)")
+    print(f"plan for {cfg.model} ({source.family.name}), {'bfloat16' if cfg.bf16 else 'float32'}, micro-batch "
+          f"{cfg.batch_size} x {cfg.sequence_length} tokens, global batch {cfg.global_batch_size}:")
+    for line in plan_lines(make_plan(config, cfg, world), gpu_memory):
+        print(line)
     return 0

@@ -15,7 +15,7 @@ from . import import_megatron, quiet_megatron
 from .alibi import ALIBI, with_alibi
 from .embedding_scale import apply_embedding_scale
 from .rope import set_inverse_frequencies, softmax_scale
-from .specs import default_layer_spec, stage_spec
+from .specs import layer_spec_for, stage_spec, with_sequence_parallel_norms
 
 import_megatron()
 
@@ -96,6 +96,8 @@ def build_gpt_model(
     post_process: bool = True,
     padded_vocab_size: int | None = None,
     parallel_output: bool = True,
+    vp_stage: int | None = None,
+    transformer_impl: str = "local",
     **overrides: Any,
 ):
     """A randomly initialised ``GPTModel`` (or the family's ``model_class``) for ``config``,
@@ -113,6 +115,8 @@ def build_gpt_model(
     (``layernorm_zero_centered_gamma``, :mod:`pai_zoo.mcore.norms`) and the word-embedding scale
     (:data:`~pai_zoo.config_map.EMBEDDING_SCALE`, :mod:`pai_zoo.mcore.embedding_scale`) are core options
     of the arch. The installed megatron-core must be one the family supports (:attr:`Family.mcore_versions`).
+    ``vp_stage``: this model chunk's virtual pipeline stage (the interleaved schedule builds one chunk per stage);
+    ``transformer_impl``: ``local`` or ``transformer_engine`` (:func:`pai_zoo.mcore.specs.layer_spec_for`).
     """
     family.check_mcore_version()  # a clear error before megatron-core fails somewhere inside
     from megatron.core import parallel_state
@@ -125,14 +129,18 @@ def build_gpt_model(
     tconfig = transformer_config(
         config, dtype, **{"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp, **overrides}
     )
-    spec = stage_spec((family.layer_spec or default_layer_spec)(config), config, tconfig)
+    spec = layer_spec_for(family, config, transformer_impl)
+    if tconfig.sequence_parallel and transformer_impl == "local":
+        spec = with_sequence_parallel_norms(spec, config)
+    spec = stage_spec(spec, config, tconfig, vp_stage)
     gpt_args = {k: v for k, v in config.arch.items() if k in GPT_MODEL_ARGS}
     gpt_args["vocab_size"] = padded_vocab_size or config.padded_vocab_size(tp)
     gpt_args.setdefault("max_sequence_length", 4096)
     if gpt_args.get("position_embedding_type") == ALIBI:  # no position embedding; a bias in every attention
         gpt_args["position_embedding_type"] = "none"
         spec = with_alibi(spec)
-    spec = with_inference_path(spec)  # pai-zoo's KV cache and inference linears (pai_zoo.mcore.inference)
+    if transformer_impl == "local":
+        spec = with_inference_path(spec)  # pai-zoo's KV cache and inference linears (pai_zoo.mcore.inference)
     with (
         warnings.catch_warnings(),
         _quiet_logger("megatron.core.models.gpt.gpt_model"),
@@ -144,6 +152,7 @@ def build_gpt_model(
             pre_process=pre_process,
             post_process=post_process,
             parallel_output=parallel_output,
+            **({"vp_stage": vp_stage} if vp_stage is not None else {}),
             **gpt_args,
         )
     use_inference_output_layer(model)

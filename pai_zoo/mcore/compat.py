@@ -13,6 +13,8 @@ the CPU at run time, without editing megatron-core's source, and only when
   (no-op) stream (a proxy of ``torch`` is set as those modules' global ``torch``; megatron-core
   0.19's gradient buckets wait on the current stream before every reduction);
 * gradient clipping by the total norm, which asserts CUDA gradients, scales CPU ones.
+* activation recompute saves and restores no CUDA generator state (:func:`_patch_recompute_rng`).
+* the distributed optimizer takes CPU parameters (:func:`_patch_distributed_optimizer`).
 * tied embeddings under pipeline parallelism: the last stage's copy of the word embeddings,
   which megatron moves to CUDA before its first all-reduce, stays on the CPU.
 * mixture of experts (:data:`MOE_MODULES`): the ``alltoall`` token dispatcher and the shared
@@ -230,6 +232,83 @@ def _patch_tied_embeddings() -> None:
     LanguageModule.setup_embeddings_and_output_layer = setup_embeddings_and_output_layer
 
 
+def _patch_recompute_rng() -> None:
+    """megatron-core's activation recompute (``tensor_parallel.checkpoint``) saves and restores the CUDA
+    generator's state around the recomputed forward; without CUDA there is none: it saves ``None`` and
+    restores nothing (the CPU generator and the RNG tracker's states are still saved and restored)."""
+    from megatron.core.tensor_parallel import random as mrandom
+
+    if getattr(mrandom._get_cuda_rng_state, "_pai_zoo_cpu", False):
+        return
+    get, put = mrandom._get_cuda_rng_state, mrandom._set_cuda_rng_state
+
+    def get_cuda_rng_state(*args, **kwargs):
+        return None if not torch.cuda.is_available() else get(*args, **kwargs)
+
+    def set_cuda_rng_state(new_state, *args, **kwargs):
+        if new_state is not None:
+            put(new_state, *args, **kwargs)
+
+    get_cuda_rng_state._pai_zoo_cpu = True
+    mrandom._get_cuda_rng_state, mrandom._set_cuda_rng_state = get_cuda_rng_state, set_cuda_rng_state
+
+
+def _patch_distributed_optimizer() -> None:
+    """megatron-core's ``DistributedOptimizer`` sorts the parameters it shards by ``param.type()``, accepting
+    ``torch.cuda.FloatTensor`` (and half/bfloat16) only: while it is built, a CPU tensor's ``type()`` is the CUDA
+    name of its dtype (nothing else changes). Its fully reshardable checkpoint format gathers the state with
+    ``.cuda()`` tensors unless told to use gloo: on the CPU it is told; and on loading it copies every entry of
+    torch Adam's per-parameter state, ``step`` included, which that format keeps in the param groups only."""
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    original = DistributedOptimizer.__init__
+    if getattr(original, "_pai_zoo_cpu", False):
+        return
+
+    @functools.wraps(original)
+    def __init__(self, *args, **kwargs):  # noqa: N807 - the wrapped method's name
+        tensor_type = torch.Tensor.type
+
+        def cuda_type(tensor, *a, **k):
+            name = tensor_type(tensor, *a, **k)
+            if a or k or tensor.is_cuda or not isinstance(name, str):
+                return name
+            return name.replace("torch.", "torch.cuda.", 1)
+
+        torch.Tensor.type = cuda_type
+        try:
+            original(self, *args, **kwargs)
+        finally:
+            torch.Tensor.type = tensor_type
+
+    __init__._pai_zoo_cpu = True
+    DistributedOptimizer.__init__ = __init__
+
+    gather = DistributedOptimizer.get_parameter_state_dp_zero
+
+    @functools.wraps(gather)
+    def get_parameter_state_dp_zero(self, *args, **kwargs):  # the fully reshardable format's gather
+        kwargs["use_gloo_comm"] = True  # CPU tensors over the gloo data-parallel group (not .cuda() ones)
+        return gather(self, *args, **kwargs)
+
+    DistributedOptimizer.get_parameter_state_dp_zero = get_parameter_state_dp_zero
+
+    put = DistributedOptimizer._set_main_param_and_optimizer_states
+
+    @functools.wraps(put)
+    def _set_main_param_and_optimizer_states(self, model_param, tensors):
+        # torch's Adam (no apex or TE here) keeps a "step" in every parameter's state, which the fully reshardable
+        # format saves once, in the param groups (load_state_dict restores it from there): it is left as it is
+        if "step" not in tensors and not self.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8:
+            group, order = self.model_param_group_index_map[model_param]
+            state = self.optimizer.state[self.optimizer.param_groups[group]["params"][order]]
+            if "step" in state:
+                tensors = {**tensors, "step": state["step"]}
+        return put(self, model_param, tensors)
+
+    DistributedOptimizer._set_main_param_and_optimizer_states = _set_main_param_and_optimizer_states
+
+
 def _patch_split_sizes() -> None:
     """The ``alltoall`` dispatcher moves its expert-parallel split sizes "to the CPU as numpy"
     (``maybe_move_tensor_to_cpu(..., as_numpy=True)``), which only acts on CUDA tensors: on the CPU they
@@ -278,6 +357,8 @@ def apply_cpu_patch() -> bool:
     _patch_rng_tracker()
     _patch_grad_clipping()
     _patch_tied_embeddings()
+    _patch_recompute_rng()
+    _patch_distributed_optimizer()
     proxy = _CpuTorch()
     for name in CUDA_LITERAL_MODULES:
         importlib.import_module(name).torch = proxy
@@ -292,10 +373,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def ensure_model_parallel(tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1, seed: int = 1234) -> None:
+def ensure_model_parallel(tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1, seed: int = 1234,
+                          **sizes: int | None) -> None:
     """Make megatron-core usable in this process: the CPU patch (without CUDA), a
     ``torch.distributed`` group (single-process gloo when none exists), megatron's
-    parallel state and its RNG tracker. Does nothing that is already set up. A layout larger than the world
+    parallel state and its RNG tracker (``sizes``: more of ``initialize_model_parallel``'s sizes, such as
+    ``virtual_pipeline_model_parallel_size`` or ``context_parallel_size``). Does nothing that is already set up.
+    A layout larger than the world
     (``tp=3`` in one process) is a :class:`~pai_zoo.errors.PaiZooError` that gives the torchrun command to use."""
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
@@ -315,6 +399,7 @@ def ensure_model_parallel(tensor_parallel_size: int = 1, pipeline_parallel_size:
             )
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(
-            tensor_model_parallel_size=tensor_parallel_size, pipeline_model_parallel_size=pipeline_parallel_size
+            tensor_model_parallel_size=tensor_parallel_size, pipeline_model_parallel_size=pipeline_parallel_size,
+            **{k: v for k, v in sizes.items() if v is not None},
         )
         model_parallel_cuda_manual_seed(seed)

@@ -460,18 +460,24 @@ class MegatronCheckpoint:
 
 
 def load_model_weights(model, path) -> None:
-    """Load a checkpoint folder into a (possibly TP/PP-sharded) ``GPTModel`` with megatron-core's
-    own loader, as Megatron-LM's ``--load`` does."""
+    """Load a checkpoint folder into a (possibly TP/PP-sharded) ``GPTModel``, or a list of its virtual-pipeline
+    chunks, with megatron-core's own loader, as Megatron-LM's ``--load`` does."""
     from . import import_megatron
 
     import_megatron()  # megatron-core's CPU notices silenced
     from megatron.core import dist_checkpointing
 
     folder = iteration_dir(path)
-    state = dist_checkpointing.load(model.sharded_state_dict(), str(folder))
-    own = model.state_dict().keys()
-    # The loaded dict also holds the common state (args, iteration ...): keep the model's entries.
-    missing, _ = model.load_state_dict({k: v for k, v in state.items() if k in own}, strict=False)
-    missing = [m for m in missing if not m.endswith("._extra_state")]
-    if missing:
-        raise PaiZooError(f"{folder}: the checkpoint lacks {missing}")
+    if isinstance(model, (list, tuple)):  # virtual-pipeline chunks: one load, which must cover every tensor
+        state = dist_checkpointing.load({f"chunk{i}": c.sharded_state_dict() for i, c in enumerate(model)},
+                                        str(folder))
+        pairs = [(c, state[f"chunk{i}"]) for i, c in enumerate(model)]
+    else:
+        pairs = [(model, dist_checkpointing.load(model.sharded_state_dict(), str(folder)))]
+    for chunk, loaded in pairs:
+        own = chunk.state_dict().keys()
+        # The loaded dict also holds the common state (args, iteration ...): keep the model's entries.
+        missing, _ = chunk.load_state_dict({k: v for k, v in loaded.items() if k in own}, strict=False)
+        missing = [m for m in missing if not m.endswith("._extra_state")]
+        if missing:
+            raise PaiZooError(f"{folder}: the checkpoint lacks {missing}")

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["ZeroCenteredNorm", "norm_class"]
+__all__ = ["SequenceParallelNorm", "ZeroCenteredNorm", "norm_class"]
 
 
 class ZeroCenteredNorm(torch.nn.Module):
@@ -52,6 +52,24 @@ class ZeroCenteredNorm(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.normalization}, {self.hidden_size}, eps={self.eps}, gain=1+weight"
+
+
+class SequenceParallelNorm:
+    """megatron-core's torch norm (``WrappedTorchNorm``: torch's ``LayerNorm`` or ``RMSNorm``) under sequence
+    parallelism, which megatron-core's own refuses ("sequence parallel not supported by torch LayerNorm"): its
+    parameters are marked ``sequence_parallel``, so that ``finalize_model_grads`` all-reduces their gradients over
+    the tensor-parallel ranks (each saw part of the sequence), as megatron-core's fused norms are marked.
+    :func:`pai_zoo.mcore.specs.with_sequence_parallel_norms` puts it in a local spec."""
+
+    def __new__(cls, config, hidden_size: int, eps: float = 1e-5, **kwargs):
+        kinds = {"LayerNorm": torch.nn.LayerNorm, "RMSNorm": torch.nn.RMSNorm}
+        if config.normalization not in kinds:
+            raise ValueError(f"SequenceParallelNorm: normalization {config.normalization!r} is not LayerNorm or "
+                             "RMSNorm")
+        norm = kinds[config.normalization](hidden_size, eps=eps)
+        for p in norm.parameters():
+            p.sequence_parallel = bool(config.sequence_parallel)
+        return norm
 
 
 def norm_class(config, default=None):

@@ -4,7 +4,52 @@ from __future__ import annotations
 import functools
 import warnings
 
-__all__ = ["block_spec", "default_layer_spec", "layer_specs", "stage_spec", "submodules_of", "with_norm"]
+__all__ = ["block_spec", "default_layer_spec", "layer_spec_for", "layer_specs", "stage_spec", "submodules_of",
+           "te_layer_spec", "with_norm", "with_sequence_parallel_norms"]
+
+#: arch options of the local spec that megatron-core's Transformer Engine spec cannot express: option -> why
+TE_UNSUPPORTED = {
+    "layernorm_zero_centered_gamma": "zero-centred norms are pai-zoo modules of the local spec",
+    "position_embedding_type": "ALiBi is a pai-zoo attention bias of the local spec",
+}
+
+
+def te_layer_spec(config):
+    """megatron-core's Transformer Engine GPT layer spec (``get_gpt_layer_with_transformer_engine_spec``):
+    TE's fused norm + linear (``linear_qkv.layer_norm_weight``, ``linear_fc1.layer_norm_weight``) and fused
+    attention, with the config's qk-norm and MoE experts. Its checkpoint keys are the local spec's: megatron-core's
+    local spec maps its norms to these names in ``sharded_state_dict`` (:data:`pai_zoo.megatron_lm.legacy.TE_NAMES`
+    the other way), and TE's ``_extra_state`` entries are left out of a local model's state."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
+
+    return get_gpt_layer_with_transformer_engine_spec(
+        num_experts=config.get("num_moe_experts") or None,
+        moe_grouped_gemm=bool(config.get("moe_grouped_gemm", False)),
+        qk_layernorm=bool(config.get("qk_layernorm", False)),
+    )
+
+
+def layer_spec_for(family, config, transformer_impl: str = "local"):
+    """The layer spec ``family`` builds for ``config`` with ``transformer_impl`` (``local`` or
+    ``transformer_engine``): the family's own ``layer_spec`` or megatron-core's local spec, or megatron-core's TE
+    spec. A family whose :attr:`~pai_zoo.family.Family.backends` lacks the implementation, or an arch option the
+    TE spec cannot express (ALiBi, zero-centred norms), is a :class:`~pai_zoo.errors.PaiZooError` with the reason."""
+    from ..errors import PaiZooError
+
+    if transformer_impl not in family.backends:
+        raise PaiZooError(f"family {family.name!r} supports transformer_impl {', '.join(family.backends)}, not "
+                          f"{transformer_impl} (its own modules are local ones); use --transformer-impl local")
+    if transformer_impl == "local":
+        return (family.layer_spec or default_layer_spec)(config)
+    for option, reason in TE_UNSUPPORTED.items():
+        value = config.get(option)
+        if value and (option != "position_embedding_type" or value == "alibi"):  # pai_zoo.mcore.alibi.ALIBI
+            raise PaiZooError(f"family {family.name!r}: {option}={value!r} cannot use transformer_impl "
+                              f"transformer_engine ({reason}); use --transformer-impl local")
+    if family.layer_spec is not None:
+        raise PaiZooError(f"family {family.name!r} has its own layer spec, which has no Transformer Engine form; use "
+                          "--transformer-impl local")
+    return te_layer_spec(config)
 
 
 def default_layer_spec(config):
@@ -58,6 +103,32 @@ def with_norm(layer_spec, norm):
     return layer_spec
 
 
+def with_sequence_parallel_norms(spec, config):
+    """A copy of ``spec`` (a layer ``ModuleSpec`` or a block spec) in which megatron-core's torch norms
+    (``WrappedTorchNorm``, which refuses sequence parallelism) are :class:`~pai_zoo.mcore.norms.SequenceParallelNorm`,
+    the final norm included (a layer spec becomes a :func:`block_spec` for it). Other norms stay."""
+    import copy
+
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+    from megatron.core.transformer.transformer_block import LayerNormImpl, TransformerBlockSubmodules
+
+    from .norms import SequenceParallelNorm, norm_class
+
+    if not isinstance(spec, TransformerBlockSubmodules):
+        spec = block_spec(config, spec, final_norm=norm_class(config, LayerNormImpl))
+    spec = copy.deepcopy(spec)  # a family's spec objects stay as they are
+
+    def swap(parent, name):
+        if parent is not None and getattr(parent, name, None) is WrappedTorchNorm:
+            setattr(parent, name, SequenceParallelNorm)
+
+    for layer in {id(s): s for s in spec.layer_specs}.values():
+        for name in ("input_layernorm", "pre_mlp_layernorm", "post_self_attn_layernorm", "post_mlp_layernorm"):
+            swap(layer.submodules, name)
+    swap(spec, "layer_norm")
+    return spec
+
+
 def block_spec(config, layer_spec, final_norm=None):
     """A spec of the whole decoder: every layer of the model and the final norm ``final_norm``, for a family's
     ``layer_spec`` to return when the final norm is not megatron-core's default (or the layers differ).
@@ -79,11 +150,12 @@ def block_spec(config, layer_spec, final_norm=None):
     return TransformerBlockSubmodules(layer_specs=specs, layer_norm=final_norm or norm_class(config, LayerNormImpl))
 
 
-def stage_spec(spec, config, transformer_config):
+def stage_spec(spec, config, transformer_config, vp_stage: int | None = None):
     """The spec ``GPTModel`` gets on this pipeline stage. A block spec (``TransformerBlockSubmodules``, as
     :func:`block_spec` makes) lists every layer of the model; megatron-core builds every entry it is given, so
     this keeps the stage's own layers (megatron-core's ``get_transformer_layer_offset`` and
-    ``get_num_layers_to_build``, which also number the layers). A layer ``ModuleSpec`` of a zero-centred config
+    ``get_num_layers_to_build``, which also number the layers; ``vp_stage``: the virtual pipeline stage of an
+    interleaved schedule's model chunk). A layer ``ModuleSpec`` of a zero-centred config
     becomes a block spec first (the final norm zero-centred too); any other layer spec is left to megatron-core.
     """
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
@@ -97,8 +169,8 @@ def stage_spec(spec, config, transformer_config):
     if len(spec.layer_specs) != num_layers:
         raise ValueError(f"a block spec lists every layer of the model: {len(spec.layer_specs)} layer specs for "
                          f"num_layers={num_layers} (pai_zoo.mcore.specs.block_spec makes one)")
-    offset = get_transformer_layer_offset(transformer_config)
-    count = get_num_layers_to_build(transformer_config)
+    offset = get_transformer_layer_offset(transformer_config, vp_stage=vp_stage)
+    count = get_num_layers_to_build(transformer_config, vp_stage=vp_stage)
     return TransformerBlockSubmodules(layer_specs=list(spec.layer_specs[offset:offset + count]),
                                       layer_norm=spec.layer_norm)
 

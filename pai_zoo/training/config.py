@@ -29,6 +29,11 @@ DEFAULT_WARMUP_FRACTION = 0.1
 #: ``lr_decay_style``'s choices (styles of megatron-core's ``OptimizerParamScheduler``)
 DECAY_STYLES = ("cosine", "linear", "constant")
 
+#: ``recompute_granularity``'s, ``recompute_method``'s and ``transformer_impl``'s choices (Megatron-LM's)
+RECOMPUTE_GRANULARITIES = ("selective", "full")
+RECOMPUTE_METHODS = ("uniform", "block")
+TRANSFORMER_IMPLS = ("local", "transformer_engine")
+
 #: Settings given in more than one form, and what they set: at most one form of each may be given.
 FORMS = {"budget": ("train_tokens", "train_iters"), "warm-up": ("warmup_tokens", "warmup_iters", "warmup_fraction")}
 
@@ -103,10 +108,46 @@ SETTINGS: dict[str, Setting] = {
     "pipeline_parallel_size": _s("--pipeline-parallel-size", "--pp", megatron="--pipeline-model-parallel-size",
                                  help="pipeline-parallel size (run under torchrun)"),
     "bf16": _s("--bf16", megatron="--bf16", switch=True, help="bfloat16 parameters with fp32 main weights (GPU)"),
+    "context_parallel_size": _s("--context-parallel-size", "--cp", megatron="--context-parallel-size",
+                                help="context-parallel size: each sample's sequence split over this many ranks "
+                                     "(needs transformer_impl transformer_engine on GPUs)"),
+    "virtual_pipeline_model_parallel_size": _s(
+        "--virtual-pipeline-model-parallel-size", "--vpp", megatron="--virtual-pipeline-model-parallel-size",
+        help="model chunks per pipeline rank: megatron-core's interleaved pipeline schedule (the layers must "
+             "divide by pipeline x virtual size)"),
+    "expert_model_parallel_size": _s("--expert-model-parallel-size", "--ep", megatron="--expert-model-parallel-size",
+                                     help="expert-parallel size: the MoE experts split over this many ranks"),
+    "sequence_parallel": _s("--sequence-parallel", megatron="--sequence-parallel", switch=True,
+                            help="megatron-core's sequence parallelism: norms, dropout and activations outside "
+                                 "the tensor-parallel layers split along the sequence (needs tensor_parallel_size "
+                                 "> 1)"),
+    "use_distributed_optimizer": _s(
+        "--use-distributed-optimizer", megatron="--use-distributed-optimizer", switch=True,
+        help="megatron-core's distributed optimizer: fp32 main weights and Adam states sharded over the "
+             "data-parallel ranks"),
+    "overlap_grad_reduce": _s("--overlap-grad-reduce", megatron="--overlap-grad-reduce", switch=True,
+                              help="overlap the data-parallel gradient reduction with the backward pass"),
+    "overlap_param_gather": _s("--overlap-param-gather", megatron="--overlap-param-gather", switch=True,
+                               help="overlap the distributed optimizer's parameter all-gather with the next "
+                                    "forward pass (needs use_distributed_optimizer)"),
+    "recompute_granularity": _s(
+        "--recompute-granularity", megatron="--recompute-granularity",
+        help="activation recompute in the backward pass: " + ", ".join(RECOMPUTE_GRANULARITIES)
+             + " (selective: the core attention; full: whole layers, see recompute_method)"),
+    "recompute_method": _s("--recompute-method", megatron="--recompute-method",
+                           help="with full recompute: " + ", ".join(RECOMPUTE_METHODS) + " (uniform: groups of "
+                                "recompute_num_layers layers; block: the first recompute_num_layers layers of "
+                                "each pipeline stage)"),
+    "recompute_num_layers": _s("--recompute-num-layers", megatron="--recompute-num-layers",
+                               help="with full recompute: the layers per group (uniform) or per stage (block); "
+                                    "default 1 (uniform) or all (block)"),
     "recompute_activations": _s(
         "--recompute-activations", megatron="--recompute-activations", switch=True,
-        help="recompute the core attention in the backward pass (megatron-core's selective recompute): "
-             "less activation memory for a little more compute; GPU only"),
+        help="Megatron-LM's short form of recompute_granularity selective"),
+    "transformer_impl": _s("--transformer-impl", megatron="--transformer-impl",
+                           help="the layer implementation: " + ", ".join(TRANSFORMER_IMPLS) + " (megatron-core's "
+                                "Transformer Engine spec: fused norm-linear and fused attention; a GPU with the "
+                                "gpu extra, pip install -e '.[gpu]')"),
     "sft": _s("--sft", switch=True, help="SFT data from preprocess --sft: loss mask and document boundaries"),
     "progress": _s("--no-progress", switch=False,
                    help="a progress bar (default: on a terminal); --no-progress prints plain log lines"),
@@ -165,8 +206,19 @@ class TrainConfig:
     log_interval: int = 1
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
+    context_parallel_size: int = 1
+    virtual_pipeline_model_parallel_size: int | None = None
+    expert_model_parallel_size: int = 1
+    sequence_parallel: bool = False
+    use_distributed_optimizer: bool = False
+    overlap_grad_reduce: bool = False
+    overlap_param_gather: bool = False
+    recompute_granularity: str | None = None
+    recompute_method: str | None = None
+    recompute_num_layers: int | None = None
     bf16: bool = False
     recompute_activations: bool = False
+    transformer_impl: str = "local"
     sft: bool = False
     progress: bool | None = None
     keep_last: int = 0
@@ -196,12 +248,34 @@ class TrainConfig:
         return int(self.warmup_fraction * self.train_steps + 1e-9)
 
     def data_parallel_size(self, world_size: int) -> int:
-        model_parallel = self.tensor_parallel_size * self.pipeline_parallel_size
+        model_parallel = self.tensor_parallel_size * self.pipeline_parallel_size * self.context_parallel_size
         if world_size % model_parallel:
+            cp = f" x context_parallel_size={self.context_parallel_size}" if self.context_parallel_size > 1 else ""
             raise TrainConfigError(
                 f"{world_size} processes cannot hold tensor_parallel_size={self.tensor_parallel_size} x "
-                f"pipeline_parallel_size={self.pipeline_parallel_size}")
+                f"pipeline_parallel_size={self.pipeline_parallel_size}{cp}")
         return world_size // model_parallel
+
+    @property
+    def recompute(self) -> str | None:
+        """The recompute granularity in force: ``recompute_granularity``, else ``selective`` for
+        ``recompute_activations`` (Megatron-LM's short form), else None."""
+        return self.recompute_granularity or ("selective" if self.recompute_activations else None)
+
+    def recompute_overrides(self, num_layers: int | None = None) -> dict[str, Any]:
+        """The ``TransformerConfig`` fields of the recompute settings (megatron-core's recompute in
+        ``TransformerBlock``); ``num_layers``: the model's, for block's default (every layer of a stage)."""
+        granularity = self.recompute
+        if granularity is None:
+            return {}
+        if granularity == "selective":
+            return {"recompute_granularity": "selective"}
+        method = self.recompute_method or "uniform"
+        count = self.recompute_num_layers
+        if count is None:
+            count = 1 if method == "uniform" or num_layers is None else num_layers // (
+                self.pipeline_parallel_size * (self.virtual_pipeline_model_parallel_size or 1))
+        return {"recompute_granularity": "full", "recompute_method": method, "recompute_num_layers": count}
 
     def microbatches(self, world_size: int) -> int:
         """Gradient-accumulation steps per optimizer step."""
@@ -273,7 +347,8 @@ class TrainConfig:
                 raise TrainConfigError(f"{self.given(given[0])} and {self.given(given[1])} both give the {what}; "
                                        f"give one of {', '.join(SETTINGS[n].flags[0] for n in group)}")
         positive = ["batch_size", "global_batch_size", "sequence_length", "save_interval",
-                    "tensor_parallel_size", "pipeline_parallel_size", "pad_length", "log_interval"]
+                    "tensor_parallel_size", "pipeline_parallel_size", "context_parallel_size",
+                    "expert_model_parallel_size", "pad_length", "log_interval"]
         positive.append("train_tokens" if self.train_iters is None else "train_iters")
         for name in positive:
             if getattr(self, name) <= 0:
@@ -308,15 +383,99 @@ class TrainConfig:
             raise TrainConfigError(
                 f"{what} {'exceeds' if warm > steps else 'is as long as'} the run's {steps} steps ({self._budget()}); "
                 f"lower it below {steps} steps (or give --warmup-fraction), or lengthen the run")
-        if self.recompute_activations and not _has_gpu():
-            raise TrainConfigError(f"{self.given('recompute_activations')}: activation recompute is not supported on "
-                                   "the CPU yet (megatron-core's recompute restores the CUDA random state); leave it "
-                                   "out, or train on a GPU")
+        self._check_scale(dp)
         if max_positions is not None and self.sequence_length > max_positions:
             raise TrainConfigError(f"sequence_length {self.sequence_length} is longer than the model's "
                                    f"{max_positions} positions (max_position_embeddings)")
         self.split_weights()
         self.data_blend()
+
+    def _check_scale(self, dp: int, gpu: bool | None = None) -> None:
+        """The scale settings (parallelism, distributed optimizer, recompute, implementation) that cannot
+        work together, refused with the reason before any work; the checks that need the model are
+        :meth:`check_model`. ``gpu``: whether the run has GPUs (default: whether this machine has; a plan
+        is for GPUs)."""
+        g = self.given
+        choices = {"recompute_granularity": RECOMPUTE_GRANULARITIES, "recompute_method": RECOMPUTE_METHODS,
+                   "transformer_impl": TRANSFORMER_IMPLS}
+        for name, allowed in choices.items():
+            value = getattr(self, name)
+            if value is not None and value not in allowed:
+                raise TrainConfigError(f"{g(name)}: unknown value; expected one of {', '.join(allowed)}")
+        if self.sequence_parallel and self.tensor_parallel_size == 1:
+            raise TrainConfigError(f"{g('sequence_parallel')} needs tensor_parallel_size > 1 (megatron-core splits "
+                                   "the sequence over the tensor-parallel ranks; with one there is nothing to split); "
+                                   "add --tp N or leave --sequence-parallel out")
+        vpp = self.virtual_pipeline_model_parallel_size
+        if vpp is not None:
+            if vpp < 1:
+                raise TrainConfigError(f"{g('virtual_pipeline_model_parallel_size')} must be positive")
+            if vpp > 1 and self.pipeline_parallel_size == 1:
+                raise TrainConfigError(f"{g('virtual_pipeline_model_parallel_size')} needs pipeline_parallel_size > 1 "
+                                       "(the interleaved schedule splits each pipeline rank's layers into chunks)")
+            micro, pp = self.global_batch_size // (self.batch_size * dp), self.pipeline_parallel_size
+            if vpp > 1 and micro % pp:
+                raise TrainConfigError(f"{g('virtual_pipeline_model_parallel_size')}: megatron-core's interleaved "
+                                       f"schedule needs the micro-batches per step ({micro} = global batch "
+                                       f"{self.global_batch_size} / (batch_size {self.batch_size} x data-parallel "
+                                       f"{dp})) to be a multiple of pipeline_parallel_size {pp}")
+        if self.overlap_param_gather and not self.use_distributed_optimizer:
+            raise TrainConfigError(f"{g('overlap_param_gather')} needs --use-distributed-optimizer (the "
+                                   "parameters it gathers are the distributed optimizer's shards)")
+        if self.recompute_activations and self.recompute_granularity not in (None, "selective"):
+            raise TrainConfigError(f"{g('recompute_activations')} (selective recompute) and "
+                                   f"{g('recompute_granularity')} disagree; give one of them")
+        if self.recompute != "full":
+            for name in ("recompute_method", "recompute_num_layers"):
+                if getattr(self, name) is not None:
+                    raise TrainConfigError(f"{g(name)} applies to recompute_granularity full only; add "
+                                           "--recompute-granularity full or leave it out")
+        if self.recompute_num_layers is not None and self.recompute_num_layers < 1:
+            raise TrainConfigError(f"{g('recompute_num_layers')} must be positive")
+        self.check_implementation(gpu)
+        ep = self.expert_model_parallel_size
+        if ep > 1 and (dp * self.context_parallel_size) % ep:
+            raise TrainConfigError(f"{g('expert_model_parallel_size')} must divide data-parallel x context-parallel "
+                                   f"size {dp * self.context_parallel_size} (megatron-core carves the expert ranks "
+                                   "out of them)")
+
+    def check_implementation(self, gpu: bool | None = None) -> None:
+        """Context parallelism and Transformer Engine, refused where they cannot run (the CPU, the local spec)
+        before anything else is checked; ``gpu`` as in :meth:`_check_scale`."""
+        g = self.given
+        has_gpu = _has_gpu() if gpu is None else gpu
+        te = self.transformer_impl == "transformer_engine"
+        if self.context_parallel_size > 1 and not (te and has_gpu):
+            why = "this machine has no GPU" if te else "the local layer spec's attention cannot split a sequence"
+            raise TrainConfigError(f"{g('context_parallel_size')}: megatron-core's context parallelism needs "
+                                   f"Transformer Engine's attention on GPUs ({why}); give --transformer-impl "
+                                   "transformer_engine on a GPU machine, or leave --context-parallel-size out")
+        if te and gpu is None:
+            missing = "a GPU" if not has_gpu else ("Transformer Engine" if not _has_te() else None)
+            if missing:
+                raise TrainConfigError(f"{g('transformer_impl')} needs {missing} (install the gpu extra on a GPU "
+                                       "machine: pip install -e '.[gpu]'); on the CPU use --transformer-impl local")
+
+    def check_model(self, num_layers: int, num_moe_experts: int | None = None) -> None:
+        """The checks of :meth:`validate` that need the model: the virtual pipeline's layer split, the
+        recompute layer count and the expert count."""
+        g = self.given
+        pp, vpp = self.pipeline_parallel_size, self.virtual_pipeline_model_parallel_size or 1
+        if vpp > 1 and num_layers % (pp * vpp):
+            valid = [v for v in range(2, num_layers // pp + 1) if num_layers % (pp * v) == 0]
+            raise TrainConfigError(f"{g('virtual_pipeline_model_parallel_size')}: the model's {num_layers} layers do "
+                                   f"not divide into pipeline_parallel_size {pp} x {vpp} chunks; valid sizes: "
+                                   f"{', '.join(map(str, valid)) or 'none for this pipeline size'}")
+        if self.recompute == "full" and self.recompute_num_layers is not None:
+            per_chunk = num_layers // (pp * vpp)
+            if self.recompute_num_layers > per_chunk:
+                raise TrainConfigError(f"{g('recompute_num_layers')} is more than the {per_chunk} layers of each "
+                                       "pipeline chunk")
+        ep = self.expert_model_parallel_size
+        if ep > 1 and (not num_moe_experts or num_moe_experts % ep):
+            what = f"its {num_moe_experts} experts" if num_moe_experts else "no experts (not a MoE model)"
+            raise TrainConfigError(f"{g('expert_model_parallel_size')}: the model has {what}, which do not split "
+                                   f"over {ep} expert-parallel ranks")
 
     # ---- reading ----------------------------------------------------------------------
     @classmethod
@@ -361,6 +520,12 @@ def _has_gpu() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+def _has_te() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("transformer_engine") is not None
 
 
 _DEFAULTS = {f.name: f.default for f in fields(TrainConfig) if f.default is not dataclasses.MISSING}

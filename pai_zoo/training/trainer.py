@@ -106,8 +106,14 @@ class Trainer:
         from ..mcore.parallel_sizes import check_layout, check_world
 
         check_layout(self.mcore_config, cfg.tensor_parallel_size, cfg.pipeline_parallel_size, error=TrainConfigError)
+        cfg.check_implementation()  # CP and TE where they cannot run: before the torchrun command below
         check_world(cfg.tensor_parallel_size, cfg.pipeline_parallel_size, world)  # one process: the torchrun command
         cfg.validate(world, self.mcore_config.get("max_sequence_length"))
+        cfg.check_model(self.mcore_config.num_layers, self.mcore_config.get("num_moe_experts"))
+        if cfg.transformer_impl not in self.family.backends:
+            raise TrainConfigError(f"{cfg.given('transformer_impl')}: family {self.family.name!r} supports "
+                                   f"{', '.join(self.family.backends)} (its own modules are local ones); use "
+                                   "--transformer-impl local")
         from .data import check_data
 
         check_data(cfg, self.mcore_config["vocab_size"])
@@ -115,7 +121,11 @@ class Trainer:
         if cfg.bf16 and not torch.cuda.is_available():
             raise TrainConfigError("--bf16 needs a GPU (bfloat16 training with fp32 main weights); "
                                    "on the CPU train in float32")
-        ensure_model_parallel(cfg.tensor_parallel_size, cfg.pipeline_parallel_size, cfg.seed)
+        vpp = cfg.virtual_pipeline_model_parallel_size or 1
+        ensure_model_parallel(cfg.tensor_parallel_size, cfg.pipeline_parallel_size, cfg.seed,
+                              virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None,
+                              context_parallel_size=cfg.context_parallel_size,
+                              expert_model_parallel_size=cfg.expert_model_parallel_size)
         self.rank, self.world = _world()
         self.dp_rank = parallel_state.get_data_parallel_rank()
         self.dp_size = parallel_state.get_data_parallel_world_size()
@@ -144,6 +154,14 @@ class Trainer:
         if changed:
             raise TrainConfigError(f"{self.save_dir} holds a run with other settings; resuming it with "
                                    f"{'; '.join(changed)} would not continue it (use another --save folder)")
+        distopt = (bool(before.get("use_distributed_optimizer", False)), self.cfg.use_distributed_optimizer)
+        if distopt[0] != distopt[1]:
+            raise TrainConfigError(
+                f"{self.save_dir} holds a run with use_distributed_optimizer: {distopt[0]} -> {distopt[1]}: "
+                "megatron-core keeps the distributed optimizer's state in a format of its own, which the other "
+                "optimizer cannot load (its fully reshardable format changes the layout, not the optimizer)",
+                hint=f"resume with{'' if distopt[0] else 'out'} --use-distributed-optimizer (any TP/PP/DP layout), "
+                     "or use another --save folder")
         old, new = _steps_of(before), self.cfg.train_steps
         if old is None or old == new:
             return
@@ -159,6 +177,7 @@ class Trainer:
         self.extending_from = old
 
     def _build_model(self, source) -> None:
+        from megatron.core import parallel_state
         from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
         from ..handle import load_mcore_weights
@@ -168,21 +187,31 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         model_parallel_cuda_manual_seed(cfg.seed)
         padded = source.record.get("padded_vocab_size") if source.record else None
-        model = build_gpt_model(
-            self.family, self.mcore_config, self.dtype, pre_process=self.first_stage, post_process=self.last_stage,
-            padded_vocab_size=padded, parallel_output=True, calculate_per_token_loss=True,
-            **({"recompute_granularity": "selective"} if cfg.recompute_activations else {}),
-        )
+        vpp = cfg.virtual_pipeline_model_parallel_size or 1
+        chunks = []
+        for i in range(vpp):  # one model chunk per virtual pipeline stage (megatron-core's interleaved schedule)
+            stage = i if vpp > 1 else None
+            chunk = build_gpt_model(
+                self.family, self.mcore_config, self.dtype,
+                pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=stage is None, vp_stage=stage),
+                post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=stage is None, vp_stage=stage),
+                padded_vocab_size=padded, parallel_output=True, vp_stage=stage, transformer_impl=cfg.transformer_impl,
+                **model_overrides(cfg, self.mcore_config.num_layers),
+            )
+            mask_padded_vocab(chunk, self.mcore_config["vocab_size"])
+            chunks.append(chunk)
         self.padded_vocab_size = padded or self.mcore_config.padded_vocab_size(cfg.tensor_parallel_size)
-        mask_padded_vocab(model, self.mcore_config["vocab_size"])
+        model = chunks if vpp > 1 else chunks[0]
         resuming = self._latest() is not None
         if not resuming and source.kind != "preset":
             load_mcore_weights(model, source, self.mcore_config, self.dtype, scratch=self.save_dir / ".init-mcore")
         if self.rank == 0:
             self._write_model_description(source)
         if torch.cuda.is_available():
-            model.cuda()
-        self.model = model
+            for chunk in chunks:
+                chunk.cuda()
+        self.chunks = chunks
+        self.model = model  # a GPTModel, or the list of chunks (what the optimizer and checkpoints take)
 
     def _write_model_description(self, source) -> None:
         """``pai_zoo.json`` and ``hf/`` beside the checkpoints (read by convert and load)."""
@@ -219,7 +248,10 @@ class Trainer:
             self.model, lr=cfg.learning_rate, min_lr=cfg.min_learning_rate, weight_decay=cfg.weight_decay,
             adam_beta1=cfg.adam_beta1, adam_beta2=cfg.adam_beta2, adam_eps=cfg.adam_eps, clip_grad=cfg.clip_grad,
             warmup_steps=cfg.warmup_steps, decay_steps=cfg.train_steps, decay_style=cfg.lr_decay_style,
+            use_distributed_optimizer=cfg.use_distributed_optimizer, overlap_grad_reduce=cfg.overlap_grad_reduce,
+            overlap_param_gather=cfg.overlap_param_gather,
         )
+        self.ddps = self.ddp if isinstance(self.ddp, list) else [self.ddp]
 
     def _build_data(self) -> None:
         from . import data
@@ -253,6 +285,13 @@ class Trainer:
 
     def _forward_step(self, data_iterator, model):
         batch = next(data_iterator)
+        if self.cfg.context_parallel_size > 1:  # this rank's part of each sequence (megatron-core's CP split)
+            from megatron.core.utils import get_batch_on_this_cp_rank
+
+            parts = get_batch_on_this_cp_rank({"tokens": batch.tokens, "labels": batch.labels,
+                                               "loss_mask": batch.loss_mask, "position_ids": batch.position_ids})
+            output = model(parts["tokens"], parts["position_ids"], None, labels=parts["labels"])
+            return output, partial(_loss, parts["loss_mask"])
         output = model(batch.tokens, batch.position_ids, batch.attention_mask, labels=batch.labels)
         return output, partial(_loss, batch.loss_mask)
 
@@ -263,8 +302,10 @@ class Trainer:
         if torch.cuda.is_available():
             batches = [type(b)(*(t.cuda(non_blocking=True) for t in b.__dict__.values())) for b in batches]
         length = batches[0].tokens.shape[1]
+        # the interleaved schedule reads each chunk's micro-batches from an iterator of its own
+        data = iter(batches) if len(self.ddps) == 1 else [iter(batches) for _ in self.ddps]
         reduced = get_forward_backward_func()(
-            forward_step_func=self._forward_step, data_iterator=iter(batches), model=[self.ddp],
+            forward_step_func=self._forward_step, data_iterator=data, model=self.ddps,
             num_microbatches=len(batches), seq_length=length, micro_batch_size=self.cfg.batch_size,
             forward_only=forward_only,
         )
@@ -279,7 +320,8 @@ class Trainer:
 
     def train_step(self, step: int) -> StepMetrics:
         start = time.perf_counter()
-        self.ddp.zero_grad_buffer()
+        for ddp in self.ddps:
+            ddp.zero_grad_buffer()
         self.optimizer.zero_grad()
         batches = self.train_batches.microbatches(step, self.microbatches)
         length = batches[0].tokens.shape[1]
@@ -295,7 +337,8 @@ class Trainer:
                            self._mfu(step_tokens / elapsed, length))
 
     def evaluate(self, step: int) -> float:
-        self.ddp.eval()
+        for ddp in self.ddps:
+            ddp.eval()
         loss_sum = tokens = 0.0
         with torch.no_grad():
             for i in range(self.cfg.eval_iters):
@@ -303,7 +346,8 @@ class Trainer:
                                                           self.microbatches)
                 s, n = self._run_batches(batches, forward_only=True)
                 loss_sum, tokens = loss_sum + s, tokens + n
-        self.ddp.train()
+        for ddp in self.ddps:
+            ddp.train()
         return loss_sum / max(tokens, 1)
 
     def _mfu(self, tokens_per_s: float, length: int) -> float | None:
@@ -348,8 +392,9 @@ class Trainer:
         tp_rank = parallel_state.get_tensor_model_parallel_rank()
         vocab = self.mcore_config["vocab_size"]
         count = 0
-        for name, p in self.model.named_parameters():
-            if getattr(p, "shared_embedding", False) and not self.first_stage:
+        named = [(chunk, name, p) for chunk in self.chunks for name, p in chunk.named_parameters()]
+        for chunk, name, p in named:
+            if getattr(p, "shared_embedding", False) and not chunk.pre_process:
                 continue  # the output layer tied to the first stage's embedding
             sharded = getattr(p, "tensor_model_parallel", False)
             if not sharded and tp_rank != 0:
@@ -413,6 +458,11 @@ class Trainer:
                           f"{self.optimizer.param_groups[0]['lr']:.3e}")
             else:
                 self.echo(f"resuming {self.save_dir} at step {start} of {cfg.train_steps}")
+            saved = state.get("resharded_from")
+            if saved:
+                self.echo(f"resharded from TP {saved.get('tp')} x PP {saved.get('pp')} x DP {saved.get('dp')} to TP "
+                          f"{cfg.tensor_parallel_size} x PP {cfg.pipeline_parallel_size} x DP {self.dp_size} "
+                          "(megatron-core's dist_checkpointing; the random states restart from the seed)")
             if not state.get("has_optimizer", True):
                 self.echo(f"warning: {iteration_name(start)} holds no optimizer state (saved with --no-save-optim): "
                           "the optimizer restarts (Adam moments from zero); the weights, schedule and data continue")
@@ -435,7 +485,8 @@ class Trainer:
         self.bar = bar = StepDisplay(cfg.train_steps, cfg.progress if self.rank == 0 else False)
         eta = ETA(start, cfg.train_steps)
         done = start
-        self.ddp.train()
+        for ddp in self.ddps:
+            ddp.train()
         last: dict = {}
         stop = StopRequest(lambda: self._stopped(done) if self.rank == 0 else "")
         try:
@@ -466,6 +517,24 @@ class Trainer:
             if log is not None:
                 log.close()
         return last
+
+
+def model_overrides(cfg: TrainConfig, num_layers: int) -> dict:
+    """The ``TransformerConfig`` fields a run's scale settings set (sequence and context parallelism, the virtual
+    pipeline, expert parallelism, recompute), beside the per-token loss the trainer uses."""
+    overrides = {"calculate_per_token_loss": True, **cfg.recompute_overrides(num_layers)}
+    if cfg.sequence_parallel:
+        overrides["sequence_parallel"] = True
+    if (cfg.virtual_pipeline_model_parallel_size or 1) > 1:
+        overrides["virtual_pipeline_model_parallel_size"] = cfg.virtual_pipeline_model_parallel_size
+        # Megatron-LM's defaults for the interleaved schedule: overlapped, unbatched p2p (its send/recv pairs keep
+        # the forward and backward directions apart when the previous and next stage are one rank, at PP 2)
+        overrides.update(overlap_p2p_comm=True, batch_p2p_comm=False)
+    if cfg.context_parallel_size > 1:
+        overrides["context_parallel_size"] = cfg.context_parallel_size
+    if cfg.expert_model_parallel_size > 1:
+        overrides["expert_model_parallel_size"] = cfg.expert_model_parallel_size
+    return overrides
 
 
 #: the settings that give the budget: with ``extend`` they may grow.

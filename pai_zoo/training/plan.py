@@ -1,0 +1,159 @@
+"""``pai-zoo train --plan``: the memory of a run on each GPU, before launching it (no training, no torch).
+
+For the model, the layout (TP x PP x CP x DP, virtual pipeline) and the settings, per rank of the fullest
+pipeline stage:
+
+* parameters and gradients: the rank's share of megatron-core's layers (counted as megatron-core builds them:
+  tensor-parallel weights split, norms and row-parallel biases replicated, the padded vocabulary split over TP,
+  the word embeddings on the first stage, the output layer and final norm on the last, a tied output layer copied
+  to the last stage under PP); parameters in the run's dtype, gradients in fp32 (megatron-core's grad buffer with
+  ``grad_reduce_in_fp32``);
+* the Adam state: fp32 main weights (with bf16 parameters) and two moments, 12 or 8 bytes a parameter, all on
+  each rank, or divided over the data-parallel ranks with the distributed optimizer;
+* activations per micro-batch and layer by Korthikanti et al. (2022), "Reducing Activation Recomputation in
+  Large Transformer Models": ``s b h (10 + 24/t + 5 a s / (h t))`` bytes, ``s b h / t (34 + 5 a s / h)`` with
+  sequence parallelism, without the attention term under selective recompute, ``2 s b h`` (the layer's input;
+  divided by ``t`` with SP) under full recompute; the first pipeline stage holds ``min(pp, micro-batches)``
+  micro-batches in flight (1F1B; times ``1 + (pp - 1) / (pp v)`` interleaved), plus the fp32 logits of one
+  micro-batch on the last stage. An estimate: the allocator's fragmentation and communication buffers come on top.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class StageParams:
+    """Parameters on one tensor-parallel rank of one pipeline rank (all its virtual-pipeline chunks)."""
+
+    pp_rank: int
+    layers: int
+    parameters: int
+
+
+def layer_parameters(config, tp: int = 1) -> int:
+    """One transformer layer's parameters on one tensor-parallel rank, as megatron-core's local/TE GPT layer
+    builds them (dense MLP; column-parallel biases split, row-parallel biases and norms replicated)."""
+    a = config.arch
+    h = a["hidden_size"]
+    heads, groups, kv = config.num_attention_heads, config.num_query_groups, config.kv_channels
+    ffn = a.get("ffn_hidden_size") or 4 * h
+    norm = h * (2 if a.get("normalization", "LayerNorm") == "LayerNorm" else 1)
+    bias = bool(a.get("add_bias_linear", True))
+    qkv_bias = bool(a.get("add_qkv_bias", bias))
+    qkv_rows = kv * (heads + 2 * groups)
+    glu = 2 if a.get("gated_linear_unit") else 1
+    count = 2 * norm  # input_layernorm, pre_mlp_layernorm
+    count += (h * qkv_rows + (qkv_rows if qkv_bias else 0)) // tp
+    count += heads * kv * h // tp + (h if bias else 0)
+    if a.get("qk_layernorm"):
+        count += 2 * kv * (2 if a.get("normalization", "LayerNorm") == "LayerNorm" else 1)
+    count += (h * ffn * glu + (ffn * glu if bias else 0)) // tp
+    count += ffn * h // tp + (h if bias else 0)
+    return count
+
+
+def stage_parameters(config, tp: int = 1, pp: int = 1, vpp: int = 1) -> list[StageParams]:
+    """Each pipeline rank's parameters on one tensor-parallel rank (the layer split of megatron-core: an equal
+    number of layers per rank, interleaved over the virtual stages)."""
+    a = config.arch
+    h, layers = a["hidden_size"], config.num_layers
+    vocab = config.padded_vocab_size(tp) // tp * h
+    norm = h * (2 if a.get("normalization", "LayerNorm") == "LayerNorm" else 1)
+    per_layer = layer_parameters(config, tp)
+    out = []
+    for rank in range(pp):
+        count = layers // pp * per_layer
+        if rank == 0:
+            count += vocab
+            if a.get("position_embedding_type", "learned_absolute") == "learned_absolute":
+                count += int(a.get("max_sequence_length", 4096)) * h
+        if rank == pp - 1:
+            count += norm  # the final norm
+            if not config.tied_embeddings or pp > 1:
+                count += vocab  # the output layer (under PP a tied one is a copy on the last stage)
+        out.append(StageParams(rank, layers // pp, count))
+    return out
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Bytes per GPU on the fullest pipeline stage."""
+
+    layout: str
+    parameters_per_rank: int
+    parameters: float
+    gradients: float
+    optimizer: float
+    optimizer_distributed: float
+    activations: float
+    activations_no_recompute: float
+    distributed_optimizer: bool
+    recompute: str | None
+
+    @property
+    def total(self) -> float:
+        optimizer = self.optimizer_distributed if self.distributed_optimizer else self.optimizer
+        return self.parameters + self.gradients + optimizer + self.activations
+
+
+def activation_bytes(config, cfg, recompute: str | None, dp: int = 1) -> float:
+    """Activation memory of the first pipeline stage for one step (the micro-batches in flight)."""
+    a = config.arch
+    h, heads, layers = a["hidden_size"], config.num_attention_heads, config.num_layers
+    s, b, t = cfg.sequence_length // cfg.context_parallel_size, cfg.batch_size, cfg.tensor_parallel_size
+    pp, vpp = cfg.pipeline_parallel_size, cfg.virtual_pipeline_model_parallel_size or 1
+    attention = 5 * heads * s / h
+    if recompute == "full":
+        per_layer = 2 * s * b * h / (t if cfg.sequence_parallel else 1)
+    elif cfg.sequence_parallel:
+        per_layer = s * b * h / t * (34 + (0 if recompute == "selective" else attention))
+    else:
+        per_layer = s * b * h * (10 + 24 / t + (0 if recompute == "selective" else attention / t))
+    micro = cfg.global_batch_size // (cfg.batch_size * dp)
+    in_flight = min(pp, max(micro, 1)) * (1 + (pp - 1) / (pp * vpp) if vpp > 1 else 1)
+    logits = s * b * config.padded_vocab_size(t) / t * 4 if pp == 1 else 0
+    return layers // pp * per_layer * in_flight + logits
+
+
+def make_plan(config, cfg, world: int) -> Plan:
+    """The :class:`Plan` of ``cfg`` (a :class:`~pai_zoo.training.config.TrainConfig`) for ``config`` (the model's
+    :class:`~pai_zoo.config_map.McoreConfig`) on ``world`` GPUs."""
+    tp, pp, cp = cfg.tensor_parallel_size, cfg.pipeline_parallel_size, cfg.context_parallel_size
+    dp = cfg.data_parallel_size(world)
+    stages = stage_parameters(config, tp, pp, cfg.virtual_pipeline_model_parallel_size or 1)
+    n = max(s.parameters for s in stages)
+    width = 2 if cfg.bf16 else 4
+    adam = (12 if cfg.bf16 else 8) * n
+    layout = f"{world} GPUs = TP {tp} x PP {pp}" + (f" x CP {cp}" if cp > 1 else "") + f" x DP {dp}"
+    if (cfg.virtual_pipeline_model_parallel_size or 1) > 1:
+        layout += f" (virtual pipeline {cfg.virtual_pipeline_model_parallel_size})"
+    return Plan(layout, n, width * n, 4 * n, adam, adam / dp, activation_bytes(config, cfg, cfg.recompute, dp),
+                activation_bytes(config, cfg, None, dp), cfg.use_distributed_optimizer, cfg.recompute)
+
+
+def plan_lines(plan: Plan, gpu_memory_gb: float | None = None) -> list[str]:
+    """The plan as ``pai-zoo train --plan`` prints it."""
+    def gib(x: float) -> str:
+        return f"{x / GIB:,.1f} GiB"
+
+    opt, opt_d = plan.optimizer, plan.optimizer_distributed
+    lines = [
+        f"layout: {plan.layout}",
+        f"parameters per GPU (fullest pipeline stage): {plan.parameters_per_rank:,}",
+        f"  weights {gib(plan.parameters)}, gradients (fp32) {gib(plan.gradients)}",
+        f"  Adam state {gib(opt)} without the distributed optimizer, {gib(opt_d)} with it"
+        + (" (in use)" if plan.distributed_optimizer else " (use_distributed_optimizer)"),
+        f"  activations {gib(plan.activations)} per step with "
+        + (f"{plan.recompute} recompute" if plan.recompute else "no recompute")
+        + (f" ({gib(plan.activations_no_recompute)} without recompute)" if plan.recompute else ""),
+        f"total per GPU: {gib(plan.total)}",
+    ]
+    if gpu_memory_gb is not None:
+        budget = gpu_memory_gb * 1e9
+        verdict = "fits" if plan.total <= budget else "does NOT fit"
+        lines.append(f"  {verdict} in --gpu-memory {gpu_memory_gb:g} GB ({gib(budget)}): "
+                     f"{plan.total / budget:.0%} of it")
+    return lines
