@@ -443,3 +443,45 @@ def test_greedy_generation_equals_transformers_token_for_token(name):
     assert [len(f.tokens) for f in ours] == [12, 12, 12]
     assert [f.tokens for f in ours] == [f.tokens for f in theirs]
     assert len({tuple(f.tokens) for f in ours}) == 3  # the rows differ: the comparison sees each prompt
+
+
+# -- training with expert parallelism ----------------------------------------------------------------------------
+def test_training_with_expert_parallel_2_repeats_the_one_process_losses(tmp_path):
+    """``pai-zoo train --expert-model-parallel-size 2`` (torchrun, 2 gloo processes, each holding half the experts,
+    data parallel 2 for the rest) from a Hugging Face folder: the same loss curve as one process, within 1e-4."""
+    import json
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    import pai_zoo
+    from pai_zoo.data import toy
+    from pai_zoo.data.preprocess import preprocess
+
+    toy.write_tokenizer(tmp_path / "hf", vocab_size=300)
+    pai_zoo.load("mixtral-tiny", backend="hf", seed=3).model.save_pretrained(tmp_path / "hf")
+    corpus = toy.write_corpus(tmp_path / "corpus.jsonl", documents=60)
+    preprocess([corpus], tmp_path / "toy", str(tmp_path / "hf"), append_eod=True, progress=False)
+
+    def train(save, *extra, nproc=1):
+        head = [sys.executable, "-m", "pai_zoo.cli"]
+        if nproc > 1:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            head = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr",
+                    "127.0.0.1", "--master-port", str(port), "-m", "pai_zoo.cli"]
+        command = [*head, "train", "--model", str(tmp_path / "hf"), "--data", str(tmp_path / "toy_text_document"),
+                   "--save", str(save), "--global-batch-size", "4", "--batch-size", "1", "--seq-length", "32",
+                   "--train-iters", "6", "--warmup-iters", "1", "--lr", "3e-3", "--min-lr", "3e-4",
+                   "--save-interval", "6", "--no-progress", *extra]
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=600,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        return [json.loads(line)["loss"] for line in (save / "metrics.jsonl").read_text().splitlines()]
+
+    one = train(tmp_path / "one")
+    ep2 = train(tmp_path / "ep2", "--expert-model-parallel-size", "2", nproc=2)
+    assert len(one) == len(ep2) == 6 and one[-1] < one[0]  # it trained
+    assert max(abs(a - b) for a, b in zip(one, ep2)) <= 1e-4
