@@ -176,7 +176,8 @@ class FastTokenizer(Tokenizer):
         """Rebuild the gigatoken tokenizer, dropping its encode caches, once this process has grown by more than
         ``max_growth`` bytes since it was built; True when it did. gigatoken caches every distinct pre-token it
         meets and never evicts: on text whose words are nearly all distinct that grows about 5 bytes per byte of
-        text (bench: 7.08 GB peak RSS on 1 GB unbounded, 1.21 GB with the 512 MB bound). The ids are the same either way."""
+        text (bench: 7.08 GB peak RSS on 1 GB unbounded, 1.21 GB with the 512 MB bound). The ids are the same
+        either way."""
         if _rss() - self._rss_at_build <= max_growth:
             return False
         self._gt = None  # freed before the new one is built
