@@ -18,7 +18,8 @@ Row kinds: :class:`Copy`, :class:`Vocab` (pads the vocabulary to Megatron's padd
 trims it back), :class:`QKV` (megatron's fused QKV, grouped per query group, so MHA, GQA and
 MQA all work), :class:`GateUp` (fused SwiGLU ``[gate; up]``), :class:`Output` (output head,
 tied or not), :class:`FusedQKV` (one HF ``[q; k; v]`` tensor, all heads of each in turn),
-:class:`Dropped` (a checkpoint buffer no model holds, e.g. rotary ``inv_freq``). A family
+:class:`Dropped` (a checkpoint buffer no model holds, e.g. rotary ``inv_freq``), :class:`Refused`
+(checkpoint tensors no model holds that must not be dropped: the coverage error says why). A family
 needing another layout subclasses :class:`Row`.
 
 The engine checks coverage: every source tensor is consumed exactly once and every target
@@ -341,6 +342,22 @@ class Dropped(Row):
         return self.hf if direction == TO_MCORE else ()
 
 
+class Refused(Row):
+    """Checkpoint tensors that no model of the family holds and that must not be dropped silently (GLM-4.5's
+    multi-token-prediction layers after the decoder layers): a source tensor no row consumes for which
+    ``match(name, ctx)`` is true makes the coverage error this row's ``reason``, naming those tensors."""
+
+    def __init__(self, match: Callable[[str, MappingContext], bool], reason: str):
+        self.hf, self.mcore = (), ()
+        self.match, self.reason = match, reason
+
+    def active(self, ctx):
+        return False
+
+    def __repr__(self) -> str:
+        return f"Refused({self.reason})"
+
+
 @dataclass(frozen=True)
 class _Step:
     """One expanded row: concrete source and target names for one direction."""
@@ -431,6 +448,11 @@ class WeightMap:
         given = set(source_names)
         problems = []
         missing, unexpected = sorted(needed - given), sorted(given - needed - optional)
+        for row in self.rows:
+            hit = [n for n in unexpected if isinstance(row, Refused) and row.match(n, ctx)]
+            if hit:
+                shown = ", ".join(hit[:4]) + (f" ... ({len(hit)} tensors)" if len(hit) > 4 else "")
+                raise MappingError(f"{row.reason}: {shown}")
         if missing:
             problems.append(f"missing source tensors: {', '.join(missing)}")
         if unexpected:

@@ -485,3 +485,26 @@ def test_training_with_expert_parallel_2_repeats_the_one_process_losses(tmp_path
     ep2 = train(tmp_path / "ep2", "--expert-model-parallel-size", "2", nproc=2)
     assert len(one) == len(ep2) == 6 and one[-1] < one[0]  # it trained
     assert max(abs(a - b) for a, b in zip(one, ep2)) <= 1e-4
+
+
+def test_glm4_moe_mtp_layer_tensors_are_refused_by_name(tmp_path):
+    """A GLM-4.5 checkpoint holding a multi-token-prediction layer (model.layers.{num_hidden_layers}.*, which
+    transformers' model leaves out too) is refused naming its tensors, not converted without them."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from pai_zoo import MappingError
+    from pai_zoo.conversion import convert
+    from pai_zoo_conformance import checks
+
+    case = checks.build_case(get_registry().family("glm4-moe"), "glm4-moe-tiny")
+    case.hf_model.save_pretrained(tmp_path / "hf")
+    (file,) = (tmp_path / "hf").glob("*.safetensors")
+    tensors = load_file(file)
+    tensors["model.layers.2.eh_proj.weight"] = torch.zeros(64, 128)
+    tensors["model.layers.2.enorm.weight"] = torch.ones(64)
+    save_file(tensors, file, metadata={"format": "pt"})
+    with pytest.raises(MappingError, match=r"multi-token-prediction layers .* model\.layers\.2\.eh_proj\.weight, "
+                                           r"model\.layers\.2\.enorm\.weight"):
+        convert(tmp_path / "hf", tmp_path / "mcore", "mcore")
+    assert not (tmp_path / "mcore").exists()

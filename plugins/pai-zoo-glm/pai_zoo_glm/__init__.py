@@ -24,6 +24,7 @@ from pai_zoo.layouts import (
     moe_layout,
     qkv_bias,
 )
+from pai_zoo.mapping import Refused
 
 from .presets import PRESETS
 from .presets_moe import GLM4_MOE_PRESETS
@@ -151,7 +152,18 @@ def glm4_moe_weights(config) -> WeightMap:
             Copy(L + "self_attn.q_norm.weight", M + "self_attention.q_layernorm.weight"),
             Copy(L + "self_attn.k_norm.weight", M + "self_attention.k_layernorm.weight"),
         ]
+    rows.append(Refused(_mtp_tensor, "GLM-4.5's multi-token-prediction layers (num_nextn_predict_layers, the "
+                                     "model.layers.N.* with N >= num_hidden_layers) are not converted: megatron-core's "
+                                     "MTP block is not supported by this family; leave their tensors out of the "
+                                     "checkpoint to convert the rest"))
     return WeightMap(*rows)
+
+
+def _mtp_tensor(name: str, ctx) -> bool:
+    """A tensor of a layer after the decoder's (``model.layers.{num_layers + i}.*``): an MTP layer's."""
+    parts = name.split(".")
+    return (name.startswith("model.layers.") and len(parts) > 2 and parts[2].isdigit()
+            and int(parts[2]) >= ctx.num_layers)
 
 
 GLM4_MOE = Family(
