@@ -292,7 +292,9 @@ class Trainer:
                                                "loss_mask": batch.loss_mask, "position_ids": batch.position_ids})
             output = model(parts["tokens"], parts["position_ids"], None, labels=parts["labels"])
             return output, partial(_loss, parts["loss_mask"])
-        output = model(batch.tokens, batch.position_ids, batch.attention_mask, labels=batch.labels)
+        # TE's attention is causal by its mask type; an SFT batch's document mask still goes in
+        mask = None if self.cfg.transformer_impl == "transformer_engine" and not self.cfg.sft else batch.attention_mask
+        output = model(batch.tokens, batch.position_ids, mask, labels=batch.labels)
         return output, partial(_loss, batch.loss_mask)
 
     def _run_batches(self, batches, forward_only: bool) -> tuple[float, float]:
