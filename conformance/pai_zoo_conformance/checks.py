@@ -13,6 +13,8 @@ from pai_zoo.errors import MappingError
 from pai_zoo.family import Family
 from pai_zoo.mapping import TO_HF, TO_MCORE, MappingContext
 
+from .parallel_worker import layout_file
+
 #: Mixed text for the tokenizer check: ASCII, CJK, emoji, whitespace runs, leading space.
 MIXED_TEXT = (
     " Hello, world! The quick brown fox.\n\n  Indented\tline\t\twith tabs\n你好，世界。日本語のテキスト🙂🚀   end  "
@@ -456,7 +458,6 @@ def check_parallel_equivalence(case: Case, folder: Path, layouts=PARALLEL_LAYOUT
     """Logits of the model loaded with each ``(tp, pp)`` layout (2 gloo processes under
     torchrun) equal the single-process logits within ``atol``. Returns max |delta| per layout."""
     import os
-    import socket
     import subprocess
     import sys
 
@@ -474,19 +475,21 @@ def check_parallel_equivalence(case: Case, folder: Path, layouts=PARALLEL_LAYOUT
     torch.save(ids, folder / "ids.pt")
     reference = pai_zoo.load(folder / "mcore", backend="mcore").logits(ids)
     deltas = {}
+    by_world: dict[int, list[tuple[int, int]]] = {}  # one torchrun launch per world size, its layouts in turn
     for tp, pp in layouts:
-        out = folder / f"logits-tp{tp}-pp{pp}.pt"
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(tp * pp),
-                   "--master-addr", "127.0.0.1", "--master-port", str(port),
+        by_world.setdefault(tp * pp, []).append((tp, pp))
+    for world, group in by_world.items():
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world),
                    "-m", "pai_zoo_conformance.parallel_worker", "--checkpoint", str(folder / "mcore"),
-                   "--tp", str(tp), "--pp", str(pp), "--ids", str(folder / "ids.pt"), "--out", str(out)]
+                   "--layouts", ",".join(f"{tp}x{pp}" for tp, pp in group), "--ids", str(folder / "ids.pt"),
+                   "--out", str(folder)]
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         proc = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
         if proc.returncode != 0:
-            _fail("parallel", f"tp={tp} pp={pp}: torchrun failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+            names = ", ".join(f"tp={tp} pp={pp}" for tp, pp in group)
+            _fail("parallel", f"{names}: torchrun failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    for tp, pp in layouts:
+        out = folder / layout_file(tp, pp)
         got = torch.load(out)
         if got.shape != reference.shape:
             _fail("parallel", f"tp={tp} pp={pp}: logits shape {tuple(got.shape)} != {tuple(reference.shape)}")

@@ -12,26 +12,41 @@ def main(argv=None) -> None:
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--tp", type=int, default=1)
     parser.add_argument("--pp", type=int, default=1)
+    parser.add_argument("--layouts", help="several TPxPP layouts, comma-separated (e.g. 2x1,1x2), one after the "
+                                          "other in this launch; --out is then a folder of logits-tpT-ppP.pt")
     parser.add_argument("--ids", required=True, help="torch.save'd LongTensor [batch, seq]")
     parser.add_argument("--out", required=True)
     parser.add_argument("--save", help="write the loaded model here with megatron-core's dist_checkpointing.save")
     args = parser.parse_args(argv)
 
     import torch
+    from megatron.core import parallel_state
 
     import pai_zoo
 
     torch.set_num_threads(1)
-    handle = pai_zoo.load(
-        args.checkpoint, backend="mcore", tensor_parallel_size=args.tp, pipeline_parallel_size=args.pp
-    )
-    logits = handle.logits(torch.load(args.ids))
-    if torch.distributed.get_rank() == 0:
-        torch.save(logits, args.out)
+    ids = torch.load(args.ids)
+    if args.layouts:
+        layouts = [tuple(int(n) for n in layout.split("x")) for layout in args.layouts.split(",")]
+        outs = [f"{args.out}/{layout_file(tp, pp)}" for tp, pp in layouts]
+    else:
+        layouts, outs = [(args.tp, args.pp)], [args.out]
+    for (tp, pp), out in zip(layouts, outs):
+        if parallel_state.model_parallel_is_initialized():
+            parallel_state.destroy_model_parallel()  # the next layout's groups, in the same process group
+        handle = pai_zoo.load(args.checkpoint, backend="mcore", tensor_parallel_size=tp, pipeline_parallel_size=pp)
+        logits = handle.logits(ids)
+        if torch.distributed.get_rank() == 0:
+            torch.save(logits, out)
     if args.save:
         _save_like_megatron(handle.model, args.checkpoint, args.save)
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
+
+
+def layout_file(tp: int, pp: int) -> str:
+    """The file ``--layouts`` writes one layout's logits to."""
+    return f"logits-tp{tp}-pp{pp}.pt"
 
 
 def _save_like_megatron(model, source, target) -> None:
