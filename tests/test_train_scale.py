@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -155,7 +157,8 @@ def test_full_recompute_runs_once_per_group_of_layers(scaled):
     assert full == STEPS * micro * 2 and selective == STEPS * micro * 4, (full, selective)
 
 
-@pytest.mark.parametrize("case, to", [("tp2_sp", {})], ids=["tp2-to-tp1"])
+@pytest.mark.parametrize("case, to", [("tp2_sp", {}), ("dp2_distopt", {"use_distributed_optimizer": True})],
+                         ids=["tp2-to-tp1", "dp2-distopt-to-dp1"])
 def test_a_checkpoint_resumes_with_another_layout(setup, scaled, baseline, case, to, tmp_path):
     """Step 4 of a 2-process run resumed by one process: megatron-core reshards the weights and the optimizer
     state (the distributed optimizer's in its fully reshardable format); steps 5-8 repeat the baseline's."""
@@ -176,6 +179,34 @@ def test_switching_the_distributed_optimizer_on_resume_is_refused(setup, scaled,
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "use_distributed_optimizer: True -> False" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_distributed_optimizer_resumes_after_sigkill_and_converts_to_hf(setup, scaled, tmp_path):
+    import pai_zoo
+    from pai_zoo.conversion import convert
+
+    save = tmp_path / "killed"
+    values = settings(setup, save, use_distributed_optimizer=True)
+    proc = subprocess.Popen([*torchrun("-m", "pai_zoo.cli"), "train", *flags(values)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env=_env(), start_new_session=True)
+    metrics = save / "metrics.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        if metrics.is_file() and len(metrics.read_text().splitlines()) >= 6:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run ended before it could be killed"
+    os.killpg(proc.pid, signal.SIGKILL)  # torchrun and both trainers
+    proc.wait()
+    assert (save / "latest_checkpointed_iteration.txt").read_text() == "4"
+    resumed = train(values, nproc=2)
+    assert "resuming" in resumed.stdout
+    assert losses(save) == losses(scaled["dp2_distopt"])  # step for step, bit for bit
+    convert(save, tmp_path / "hf", to="hf")
+    ids = torch.randint(0, 300, (2, 20), generator=torch.Generator().manual_seed(0))
+    trained = pai_zoo.load(save, backend="mcore").logits(ids)
+    assert (pai_zoo.load(tmp_path / "hf", backend="hf").logits(ids) - trained).abs().max().item() <= 1e-4
+    assert (pai_zoo.load(setup / "hf", backend="hf").logits(ids) - trained).abs().max().item() > 1e-2
 
 
 # ---------------------------------------------------------------------------------------------

@@ -258,7 +258,8 @@ def _patch_distributed_optimizer() -> None:
     ``torch.cuda.FloatTensor`` (and half/bfloat16) only: while it is built, a CPU tensor's ``type()`` is the CUDA
     name of its dtype (nothing else changes). Its fully reshardable checkpoint format gathers the state with
     ``.cuda()`` tensors unless told to use gloo: on the CPU it is told; and on loading it copies every entry of
-    torch Adam's per-parameter state, ``step`` included, which that format keeps in the param groups only."""
+    torch Adam's per-parameter state, ``step`` included, which that format keeps in the param groups only, and
+    restores that ``step`` as one tensor shared by every parameter (each gets its own copy here)."""
     from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 
     original = DistributedOptimizer.__init__
@@ -307,6 +308,19 @@ def _patch_distributed_optimizer() -> None:
         return put(self, model_param, tensors)
 
     DistributedOptimizer._set_main_param_and_optimizer_states = _set_main_param_and_optimizer_states
+
+    load = DistributedOptimizer.load_state_dict
+
+    @functools.wraps(load)
+    def load_state_dict(self, state_dict):
+        # without apex or TE it gives every parameter's state one shared "step" tensor, which torch's Adam then
+        # advances once per parameter and step (a wrong bias correction after a resume): each gets its own
+        load(self, state_dict)
+        for state in self.optimizer.state.values():
+            if torch.is_tensor(state.get("step")):
+                state["step"] = state["step"].clone()
+
+    DistributedOptimizer.load_state_dict = load_state_dict
 
 
 def _patch_split_sizes() -> None:
