@@ -1,5 +1,6 @@
-"""``pai-zoo train`` at scale on the CPU (gloo, 2 processes): sequence parallelism, the distributed optimizer, the
-interleaved pipeline schedule and activation recompute repeat one process's losses; a distributed-optimizer run
+"""``pai-zoo train`` at scale on the CPU (gloo, 2 processes): sequence parallelism, the distributed optimizer (also
+with overlapped gradient reduce and parameter gather), the interleaved pipeline schedule and activation recompute
+repeat one process's losses; a distributed-optimizer run
 killed with SIGKILL resumes with the same losses and converts to HF; checkpoints reshard TP2 -> TP1 and
 DP2 (distributed optimizer) -> DP1; impossible combinations are refused before any work.
 
@@ -33,6 +34,8 @@ ODD = dict(vocab_size=300, num_hidden_layers=4, hidden_size=72, num_attention_he
 CASES = {
     "tp2_sp": {"tensor_model_parallel_size": 2, "sequence_parallel": True},
     "dp2_distopt": {"use_distributed_optimizer": True},
+    "dp2_distopt_overlap": {"use_distributed_optimizer": True, "overlap_grad_reduce": True,
+                            "overlap_param_gather": True, "save_interval": 8},
     "pp2_vpp2": {"pipeline_model_parallel_size": 2, "virtual_pipeline_model_parallel_size": 2, "save_interval": 8},
     "full_recompute": {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 2,
                        "save_interval": 8},
