@@ -32,9 +32,11 @@ from .checkpoint import (
 from .config_map import McoreConfig
 from .errors import PaiZooError, no_such_path
 from .family import Family
+from .handle import load
 from .mapping import TO_MCORE, MappingContext
 from .mcore import dist_ckpt
 from .mcore import megatron_lm_args as mla
+from .mcore.heads import sequence_classification_config
 from .mcore.parallel_sizes import check_layout
 from .megatron_lm import is_megatron_checkpoint, is_megatron_lm_checkpoint, open_checkpoint
 from .registry import get_registry
@@ -333,7 +335,6 @@ def _write_hf_configs(hf_side: Path | None, out: Path, family: Family, config: M
     if not getattr(hf_config, "architectures", None):
         hf_config.architectures = [family.hf_architectures[0]] if family.hf_architectures else None
     if head:  # a reward model: *ForSequenceClassification with score.weight
-        from .mcore.heads import sequence_classification_config
 
         sequence_classification_config(hf_config, head)
     hf_config.save_pretrained(out)
@@ -383,7 +384,6 @@ def verify_conversion(src, dst, tokenizer=None, iteration=None, tolerance=None, 
     loader), run a sample prompt, and compare the logits (:func:`compare_logits`: within
     ``atol + rtol * max |logits|``, :data:`VERIFY_TOLERANCES` for ``dtype``, default
     :func:`verification_dtype`; ``tolerance`` = ``(atol, rtol)`` or ``"ATOL[,RTOL]"`` overrides)."""
-    from .handle import load
 
     src, dst = Path(src), Path(dst)
     hf_side, mcore_side = (src, dst) if is_hf_checkpoint(src) else (dst, src)

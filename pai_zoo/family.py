@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from .config_map import ConfigMap, McoreConfig
 from .errors import PaiZooError, PluginError
+from .mapping import WeightMap
 
 if TYPE_CHECKING:  # pragma: no cover
     from .mapping import WeightMap
@@ -209,7 +210,6 @@ class Family:
 
     def weight_map_for(self, config: McoreConfig) -> "WeightMap":
         """The table for one model."""
-        from .mapping import WeightMap
 
         return self.weight_map if isinstance(self.weight_map, WeightMap) else self.weight_map(config)
 

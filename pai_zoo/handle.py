@@ -5,12 +5,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import hf
 from .checkpoint import HFCheckpoint, is_hf_checkpoint, read_config
 from .config_map import McoreConfig
-from .errors import PaiZooError, SettingError, UnknownModelError
+from .errors import PaiZooError, PaiZooWarning, SettingError, UnknownModelError
 from .family import Family
+from .mapping import TO_MCORE, MappingContext
+from .mcore import import_megatron
+from .mcore.parallel_sizes import check_layout
 from .registry import get_registry
+from .tokenizers.names import model_tokenizer
 from .util.dist import is_rank0, single_process_env
+from .weights import load_into, mcore_tensors, mcore_to_hf
 
 BACKENDS = ("mcore", "hf")
 
@@ -69,7 +75,6 @@ class ModelHandle:
         """The weights under Hugging Face names (converted when the backend is megatron-core)."""
         if self.backend == "hf":
             return dict(self.model.state_dict())
-        from .weights import mcore_tensors, mcore_to_hf
 
         return mcore_to_hf(self.family, self.mcore_config, mcore_tensors(self.model))
 
@@ -98,7 +103,6 @@ class Source:
 
 def resolve(name_or_path, checkpoint=None, *, tokenizer=None, iteration=None) -> Source:
     """Work out what ``name_or_path`` (and ``checkpoint``) name; see :func:`load`."""
-    from . import hf
     from .mcore import dist_ckpt
     from .megatron_lm import describe, is_megatron_checkpoint, is_megatron_lm_checkpoint
 
@@ -142,7 +146,6 @@ def resolve(name_or_path, checkpoint=None, *, tokenizer=None, iteration=None) ->
 def _warn(notes: list[str]) -> None:
     import warnings
 
-    from .errors import PaiZooWarning
 
     for note in notes:
         if note.startswith("warning: "):
@@ -178,7 +181,6 @@ def load(
     """
     import torch
 
-    from . import hf
 
     if backend not in BACKENDS:
         raise SettingError(f"backend={backend!r}: use one of {', '.join(BACKENDS)} (megatron-core or transformers)")
@@ -197,22 +199,17 @@ def load(
         model = _load_hf(source, hf_config, dtype)
     else:
         model = _load_mcore(source, mcore_config, dtype, seed, tensor_parallel_size, pipeline_parallel_size)
-    from .tokenizers.names import model_tokenizer
 
     tokenizer = model_tokenizer(source, mcore_config["vocab_size"])
     return ModelHandle(model, family, backend, hf_config, mcore_config, tokenizer, source.path)
 
 
 def _load_hf(source: Source, hf_config, dtype):
-    from . import hf
-
     if source.kind == "hf":
         cls = hf.model_class(source.family, hf_config.model_type)
         return cls.from_pretrained(source.path, config=hf_config, dtype=dtype).eval()
     model = hf.build_hf_model(source.family, hf_config, dtype)
     if source.kind in ("mcore", "megatron-lm"):
-        from .weights import load_into
-
         with source.open_megatron() as checkpoint:
             state = dict(checkpoint.hf_tensors(expected=model.state_dict().keys()))
         load_into(model, {k: v.to(dtype) for k, v in state.items()}, f"{source.path} -> transformers")
@@ -220,15 +217,12 @@ def _load_hf(source: Source, hf_config, dtype):
 
 
 def _load_mcore(source: Source, config: McoreConfig, dtype, seed: int, tp: int | None, pp: int | None):
-    from .mcore import import_megatron
-
     import_megatron()  # megatron-core's CPU notices silenced
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
     from .mcore.build import build_gpt_model
     from .mcore.compat import ensure_model_parallel
-    from .mcore.parallel_sizes import check_layout
 
     check_layout(config, tp or 1, pp or 1)  # an invalid tp/pp names the valid ones, before any process group
     ensure_model_parallel(tp or 1, pp or 1)
@@ -273,9 +267,7 @@ def load_mcore_weights(model, source: Source, config: McoreConfig, dtype, scratc
     import torch
     from megatron.core import parallel_state
 
-    from .mapping import TO_MCORE, MappingContext
     from .mcore.dist_ckpt import load_model_weights
-    from .weights import load_into, mcore_tensors
 
     # one process holds the whole model: no TP/PP and no expert parallelism (EP ranks hold a share of the experts)
     single = (parallel_state.get_model_parallel_group().size() == 1

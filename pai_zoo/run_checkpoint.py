@@ -2,7 +2,6 @@
 ``pai-zoo train`` (:mod:`pai_zoo.training`) and ``pai-zoo rl`` (:mod:`pai_zoo.rl.checkpoint`) run folders.
 
 A run folder::
-
     DIR/latest_checkpointed_iteration.txt   the last complete iteration ("40")
     DIR/iter_0000040/                       megatron dist_checkpointing (torch_dist): model,
                                             optimizer (unless saved weights-only), scheduler,
@@ -27,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch import multiprocessing as mp
 
 from .errors import PaiZooError
 from .mcore.dist_ckpt import TRACKER, iteration_dir
@@ -159,7 +159,6 @@ def _results_queue_dies_with_us() -> None:
     from multiprocessing.managers import SyncManager
 
     from megatron.core.dist_checkpointing.strategies import filesystem_async
-    from torch import multiprocessing as mp
 
     if _manager is None and getattr(filesystem_async, "_results_queue", "absent") is None:
         _manager = SyncManager(ctx=mp.get_context("spawn"))

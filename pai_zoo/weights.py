@@ -7,6 +7,7 @@ from .config_map import McoreConfig
 from .errors import MappingError
 from .family import Family
 from .mapping import TO_HF, TO_MCORE, MappingContext
+from .registry import get_registry
 
 
 def mcore_tensors(model) -> dict:
@@ -15,8 +16,6 @@ def mcore_tensors(model) -> dict:
 
 
 def _table(family: Family, config: McoreConfig):
-    from .registry import get_registry
-
     return get_registry().weight_map(family, config)
 
 

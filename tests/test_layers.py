@@ -3,6 +3,12 @@
 Every module of ``pai_zoo/`` is read with :mod:`ast`; imports inside functions count, ``if TYPE_CHECKING:`` blocks
 do not. A module may import only from its own layer or below, and pai-zoo's modules must not import each other in a
 cycle (neither across layers nor within one).
+
+An import inside a function is allowed only where it keeps a slow package (``HEAVY``: torch, megatron-core,
+transformers ...) out of the importing module: the imported module brings one in at its top level that the importer
+does not already have. Anything else goes at the top of the module. Two exceptions: imports inside ``try:`` (probing
+an optional package or a megatron-core version), and ``pai_zoo/__init__.py``, which every submodule import runs and
+which therefore re-exports the API (``load``, ``convert``, ``generate``) lazily.
 """
 
 from __future__ import annotations
@@ -67,6 +73,13 @@ def layer_of(module: str) -> int:
             if prefix in names:
                 return layer
     raise AssertionError(f"{module} is in no layer: add it to LAYERS in {__file__}")
+
+
+# Third-party packages slow enough to keep out of ``import pai_zoo`` and ``pai-zoo list``.
+HEAVY = frozenset({
+    "torch", "megatron", "transformers", "numpy", "safetensors", "tokenizers", "tiktoken", "sentencepiece",
+    "gigatoken", "google", "yaml", "psutil",
+})
 
 
 def _targets(module: str, node: ast.Import | ast.ImportFrom, is_package: bool) -> list[str]:
@@ -157,6 +170,92 @@ def upward_imports(graph: dict[str, dict[str, int]], mods: dict[str, Path]) -> l
     return out
 
 
+def _resolve(target: str, mods) -> str:
+    """The pai_zoo module ``target`` names (``from pai_zoo.x import name``: pai_zoo.x), or its top-level package."""
+    if target.split(".")[0] != "pai_zoo":
+        return target.split(".")[0]
+    while target and target not in mods:
+        target = target.rpartition(".")[0]
+    return target
+
+
+def scan_imports(mods: dict[str, Path]) -> tuple[dict[str, set[str]], dict[str, list[tuple[int, str, bool]]]]:
+    """``(top, inner)``: each module's top-level imports (pai_zoo modules and third-party top-level packages), and
+    its imports inside functions as ``(line, imported, inside try:)``; ``TYPE_CHECKING`` blocks are skipped."""
+    top: dict[str, set[str]] = {}
+    inner: dict[str, list[tuple[int, str, bool]]] = {}
+    for name, path in mods.items():
+        is_package = path.name == "__init__.py"
+        top[name], inner[name] = set(), []
+
+        def walk(node, in_function: bool, in_try: bool) -> None:
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                    for other in child.orelse:
+                        walk(ast.Module(body=[other], type_ignores=[]), in_function, in_try)
+                    continue
+                if isinstance(child, (ast.Import, ast.ImportFrom)):
+                    for target in _targets(name, child, is_package):
+                        imported = _resolve(target, mods)
+                        if imported == name:
+                            continue
+                        if in_function:
+                            inner[name].append((child.lineno, imported, in_try))
+                        else:
+                            top[name].add(imported)
+                    continue
+                walk(
+                    child,
+                    in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)),
+                    in_try or (in_function and isinstance(child, ast.Try)),
+                )
+
+        walk(ast.parse(path.read_text(), str(path)), False, False)
+    return top, inner
+
+
+def heavy_at_import(top: dict[str, set[str]]) -> dict[str, frozenset[str]]:
+    """The ``HEAVY`` packages that importing each module brings in (its top-level closure, parent packages too)."""
+    memo: dict[str, frozenset[str]] = {}
+
+    def visit(module: str, seen: frozenset[str]) -> frozenset[str]:
+        if module not in top:
+            return frozenset({module}) & HEAVY
+        if module in memo:
+            return memo[module]
+        parts = module.split(".")
+        deps = set(top[module]) | {".".join(parts[:i]) for i in range(1, len(parts))}
+        out = frozenset().union(*(visit(d, seen | {module}) for d in deps if d not in seen | {module}))
+        memo[module] = out
+        return out
+
+    return {module: visit(module, frozenset()) for module in top}
+
+
+def needless_function_level_imports(mods: dict[str, Path]) -> list[str]:
+    """Imports inside functions that keep no ``HEAVY`` package out of their module (see the module docstring)."""
+    top, inner = scan_imports(mods)
+    heavy = heavy_at_import(top)
+    out = []
+    for importer, imports in sorted(inner.items()):
+        if importer == "pai_zoo":
+            continue
+        for line, imported, in_try in imports:
+            if in_try:
+                continue
+            brings = heavy[imported] if imported in mods else frozenset({imported}) & HEAVY
+            if imported not in mods and not brings:
+                continue  # a light third-party module (json, shutil ...): where it is imported is style
+            if not brings - heavy[importer]:
+                path = mods[importer]
+                where = f"{path.relative_to(PACKAGE.parent) if path.is_relative_to(PACKAGE.parent) else path}:{line}"
+                out.append(
+                    f"{where}: {importer} imports {imported} inside a function, but it keeps nothing heavy out "
+                    f"({imported} brings {', '.join(sorted(brings)) or 'nothing heavy'}): import it at the top"
+                )
+    return out
+
+
 @pytest.fixture(scope="module")
 def graph():
     mods = _modules()
@@ -179,6 +278,27 @@ def test_no_import_from_a_higher_layer(graph):
     mods, g = graph
     found = upward_imports(g, mods)
     assert not found, "imports from a higher layer (importer -> imported):\n" + "\n".join("  " + f for f in found)
+
+
+def test_function_level_imports_only_keep_heavy_packages_out():
+    found = needless_function_level_imports(_modules())
+    assert not found, "function-level imports that keep nothing heavy out:\n" + "\n".join("  " + f for f in found)
+
+
+def test_import_pai_zoo_and_pai_zoo_list_stay_light():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, contextlib, io\n"
+        "import pai_zoo\n"
+        "from pai_zoo.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    main(['list'])\n"
+        f"print(sorted(m for m in {sorted(HEAVY - {'google', 'yaml', 'psutil'})!r} if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "[]"
 
 
 # -- the checker itself can fail ---------------------------------------------------------------------------------
@@ -213,3 +333,21 @@ def test_function_level_imports_count_and_type_checking_ones_do_not(tmp_path):
         "pai_zoo.cli": pkg / "cli.py",
     }
     assert import_graph(mods)["pai_zoo.errors"] == {"pai_zoo.cli": 5}
+
+
+def test_checker_finds_a_needless_function_level_import(tmp_path):
+    pkg = tmp_path / "pai_zoo"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "light.py").write_text("import json\n")
+    (pkg / "heavy.py").write_text("import torch\n")
+    (pkg / "user.py").write_text(
+        "def f():\n    from . import light\n"          # needless: light brings nothing heavy
+        "def g():\n    from . import heavy\n"          # kept: it keeps torch out of user
+        "def h():\n    try:\n        from . import light\n    except ImportError:\n        pass\n"  # a probe
+    )
+    (pkg / "torchy.py").write_text("import torch\ndef f():\n    from . import heavy\n")  # torch is here already
+    names = ("light", "heavy", "user", "torchy")
+    mods = {"pai_zoo": pkg / "__init__.py", **{f"pai_zoo.{n}": pkg / f"{n}.py" for n in names}}
+    found = [line.split(": ")[0].rsplit("/", 1)[-1] for line in needless_function_level_imports(mods)]
+    assert found == ["torchy.py:3", "user.py:2"]

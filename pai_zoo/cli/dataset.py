@@ -1,7 +1,9 @@
 """``pai-zoo dataset inspect PREFIX`` and ``pai-zoo dataset merge PREFIX... --output-prefix OUT``."""
 from __future__ import annotations
 
+from ..data.prefix import resolve_prefix
 from ..errors import PaiZooError
+from ..tokenizers.names import resolve_tokenizer
 from ._common import add_command
 
 
@@ -23,7 +25,6 @@ def add_parser(subparsers) -> None:
 
 def run_inspect(args) -> int:
     from ..data.indexed import IndexedDatasetReader, read_sidecar, statistics
-    from ..data.prefix import resolve_prefix
 
     prefix = resolve_prefix(args.prefix)
     if str(prefix) != args.prefix:
@@ -43,8 +44,6 @@ def run_inspect(args) -> int:
         ids = reader.document(args.document).tolist()
         print(f"document {args.document}: {len(ids)} tokens")
         if args.tokenizer:
-            from ..tokenizers.names import resolve_tokenizer
-
             print(resolve_tokenizer(args.tokenizer).load().decode(ids))
         else:
             print(ids)
@@ -72,7 +71,6 @@ def _sft_lines(prefix, stats: dict) -> list[str]:
 
 def run_merge(args) -> int:
     from ..data.indexed import merge, statistics
-    from ..data.prefix import resolve_prefix
 
     merge([resolve_prefix(p) for p in args.prefixes], args.output_prefix)
     stats = statistics(args.output_prefix)

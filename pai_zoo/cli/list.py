@@ -5,6 +5,7 @@ import json
 import sys
 
 from ..errors import PaiZooError
+from ..family import installed_mcore_version
 from ._common import add_command, registry
 
 
@@ -47,7 +48,6 @@ def run(args) -> int:
 
 def _print_versions(reg) -> None:
     """Families grouped by the megatron-core versions and backends they support."""
-    from ..family import installed_mcore_version
 
     installed = installed_mcore_version()
     groups: dict[tuple[str, str, bool], list[str]] = {}  # (versions, backends, supported) -> families

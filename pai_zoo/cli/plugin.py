@@ -2,6 +2,7 @@
 generated from its Hugging Face config and measured against transformers (:mod:`pai_zoo.scaffold`)."""
 from __future__ import annotations
 
+from ..scaffold import new_plugin
 from ._common import add_command
 
 
@@ -20,8 +21,6 @@ def add_parser(subparsers) -> None:
 
 
 def run_new(args) -> int:
-    from ..scaffold import new_plugin
-
     draft = new_plugin(args.name, args.from_config, args.output, like=args.like, force=args.force)
     folder = args.output or f"./{draft.distribution}"
     print(f"wrote {folder}: {draft.distribution} (package {draft.package}, family {draft.name!r}, presets "

@@ -3,12 +3,11 @@ from __future__ import annotations
 
 import sys
 
+from ..data.preprocess import preprocess, preprocess_sft
 from ._common import add_command, defaults
 
 
 def add_parser(subparsers) -> None:
-    from ..data.preprocess import preprocess, preprocess_sft
-
     plain, sft = defaults(preprocess), defaults(preprocess_sft)
     p = add_command(subparsers, "preprocess", "tokenize text into Megatron indexed datasets (.bin/.idx)")
     p.add_argument("--input", nargs="+", required=True, help="JSON Lines (.jsonl[.gz|.zst]) or text files, or globs")
@@ -38,8 +37,6 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
-    from ..data.preprocess import preprocess, preprocess_sft
-
     common = dict(workers=args.workers, skip_bad=args.skip_bad, batch_size=args.batch_size, progress=None)
     if args.sft:
         summary = preprocess_sft(args.input, args.output_prefix, args.tokenizer, seq_length=args.seq_length,

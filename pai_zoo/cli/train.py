@@ -11,6 +11,11 @@ from __future__ import annotations
 
 import argparse
 
+from ..handle import resolve
+from ..hf import config_dict, hf_config
+from ..mcore.parallel_sizes import check_layout
+from ..training.config import SETTINGS, TrainConfig, TrainConfigError
+from ..training.plan import make_plan, plan_lines
 from ..util.dist import is_rank0
 from ._common import add_command, defaults
 
@@ -30,8 +35,6 @@ class _Given(argparse.Action):
 
 
 def add_parser(subparsers) -> None:
-    from ..training.config import SETTINGS, TrainConfig
-
     default = defaults(TrainConfig)
     p = add_command(subparsers, "train",
                     "continued pretraining or SFT on Megatron-Core (torchrun for several processes)",
@@ -58,7 +61,6 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
-    from ..training.config import TrainConfig
     from ..training.trainer import train
 
     cfg = TrainConfig.load(args.config, getattr(args, GIVEN, None) or {})
@@ -74,11 +76,6 @@ def run(args) -> int:
 
 def plan(cfg, gpus: int | None, gpu_memory: float | None) -> int:
     """``--plan``: the memory per GPU (:mod:`pai_zoo.training.plan`), from the model's config alone."""
-    from ..handle import resolve
-    from ..hf import config_dict, hf_config
-    from ..mcore.parallel_sizes import check_layout
-    from ..training.config import TrainConfigError
-    from ..training.plan import make_plan, plan_lines
 
     if not cfg.model:
         raise TrainConfigError("--plan needs --model: the model to plan for (a preset, a Hugging Face folder or a "

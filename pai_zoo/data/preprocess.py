@@ -19,11 +19,21 @@ from itertools import chain, islice
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from ..errors import PaiZooError
+from ..errors import PaiZooError, PaiZooWarning, SettingError
+from ..tokenizers import fast as fast_engine
+from ..tokenizers.fast import (
+    ENGINES,
+    FastEngineMismatch,
+    FastEngineUnavailable,
+    fast_tokenizer,
+    first_difference,
+    hard_strings,
+)
 from ..tokenizers.names import TokenizerRef, resolve_tokenizer
 from ..util.progress import Progress
+from .blocks import iter_text_batches
 from .blocks import record_texts as _texts
-from .sources import BadRecord, iter_raw_records
+from .sources import BadRecord, iter_raw_records, parse_record
 
 
 @dataclass
@@ -132,7 +142,6 @@ def _encode_pretraining(task: _Task, batch: list[tuple[str, object]]) -> _Encode
     """Parse and tokenize a batch of raw records (one ``encode_batch`` call per key)."""
     import numpy as np
 
-    from .sources import parse_record
 
     bad, good = [], []
     for i, (where, payload) in enumerate(batch):
@@ -220,7 +229,6 @@ def _sample_texts(inputs, keys, text_mode: str, count: int = 64, max_bytes: int 
     """Texts of the first good records of the inputs (the run's own text, for the engine check): at most
     ``count`` records and about ``max_bytes`` of text, so that the exact engine checks them in a fraction of a
     second."""
-    from .blocks import iter_text_batches
 
     texts: list[str] = []
     size = 0
@@ -241,22 +249,13 @@ def select_engine(tok, engine: str, inputs, keys, *, text_mode: str = "file", ad
     instead of falling back."""
     import warnings
 
-    from ..errors import PaiZooWarning, SettingError
-    from ..tokenizers.fast import (
-        ENGINES,
-        FastEngineMismatch,
-        FastEngineUnavailable,
-        fast_engine_installed,
-        fast_tokenizer,
-        first_difference,
-        hard_strings,
-    )
 
     if engine not in ENGINES:
         raise SettingError(f"--engine {engine}: not one of {', '.join(ENGINES)}")
     if engine == "hf":
         return None, "--engine hf"
-    if engine == "auto" and not fast_engine_installed():  # the exact engine, as without the fast extra
+    # without the fast extra, the exact engine (fast_engine_installed looked up at call time: tests swap it)
+    if engine == "auto" and not fast_engine.fast_engine_installed():
         return None, "gigatoken is not installed"
     try:
         fast = fast_tokenizer(tok, threads=threads)
@@ -395,7 +394,6 @@ FAST_CACHE_GROWTH = 512 << 20
 def _encode_fast(fast, inputs, keys, text_mode, batch_bytes, add_special_tokens, append_eod, dtype,
                  profile: dict) -> Iterator[_EncodedBatch]:
     """The fast engine's batches: read and parsed by a thread, encoded here (gigatoken releases the GIL)."""
-    from .blocks import iter_text_batches
 
     append = [fast.eod_id] if append_eod else []
     for name in ("read", "parse", "encode"):
@@ -419,7 +417,6 @@ def _encode_fast(fast, inputs, keys, text_mode, batch_bytes, add_special_tokens,
 def _encode_sft(task: _Task, batch: list[tuple[str, object]]) -> list:
     """Per record: ``(where, tokens, loss_mask, utf8 bytes)`` or ``(where, BadRecord)``."""
     from .sft import build_example, normalize_record
-    from .sources import parse_record
 
     out = []
     for where, payload in batch:

@@ -37,6 +37,7 @@ import torch
 
 from ..util.dist import launched_by_torchrun
 from . import import_megatron
+from .parallel_sizes import check_world
 
 import_megatron()
 
@@ -144,7 +145,6 @@ class _CpuTorch:
         original = getattr(torch, name)
         attr = original
         if name in _FACTORIES:
-
             @functools.wraps(original)
             def attr(*args, **kwargs):
                 if "device" in kwargs:
@@ -398,7 +398,6 @@ def ensure_model_parallel(tensor_parallel_size: int = 1, pipeline_parallel_size:
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
-    from .parallel_sizes import check_world
 
     apply_cpu_patch()
     if not parallel_state.model_parallel_is_initialized():

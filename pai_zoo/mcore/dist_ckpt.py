@@ -1,7 +1,6 @@
 """Megatron-Core distributed checkpoints (``torch_dist``) written and read tensor by tensor.
 
 A checkpoint folder, as Megatron-LM's ``--load`` expects it::
-
     DST/latest_checkpointed_iteration.txt     "release" (or an iteration number)
     DST/release/                              torch.distributed.checkpoint files:
         .metadata  __0_0.distcp  common.pt  metadata.json
@@ -25,10 +24,26 @@ from pathlib import Path
 from typing import Any, Iterable
 
 import torch
+from torch.distributed.checkpoint.filesystem import _StorageInfo
+from torch.distributed.checkpoint.metadata import (
+    BytesStorageMetadata,
+    ChunkStorageMetadata,
+    Metadata,
+    MetadataIndex,
+    TensorProperties,
+    TensorStorageMetadata,
+)
 
 from ..config_map import McoreConfig
 from ..errors import MappingError, PaiZooError
 from ..family import Family
+from ..mapping import TO_HF, MappingContext
+from ..registry import get_registry
+from . import import_megatron
+from .build import build_gpt_model
+from .compat import ensure_model_parallel
+from .heads import attach_score_head, score_weight_map
+from .megatron_lm_args import megatron_lm_args as args_for_megatron_lm
 
 TRACKER = "latest_checkpointed_iteration.txt"
 RELEASE = "release"
@@ -85,8 +100,6 @@ def meta_model(family: Family, config: McoreConfig, dtype: torch.dtype, padded_v
                head: dict | None = None):
     """A ``GPTModel`` on the meta device (single process, all layers): shapes without memory.
     ``head`` (a checkpoint's ``pai_zoo.json`` entry) replaces the LM head by a score head."""
-    from .build import build_gpt_model
-    from .compat import ensure_model_parallel
 
     ensure_model_parallel()
     with torch.device("meta"):
@@ -94,8 +107,6 @@ def meta_model(family: Family, config: McoreConfig, dtype: torch.dtype, padded_v
             family, config, dtype, padded_vocab_size=padded_vocab_size, perform_initialization=False
         )
         if head:
-            from .heads import attach_score_head
-
             attach_score_head(model)
     return model
 
@@ -103,7 +114,6 @@ def meta_model(family: Family, config: McoreConfig, dtype: torch.dtype, padded_v
 def layout_of(family: Family, config: McoreConfig, dtype: torch.dtype, padded_vocab_size: int,
               head: dict | None = None) -> Layout:
     """The checkpoint layout of ``config``'s model, from megatron-core's ``sharded_state_dict``."""
-    from . import import_megatron
 
     import_megatron()  # megatron-core's CPU notices silenced
     from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor, apply_factories
@@ -136,7 +146,6 @@ def megatron_lm_args(
     """The args Megatron-LM stores in a checkpoint (for ``--use-checkpoint-args``), under its own names:
     :func:`pai_zoo.mcore.megatron_lm_args.megatron_lm_args` (``tokenizer``: its ``tokenizer_type`` /
     ``tokenizer_model``)."""
-    from .megatron_lm_args import megatron_lm_args as args_for_megatron_lm
 
     return args_for_megatron_lm(config, tp, pp, padded_vocab_size, dtype, **tokenizer)
 
@@ -145,8 +154,6 @@ class DistCheckpointWriter:
     """Writes a ``torch_dist`` checkpoint folder one tensor chunk at a time."""
 
     def __init__(self, folder: Path):
-        from torch.distributed.checkpoint.metadata import Metadata
-
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         self._file = open(self.folder / DATA_FILE, "wb")
@@ -158,14 +165,6 @@ class DistCheckpointWriter:
         return start, self._file.tell() - start
 
     def write_chunk(self, chunk: Chunk, tensor) -> None:
-        from torch.distributed.checkpoint.filesystem import _StorageInfo
-        from torch.distributed.checkpoint.metadata import (
-            ChunkStorageMetadata,
-            MetadataIndex,
-            TensorProperties,
-            TensorStorageMetadata,
-        )
-
         tensor = tensor.reshape(chunk.sizes)
         if tensor.untyped_storage().nbytes() != tensor.numel() * tensor.element_size():
             tensor = tensor.clone()  # torch.save would store a view's whole storage
@@ -179,9 +178,6 @@ class DistCheckpointWriter:
         self.metadata.storage_data[MetadataIndex(chunk.key, offsets)] = _StorageInfo(DATA_FILE, start, length)
 
     def write_object(self, unique_key: str, obj: Any) -> None:
-        from torch.distributed.checkpoint.filesystem import _StorageInfo
-        from torch.distributed.checkpoint.metadata import BytesStorageMetadata, MetadataIndex
-
         buffer = io.BytesIO()
         torch.save([obj], buffer)  # megatron stores each ShardedObject as a one-element list
         start, length = self._append(lambda f: f.write(buffer.getbuffer()))
@@ -262,8 +258,6 @@ class DistCheckpointReader:
         return self.metadata.state_dict_metadata[key].properties.dtype
 
     def _load_chunk(self, key: str, offsets) -> torch.Tensor:
-        from torch.distributed.checkpoint.metadata import MetadataIndex
-
         info = self.metadata.storage_data[MetadataIndex(key, torch.Size(offsets))]
         if info.relative_path not in self._files:
             path = self.folder / info.relative_path
@@ -320,7 +314,6 @@ class DistCheckpointReader:
 
     def read_bytes(self, key: str) -> bytes:
         """A byte entry (a ``ShardedObject`` such as ``common_state/shard_0_1``) as stored."""
-        from torch.distributed.checkpoint.metadata import MetadataIndex
 
         info = self.metadata.storage_data.get(MetadataIndex(key))
         if info is None:
@@ -414,8 +407,6 @@ class MegatronCheckpoint:
 
     def __init__(self, path, family: Family | None = None, *, config: McoreConfig | None = None,
                  record: dict | None = None, reader=None):
-        from ..mapping import MappingContext
-        from ..registry import get_registry
 
         self.path = Path(path)
         if config is None:
@@ -431,8 +422,6 @@ class MegatronCheckpoint:
         self.layout = layout_of(self.family, self.config, self.stored_dtype, self.padded_vocab_size, self.head)
         self.table = registry.weight_map(self.family, self.config)
         if self.head:
-            from .heads import score_weight_map
-
             self.table = score_weight_map(self.table)
         self.ctx = MappingContext.from_config(self.config, padded_vocab_size=self.padded_vocab_size)
         self.reader.check_layout(self.layout, self.family.name)
@@ -444,7 +433,6 @@ class MegatronCheckpoint:
 
     def hf_tensors(self, expected=None, meta: bool = False):
         """``(HF name, tensor)`` pairs through the family's table; ``meta=True`` gives shapes only."""
-        from ..mapping import TO_HF
 
         get = self.layout.meta if meta else (lambda name: self.reader.read_local(self.layout, name))
         return self.table.iter_convert(TO_HF, self.ctx, get, self.layout.local_shapes, expected)
@@ -462,7 +450,6 @@ class MegatronCheckpoint:
 def load_model_weights(model, path) -> None:
     """Load a checkpoint folder into a (possibly TP/PP-sharded) ``GPTModel``, or a list of its virtual-pipeline
     chunks, with megatron-core's own loader, as Megatron-LM's ``--load`` does."""
-    from . import import_megatron
 
     import_megatron()  # megatron-core's CPU notices silenced
     from megatron.core import dist_checkpointing

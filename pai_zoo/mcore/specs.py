@@ -4,6 +4,8 @@ from __future__ import annotations
 import functools
 import warnings
 
+from ..errors import PaiZooError
+
 __all__ = ["block_spec", "default_layer_spec", "layer_spec_for", "layer_specs", "stage_spec", "submodules_of",
            "te_layer_spec", "with_norm", "with_sequence_parallel_norms"]
 
@@ -34,7 +36,6 @@ def layer_spec_for(family, config, transformer_impl: str = "local"):
     ``transformer_engine``): the family's own ``layer_spec`` or megatron-core's local spec, or megatron-core's TE
     spec. A family whose :attr:`~pai_zoo.family.Family.backends` lacks the implementation, or an arch option the
     TE spec cannot express (ALiBi, zero-centred norms), is a :class:`~pai_zoo.errors.PaiZooError` with the reason."""
-    from ..errors import PaiZooError
 
     if transformer_impl not in family.backends:
         raise PaiZooError(f"family {family.name!r} supports transformer_impl {', '.join(family.backends)}, not "

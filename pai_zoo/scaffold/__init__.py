@@ -14,7 +14,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from ..registry import get_registry
+from ..util.files import publish
 from .draft import Draft, infer
+from .measure import search
+from .render import conformance_test, package_init, presets_module, pyproject, readme
 from .source import ScaffoldError, read_source
 
 __all__ = ["Draft", "ScaffoldError", "new_plugin", "write_plugin"]
@@ -23,8 +27,6 @@ _NAME = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
 
 
 def _check_name(name: str, architecture: str, model_type: str) -> None:
-    from ..registry import get_registry
-
     if not _NAME.match(name):
         raise ScaffoldError(f"plugin name {name!r}: use lower-case letters, digits and single dashes (e.g. 'helium')")
     registry = get_registry()
@@ -42,7 +44,6 @@ def _check_name(name: str, architecture: str, model_type: str) -> None:
 def new_plugin(name: str, source: str, output=None, like: str | None = None, force: bool = False) -> Draft:
     """Infer, measure and write the plugin ``name`` for ``source`` into ``output`` (default
     ``./pai-zoo-NAME``); returns the measured :class:`Draft` (its ``stubs`` empty when it passed)."""
-    from .measure import search
 
     try:
         import pai_zoo_conformance  # noqa: F401 - the checks the draft is measured with
@@ -52,8 +53,6 @@ def new_plugin(name: str, source: str, output=None, like: str | None = None, for
     src = read_source(source)
     _check_name(name, src.architecture, src.model_type)
     if like is not None:
-        from ..registry import get_registry
-
         registry = get_registry()
         if not registry.is_family(like):
             raise ScaffoldError(f"--like {like}: no installed family of that name (installed: "
@@ -70,8 +69,6 @@ def write_plugin(draft: Draft, folder: Path, force: bool = False) -> Path:
     import shutil
     import tempfile
 
-    from ..util.files import publish
-    from .render import conformance_test, package_init, presets_module, pyproject, readme
 
     folder = Path(folder)
     if folder.exists() and not force:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config_map import NON_ARCHITECTURE_KEYS, REQUIRED, Field
+from ..registry import get_registry
 from .source import ScaffoldError, Source
 
 #: Keys that :func:`pai_zoo.layouts.llama_config_rules` reads.
@@ -189,7 +190,6 @@ def _literal(value: Any) -> bool:
 def known_rules(like: str | None = None) -> tuple[dict[str, str], set[str]]:
     """``{hf key: Field code}`` of every plain rule (no encode/decode, a literal default) of the installed families,
     ``like``'s first, and their ``passthrough`` keys."""
-    from ..registry import get_registry
 
     registry = get_registry()
     families = sorted(registry.families.values(), key=lambda f: f.name)

@@ -11,6 +11,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from pai_zoo.verification import compare_logits
+
 from ..errors import PaiZooError
 from .draft import Draft
 from .render import package_init, presets_module
@@ -82,7 +84,6 @@ def first_difference(case) -> str:
     import torch
 
     from pai_zoo.mcore.forward import mcore_forward
-    from pai_zoo.verification import compare_logits
 
     hf_out: dict[str, Any] = {}
     mc_out: dict[str, Any] = {}

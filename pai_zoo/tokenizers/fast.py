@@ -21,6 +21,9 @@ from typing import Any
 from ..errors import TokenizerError
 from .base import Tokenizer
 from .config import SPIECE
+from .hf import HFTokenizer
+from .sentencepiece import SentencePieceTokenizer, _variant
+from .tiktoken import CL100K_PAT_STR, QWEN_PAT_STR, TiktokenTokenizer
 
 __all__ = ["ENGINES", "HARD_STRINGS", "FastEngineMismatch", "FastEngineUnavailable", "FastTokenizer",
            "fast_engine_installed", "fast_tokenizer", "first_difference", "hard_strings"]
@@ -78,7 +81,6 @@ def _sentencepiece_json(exact) -> str:
     """tokenizer.json contents that encode like the SentencePiece adapter (without its BOS/EOS)."""
     from gigatoken._load.sentencepiece import sentencepiece_to_tokenizer_json
 
-    from .sentencepiece import _variant
 
     proto = exact._proto
     if proto.trainer_spec.model_type != proto.trainer_spec.BPE or not proto.trainer_spec.byte_fallback:
@@ -104,16 +106,11 @@ def _sentencepiece_json(exact) -> str:
 
 #: gigatoken's names for the split patterns of pai-zoo's tiktoken adapter.
 def _tiktoken_pretokenizer(pattern: str) -> str | None:
-    from .tiktoken import CL100K_PAT_STR, QWEN_PAT_STR
-
     return {CL100K_PAT_STR: "gpt4", QWEN_PAT_STR: "qwen2"}.get(pattern)
 
 
 def _backend(exact: Tokenizer):
     """The gigatoken.Tokenizer encoding like ``exact`` (special tokens in text included, BOS/EOS left out)."""
-    from .hf import HFTokenizer
-    from .sentencepiece import SentencePieceTokenizer
-    from .tiktoken import TiktokenTokenizer
 
     if not fast_engine_installed():
         raise FastEngineUnavailable("the fast engine needs gigatoken: pip install 'pai-zoo[fast]' (or gigatoken)")

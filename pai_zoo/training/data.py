@@ -24,6 +24,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..data.indexed import IndexedDatasetReader
+from ..data.prefix import resolve_prefix, resolve_sft_prefix
+from ..data.vocabulary import check_dataset_vocabulary
 from ..errors import PaiZooError
 from .config import TrainConfig
 
@@ -43,7 +46,6 @@ class _DatasetTokenizer:
 def resolved_prefixes(prefixes: list[str], sft: bool = False) -> list[str]:
     """``--data`` prefixes as the files they name (:mod:`pai_zoo.data.prefix`: ``PREFIX`` or
     ``PREFIX_text_document``; for SFT the ``PREFIX`` of both datasets); errors list the pairs that exist nearby."""
-    from ..data.prefix import resolve_prefix, resolve_sft_prefix
 
     if sft:
         return [str(resolve_sft_prefix(p, what="--data")) for p in prefixes]
@@ -64,7 +66,6 @@ def _split_bounds(n: int, weights: list[float]) -> list[tuple[int, int]]:
 def check_data(cfg: TrainConfig, vocab_size: int | None = None) -> None:
     """The dataset files exist and, given the model's ``vocab_size``, their token ids fit it (before any work
     starts; :func:`pai_zoo.data.vocabulary.check_dataset_vocabulary`)."""
-    from ..data.vocabulary import check_dataset_vocabulary
 
     prefixes = resolved_prefixes(cfg.data_blend()[0], cfg.sft)
     if vocab_size is not None:
@@ -128,8 +129,6 @@ class SFTSamples:
     confined to each record (``segment_ids``)."""
 
     def __init__(self, prefix: str, documents: tuple[int, int], seed: int, sequence_length: int):
-        from ..data.indexed import IndexedDatasetReader
-
         self.text = IndexedDatasetReader(prefix + "_text_document")
         self.mask = IndexedDatasetReader(prefix + "_loss_mask_document")
         if self.text.num_documents != self.mask.num_documents or len(self.text) != len(self.mask):
@@ -174,7 +173,6 @@ def build_sft_datasets(cfg: TrainConfig):
     if len(prefixes) != 1 or weights is not None:
         raise PaiZooError("--sft takes one dataset prefix (blending SFT datasets is not supported)")
     prefixes = resolved_prefixes(prefixes, sft=True)
-    from ..data.indexed import IndexedDatasetReader
 
     with IndexedDatasetReader(prefixes[0] + "_text_document") as reader:
         n = reader.num_documents

@@ -35,14 +35,25 @@ from pathlib import Path
 
 import torch
 
+from ..checkpoint import tokenizer_files
 from ..errors import PaiZooError
+from ..handle import load_mcore_weights, resolve
+from ..hf import config_dict, hf_config, hf_config_from_mcore
+from ..mcore import dist_ckpt, import_megatron
+from ..mcore.build import build_gpt_model, mask_padded_vocab
+from ..mcore.compat import ensure_model_parallel
+from ..mcore.flops import model_flops_per_token, peak_flops
+from ..mcore.parallel_sizes import check_layout, check_world
 from ..run_checkpoint import iteration_name, latest_iteration, load_checkpoint, prune_checkpoints, save_checkpoint
+from ..tokenizers.names import model_tokenizer
 from ..util.dist import rank, world_size
 from ..util.files import write_text_atomic
 from ..util.interrupt import Interrupted, StopRequest
 from ..util.metrics import MetricsLog
 from ..util.progress import ETA, format_duration
+from . import data, optim
 from .config import TrainConfig, TrainConfigError
+from .data import check_data
 
 #: Settings that must not change when a run is resumed (the budget, train_tokens, may grow with ``extend``).
 RESUME_INVARIANTS = ("global_batch_size", "sequence_length", "data", "split", "seed", "sft", "train_tokens",
@@ -81,21 +92,15 @@ class Trainer:
 
     # -- set-up -------------------------------------------------------------------------------
     def _source(self):
-        from ..handle import resolve
-
         try:
             return resolve(self.cfg.model)
         except PaiZooError as e:
             raise TrainConfigError(f"--model {self.cfg.model}: {e}") from None
 
     def setup(self) -> None:
-        from ..mcore import import_megatron
-
         import_megatron()  # megatron-core's CPU notices silenced
         from megatron.core import parallel_state
 
-        from ..hf import config_dict, hf_config
-        from ..mcore.compat import ensure_model_parallel
 
         cfg = self.cfg
         _, world = _world()
@@ -103,7 +108,6 @@ class Trainer:
         self.family = source.family
         self.mcore_config = source.mcore_config or self.family.to_mcore_config(
             config_dict(hf_config(self.family, source.hf_config)))
-        from ..mcore.parallel_sizes import check_layout, check_world
 
         check_layout(self.mcore_config, cfg.tensor_parallel_size, cfg.pipeline_parallel_size, error=TrainConfigError)
         cfg.check_implementation()  # CP and TE where they cannot run: before the torchrun command below
@@ -114,7 +118,6 @@ class Trainer:
             raise TrainConfigError(f"{cfg.given('transformer_impl')}: family {self.family.name!r} supports "
                                    f"{', '.join(self.family.backends)} (its own modules are local ones); use "
                                    "--transformer-impl local")
-        from .data import check_data
 
         check_data(cfg, self.mcore_config["vocab_size"])
         self._check_resume_compatible()
@@ -180,8 +183,6 @@ class Trainer:
         from megatron.core import parallel_state
         from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
-        from ..handle import load_mcore_weights
-        from ..mcore.build import build_gpt_model, mask_padded_vocab
 
         cfg = self.cfg
         torch.manual_seed(cfg.seed)
@@ -215,9 +216,6 @@ class Trainer:
 
     def _write_model_description(self, source) -> None:
         """``pai_zoo.json`` and ``hf/`` beside the checkpoints (read by convert and load)."""
-        from ..checkpoint import tokenizer_files
-        from ..hf import hf_config_from_mcore
-        from ..mcore import dist_ckpt
 
         dist_ckpt.write_pai_zoo_config(self.save_dir, self.mcore_config, self.cfg.tensor_parallel_size,
                                        self.cfg.pipeline_parallel_size, self.dtype, self.padded_vocab_size)
@@ -232,7 +230,6 @@ class Trainer:
                 if (origin / name).is_file():
                     shutil.copy2(origin / name, hf_dir / name)
         else:  # a test preset's test tokenizer comes along, so the checkpoint reads text as the data did
-            from ..tokenizers.names import model_tokenizer
 
             tokenizer = model_tokenizer(source, self.mcore_config["vocab_size"])
             origin = None if tokenizer is None else Path(tokenizer.path).parent
@@ -241,10 +238,8 @@ class Trainer:
         write_text_atomic(self.save_dir / CONFIG_FILE, json.dumps(self.cfg.to_dict(), indent=2) + "\n")
 
     def _build_optimizer(self) -> None:
-        from .optim import megatron_optimizer
-
         cfg = self.cfg
-        self.ddp, self.optimizer, self.scheduler = megatron_optimizer(
+        self.ddp, self.optimizer, self.scheduler = optim.megatron_optimizer(
             self.model, lr=cfg.learning_rate, min_lr=cfg.min_learning_rate, weight_decay=cfg.weight_decay,
             adam_beta1=cfg.adam_beta1, adam_beta2=cfg.adam_beta2, adam_eps=cfg.adam_eps, clip_grad=cfg.clip_grad,
             warmup_steps=cfg.warmup_steps, decay_steps=cfg.train_steps, decay_style=cfg.lr_decay_style,
@@ -254,8 +249,6 @@ class Trainer:
         self.ddps = self.ddp if isinstance(self.ddp, list) else [self.ddp]
 
     def _build_data(self) -> None:
-        from . import data
-
         cfg = self.cfg
         eval_batches = (cfg.train_steps // cfg.eval_interval + 1) * cfg.eval_iters if cfg.eval_interval else 0
         if cfg.sft:
@@ -356,7 +349,6 @@ class Trainer:
         """Model FLOPs utilisation on a GPU (6N + attention FLOPs per token over the peak)."""
         if not torch.cuda.is_available():
             return None
-        from ..mcore.flops import model_flops_per_token, peak_flops
 
         peak = peak_flops(torch.cuda.get_device_name(), self.dtype)
         if peak is None:
