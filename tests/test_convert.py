@@ -2,7 +2,6 @@
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ from pai_zoo.checkpoint import SAFETENSORS_INDEX
 from pai_zoo.conversion import convert
 from pai_zoo.errors import MappingError, PaiZooError, UnknownModelError
 from pai_zoo.mcore import dist_ckpt
+from pai_zoo.testing.torchrun import torchrun
 from pai_zoo.util.progress import Progress
 
 PAI_ZOO = str(Path(sys.executable).parent / "pai-zoo")
@@ -114,11 +114,7 @@ def test_bf16_and_tied_embeddings(tmp_path):
 
 
 def _torchrun(*args) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(port), "-m", "pai_zoo_conformance.parallel_worker", *map(str, args)]
+    cmd = [*torchrun(2), "-m", "pai_zoo_conformance.parallel_worker", *map(str, args)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-4000:]
 

@@ -6,9 +6,7 @@ template) or from a second, independent run (full recompute, another seed, anoth
 import json
 import math
 import os
-import socket
 import subprocess
-import sys
 
 import pytest
 import torch
@@ -19,6 +17,7 @@ from pai_zoo.cli import main
 from pai_zoo.generation import Finisher, GenerationError, SamplingParams, filter_logits, generate
 from pai_zoo.mcore import forward
 from pai_zoo.registry import get_registry
+from pai_zoo.testing.torchrun import torchrun
 from pai_zoo_conformance import checks
 
 LLAMA = get_registry().family("llama")
@@ -371,11 +370,7 @@ def test_tensor_parallel_2_generates_the_same_tokens_as_one_process(folder, tmp_
     convert(folder, ckpt, "mcore", tp=2, progress=False)
     prompts = _write(tmp_path / "in.jsonl", [{"prompt": p} for p in PROMPTS])
     out = tmp_path / "out.jsonl"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-               "--master-port", str(port), "-m", "pai_zoo.cli", "generate", "--model", str(ckpt), "--tp", "2",
+    command = [*torchrun(2), "-m", "pai_zoo.cli", "generate", "--model", str(ckpt), "--tp", "2",
                "--prompts", str(prompts), "--output", str(out), "--max-new-tokens", "10", "--threads", "1"]
     proc = subprocess.run(
         command, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"}

@@ -7,12 +7,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from pai_zoo.testing.torchrun import torchrun
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -124,12 +125,8 @@ def test_block_spec_lists_every_layer_and_a_layer_spec_is_left_alone():
 def test_block_spec_final_norm_under_pipeline_parallelism(tmp_path):
     """pp=2: each stage builds its own two of the four layers (numbered 3, 4 on the second) and only the last
     has the final norm; the logits equal transformers'."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     out = tmp_path / "out.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(port), str(HERE / "block_spec_pp_worker.py"), str(out)]
+    cmd = [*torchrun(2), str(HERE / "block_spec_pp_worker.py"), str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads(out.read_text())

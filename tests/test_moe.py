@@ -14,6 +14,7 @@ import pytest
 from pai_zoo import ConfigTranslationError, Copy, GateUp, MappingError, WeightMap
 from pai_zoo.mapping import TO_HF, TO_MCORE, MappingContext
 from pai_zoo.registry import get_registry
+from pai_zoo.testing.torchrun import torchrun
 
 
 def _ctx(experts: int, layers: int = 2) -> MappingContext:
@@ -451,7 +452,6 @@ def test_training_with_expert_parallel_2_repeats_the_one_process_losses(tmp_path
     data parallel 2 for the rest) from a Hugging Face folder: the same loss curve as one process, within 1e-4."""
     import json
     import os
-    import socket
     import subprocess
     import sys
 
@@ -467,11 +467,7 @@ def test_training_with_expert_parallel_2_repeats_the_one_process_losses(tmp_path
     def train(save, *extra, nproc=1):
         head = [sys.executable, "-m", "pai_zoo.cli"]
         if nproc > 1:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-            head = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr",
-                    "127.0.0.1", "--master-port", str(port), "-m", "pai_zoo.cli"]
+            head = [*torchrun(nproc), "-m", "pai_zoo.cli"]
         command = [*head, "train", "--model", str(tmp_path / "hf"), "--data", str(tmp_path / "toy_text_document"),
                    "--save", str(save), "--global-batch-size", "4", "--batch-size", "1", "--seq-length", "32",
                    "--train-iters", "6", "--warmup-iters", "1", "--lr", "3e-3", "--min-lr", "3e-4",

@@ -6,9 +6,7 @@ import json
 import os
 import random
 import re
-import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +16,7 @@ from pai_zoo.cli import main as cli
 from pai_zoo.errors import PaiZooError
 from pai_zoo.mcore import dist_ckpt
 from pai_zoo.rl.ppo import PPOTrainer
+from pai_zoo.testing.torchrun import torchrun
 
 TARGET = "10-209"  # the rule rewards the share of response tokens among these 200 of 1000 ids (20% at random)
 
@@ -145,11 +144,7 @@ def test_checkpoints_convert_to_hf(tmp_path):
 
 def test_tensor_parallel_under_torchrun(tmp_path):
     data = write_prompts(tmp_path / "prompts.jsonl", 8)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(port), "-m", "pai_zoo.cli", "rl", "ppo", "--actor", "llama3-tiny", "--reward",
+    cmd = [*torchrun(2), "-m", "pai_zoo.cli", "rl", "ppo", "--actor", "llama3-tiny", "--reward",
            f"rule:fraction={TARGET}", "--prompts", str(data), "--save", str(tmp_path / "run"), "--steps", "2",
            "--rollout-batch-size", "4", "--mini-batch-size", "2", "--ppo-epochs", "1", "--max-new-tokens", "4",
            "--actor-lr", "1e-3", "--tp", "2"]

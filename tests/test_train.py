@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from pai_zoo.testing.torchrun import torchrun
 from pai_zoo.training.config import TrainConfig, TrainConfigError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -336,11 +336,7 @@ def train_args(setup, save, *extra):
 def run(args, *, launcher=(), nproc=1, wrapper=None, check=True, timeout=600):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     if nproc > 1:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        head = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-                "--master-addr", "127.0.0.1", "--master-port", str(port), "-m", "pai_zoo.cli", "train"]
+        head = [*torchrun(nproc), "-m", "pai_zoo.cli", "train"]
     elif wrapper is not None:
         head = [sys.executable, str(REPO / "tests" / "train_interrupt.py"), *wrapper, "--"]
     else:

@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from pai_zoo.testing.torchrun import torchrun
 from pai_zoo.training.config import TrainConfig, TrainConfigError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -81,12 +81,8 @@ def _env():
     return {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
-def torchrun(*args) -> list[str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-            "--master-port", str(port), *args]
+def _launch(*args) -> list[str]:
+    return [*torchrun(2), *args]
 
 
 def run(command, check=True):
@@ -97,7 +93,7 @@ def run(command, check=True):
 
 
 def train(values: dict, nproc: int = 1, check=True):
-    head = torchrun("-m", "pai_zoo.cli") if nproc > 1 else [sys.executable, "-m", "pai_zoo.cli"]
+    head = _launch("-m", "pai_zoo.cli") if nproc > 1 else [sys.executable, "-m", "pai_zoo.cli"]
     return run([*head, "train", *flags(values)], check=check)
 
 
@@ -123,7 +119,7 @@ def scaled(setup):
     cases = {name: settings(setup, setup / name, **extra) for name, extra in CASES.items()}
     file = setup / "cases.json"
     file.write_text(json.dumps(cases))
-    run(torchrun(str(REPO / "tests" / "train_scale_worker.py"), str(file)))
+    run(_launch(str(REPO / "tests" / "train_scale_worker.py"), str(file)))
     return {name: setup / name for name in CASES}
 
 
@@ -193,7 +189,7 @@ def test_distributed_optimizer_resumes_after_sigkill_and_converts_to_hf(setup, s
 
     save = tmp_path / "killed"
     values = settings(setup, save, use_distributed_optimizer=True)
-    proc = subprocess.Popen([*torchrun("-m", "pai_zoo.cli"), "train", *flags(values)], stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen([*_launch("-m", "pai_zoo.cli"), "train", *flags(values)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, env=_env(), start_new_session=True)
     metrics = save / "metrics.jsonl"
     deadline = time.time() + 300

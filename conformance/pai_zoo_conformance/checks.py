@@ -12,6 +12,7 @@ from typing import Any
 from pai_zoo.errors import MappingError
 from pai_zoo.family import Family
 from pai_zoo.mapping import TO_HF, TO_MCORE, MappingContext
+from pai_zoo.testing.torchrun import torchrun
 
 from .parallel_worker import layout_file
 
@@ -459,7 +460,6 @@ def check_parallel_equivalence(case: Case, folder: Path, layouts=PARALLEL_LAYOUT
     torchrun) equal the single-process logits within ``atol``. Returns max |delta| per layout."""
     import os
     import subprocess
-    import sys
 
     import torch
 
@@ -479,8 +479,7 @@ def check_parallel_equivalence(case: Case, folder: Path, layouts=PARALLEL_LAYOUT
     for tp, pp in layouts:
         by_world.setdefault(tp * pp, []).append((tp, pp))
     for world, group in by_world.items():
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world),
-                   "-m", "pai_zoo_conformance.parallel_worker", "--checkpoint", str(folder / "mcore"),
+        command = [*torchrun(world), "-m", "pai_zoo_conformance.parallel_worker", "--checkpoint", str(folder / "mcore"),
                    "--layouts", ",".join(f"{tp}x{pp}" for tp, pp in group), "--ids", str(folder / "ids.pt"),
                    "--out", str(folder)]
         env = {**os.environ, "OMP_NUM_THREADS": "1"}

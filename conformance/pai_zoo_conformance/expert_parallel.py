@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pai_zoo.testing.torchrun import torchrun
+
 from .checks import PARALLEL_ATOL, Case, _fail
 
 
@@ -13,17 +15,11 @@ def expert_parallel_logits(checkpoint, ids_file, out, ep: int = 2, swap: bool = 
     (:mod:`pai_zoo_conformance.expert_worker`; ``swap``: the last rank's first two experts swapped, ``save``: the
     folder the EP run saves its model into). A failed run is a ``ConformanceFailure`` with its stderr."""
     import os
-    import socket
     import subprocess
-    import sys
 
     import torch
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ep), "--master-addr",
-               "127.0.0.1", "--master-port", str(port), "-m", "pai_zoo_conformance.expert_worker",
+    command = [*torchrun(ep), "-m", "pai_zoo_conformance.expert_worker",
                "--checkpoint", str(checkpoint), "--ep", str(ep), "--ids", str(ids_file), "--out", str(out)]
     command += (["--swap-experts"] if swap else []) + (["--save", str(save)] if save else [])
     proc = subprocess.run(command, capture_output=True, text=True, timeout=600, env={**os.environ,
