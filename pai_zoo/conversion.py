@@ -30,6 +30,7 @@ from .checkpoint import (
     tokenizer_files,
 )
 from .config_map import McoreConfig
+from .convert_settings import DEFAULTS
 from .errors import PaiZooError, no_such_path
 from .family import Family
 from .handle import load
@@ -75,10 +76,10 @@ def parse_dtype(value) -> torch.dtype | None:
         raise PaiZooError(f"unknown dtype {value!r}; use one of bf16, fp16, fp32") from None
 
 
-def convert(src, dst, to: str, *, family: str | None = None, tp: int = 1, pp: int = 1, dtype=None,
-            force: bool = False, max_shard_size: str | int = "5GB", verify: bool = False,
+def convert(src, dst, to: str, *, family: str | None = None, tp: int = DEFAULTS.tp, pp: int = DEFAULTS.pp,
+            dtype=None, force: bool = False, max_shard_size: str | int = DEFAULTS.max_shard_size, verify: bool = False,
             progress: bool | None = None, tokenizer=None, iteration=None, verify_tolerance=None,
-            ep: int = 1, etp: int | None = None) -> ConversionReport:
+            ep: int = DEFAULTS.ep, etp: int | None = None) -> ConversionReport:
     """Convert ``src`` to ``dst``: ``to="mcore"`` (HF folder, or a Megatron-LM checkpoint -> pai-zoo's
     Megatron-Core checkpoint with a ``tp``/``pp`` layout) or ``to="hf"`` (Megatron-Core checkpoint, pai-zoo's or
     Megatron-LM's -> HF folder). ``ep``/``etp``: the expert-parallel and expert-tensor-parallel sizes a
@@ -279,7 +280,7 @@ def _megatron_lm_to_mcore(src: Path, out: Path, family_name, tp, pp, dtype, prog
                           iteration, final: Path | None = None, experts: tuple[int, int] = (1, 1)) -> ConversionReport:
     """A Megatron-LM checkpoint re-laid out as pai-zoo's: through a Hugging Face folder inside ``out``."""
     staging = out / ".hf-staging"
-    first = _mcore_to_hf(src, staging, family_name, dtype, "5GB", progress, tokenizer, iteration)
+    first = _mcore_to_hf(src, staging, family_name, dtype, DEFAULTS.max_shard_size, progress, tokenizer, iteration)
     report = _hf_to_mcore(staging, out, first.family, tp, pp, dtype, progress, final, experts)
     shutil.rmtree(staging)
     report.notes = first.notes + report.notes

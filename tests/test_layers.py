@@ -37,7 +37,7 @@ LAYERS = {
         "conformance_record",
         "testing",
     ),
-    3: ("handle", "conversion", "run_checkpoint", "inspection", "scaffold"),
+    3: ("handle", "conversion", "convert_settings", "run_checkpoint", "inspection", "scaffold"),
     4: ("data", "generation", "training", "rl"),
     5: ("cli", "demo"),
 }

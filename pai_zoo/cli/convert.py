@@ -1,6 +1,7 @@
 """``pai-zoo convert SRC DST --to mcore|hf``: Hugging Face folder <-> Megatron-Core checkpoint."""
 from __future__ import annotations
 
+from ..convert_settings import DEFAULTS
 from ..verification import VERIFY_TOLERANCES
 from ._common import add_command
 
@@ -21,14 +22,15 @@ def add_parser(subparsers) -> None:
                         "does not store (default: args.tokenizer_model when it is a folder)")
     p.add_argument("--iteration", help="Megatron source: the saved iteration to read, a number or 'release' "
                                        "(default: latest_checkpointed_iteration.txt)")
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size the checkpoint is laid out for")
-    p.add_argument("--pp", type=int, default=1, help="pipeline-parallel size the checkpoint is laid out for")
-    p.add_argument("--ep", type=int, default=1,
+    p.add_argument("--tp", type=int, default=DEFAULTS.tp, help="tensor-parallel size the checkpoint is laid out for")
+    p.add_argument("--pp", type=int, default=DEFAULTS.pp, help="pipeline-parallel size the checkpoint is laid out for")
+    p.add_argument("--ep", type=int, default=DEFAULTS.ep,
                    help="expert-parallel size a mixture-of-experts checkpoint is laid out for (divides the experts)")
     p.add_argument("--etp", type=int, help="expert-tensor-parallel size (default: --tp)")
     p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"),
                    help="store tensors in this dtype (default: as the source)")
-    p.add_argument("--max-shard-size", default="5GB", help="largest safetensors shard (--to hf), e.g. 5GB, 500MB")
+    p.add_argument("--max-shard-size", default=DEFAULTS.max_shard_size,
+                   help="largest safetensors shard (--to hf), e.g. 5GB, 500MB")
     p.add_argument("--force", action="store_true", help="replace DST if it exists")
     p.add_argument("--verify", action="store_true",
                    help="compare both sides' logits on a sample prompt: OK when max |delta logits| <= "
