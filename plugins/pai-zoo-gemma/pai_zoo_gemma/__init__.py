@@ -12,22 +12,19 @@ attention scores and final logits (:mod:`pai_zoo.mcore.softcap`).
 from __future__ import annotations
 
 from pai_zoo import (
-    QKV,
     ConfigMap,
     ConfigTranslationError,
     Copy,
     Family,
     Field,
     Fixed,
-    GateUp,
-    Output,
     Rope,
     Rule,
-    Vocab,
     WeightMap,
     hookimpl,
 )
 from pai_zoo.config_map import EMBEDDING_SCALE, FAMILY_KEY_PREFIX
+from pai_zoo.layouts import llama_layout
 
 from .presets import GEMMA2_PRESETS, GEMMA_PRESETS
 from .tokenizer_files import write_gemma_tokenizer
@@ -139,28 +136,19 @@ L, M = "model.layers.{layer}.", "decoder.layers.{layer}."
 
 
 def weights(config) -> WeightMap:
-    """The Llama layout's table; Gemma-2's four norms per layer: ``post_attention_layernorm`` is the norm on
-    the attention output there (megatron: on ``linear_proj``'s output), ``pre_feedforward_layernorm`` the
-    pre-MLP norm and ``post_feedforward_layernorm`` the norm on the MLP output."""
+    """The Llama layout's table (:func:`pai_zoo.layouts.llama_layout`); Gemma-2 has four norms per layer instead
+    of two: ``post_attention_layernorm`` is the norm on the attention output there (megatron: on
+    ``linear_proj``'s output), ``pre_feedforward_layernorm`` the pre-MLP norm and ``post_feedforward_layernorm``
+    the norm on the MLP output."""
+    rows = llama_layout()
     if config.get(POST_NORMS):
-        norms = [
+        pre_mlp = next(i for i, row in enumerate(rows) if "post_attention_layernorm" in str(row))
+        rows[pre_mlp : pre_mlp + 1] = [
             Copy(L + "post_attention_layernorm.weight", M + "self_attention.linear_proj.post_layernorm.weight"),
             Copy(L + "pre_feedforward_layernorm.weight", M + "pre_mlp_layernorm.weight"),
             Copy(L + "post_feedforward_layernorm.weight", M + "mlp.linear_fc2.post_layernorm.weight"),
         ]
-    else:
-        norms = [Copy(L + "post_attention_layernorm.weight", M + "pre_mlp_layernorm.weight")]
-    return WeightMap(
-        Vocab("model.embed_tokens.weight", "embedding.word_embeddings.weight"),
-        Copy(L + "input_layernorm.weight", M + "input_layernorm.weight"),
-        QKV(L + "self_attn.{q,k,v}_proj.weight", M + "self_attention.linear_qkv.weight"),
-        Copy(L + "self_attn.o_proj.weight", M + "self_attention.linear_proj.weight"),
-        *norms,
-        GateUp(L + "mlp.{gate,up}_proj.weight", M + "mlp.linear_fc1.weight"),
-        Copy(L + "mlp.down_proj.weight", M + "mlp.linear_fc2.weight"),
-        Copy("model.norm.weight", "decoder.final_layernorm.weight"),
-        Output("lm_head.weight", "output_layer.weight"),
-    )
+    return WeightMap(*rows)
 
 
 def layer_spec(config):
