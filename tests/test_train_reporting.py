@@ -253,7 +253,7 @@ def test_cli_flags_extend_keep_last_and_no_save_optim(setup, reported):
 def test_progress_bar_ends_its_line_before_other_output():
     import io
 
-    from pai_zoo.training.trainer import StepDisplay
+    from pai_zoo.training.display import StepDisplay
 
     stream = io.StringIO()
     bar = StepDisplay(8, enabled=True)

@@ -26,10 +26,8 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import time
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -50,10 +48,11 @@ from ..util.dist import rank, world_size
 from ..util.files import write_text_atomic
 from ..util.interrupt import Interrupted, StopRequest
 from ..util.metrics import MetricsLog
-from ..util.progress import ETA, format_duration
+from ..util.progress import ETA
 from . import data, optim
 from .config import TrainConfig, TrainConfigError
 from .data import check_data
+from .display import StepDisplay, StepMetrics, format_metrics, short_count
 
 #: Settings that must not change when a run is resumed (the budget, train_tokens, may grow with ``extend``).
 RESUME_INVARIANTS = ("global_batch_size", "sequence_length", "data", "split", "seed", "sft", "train_tokens",
@@ -61,21 +60,6 @@ RESUME_INVARIANTS = ("global_batch_size", "sequence_length", "data", "split", "s
 
 METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "train_config.json"
-
-
-@dataclass
-class StepMetrics:
-    step: int
-    loss: float
-    lr: float
-    grad_norm: float
-    tokens_per_s: float
-    step_time: float
-    target_tokens: int
-    mfu: float | None = None
-
-    def as_dict(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if v is not None}
 
 
 def _world() -> tuple[int, int]:
@@ -413,7 +397,7 @@ class Trainer:
         checkpoints += "; weights only (no optimizer state)" if not cfg.save_optim else ""
         scheduler = self.scheduler
         return [
-            f"model: {cfg.model} ({self.family.name}), {parameters:,} parameters ({_short(parameters)}), "
+            f"model: {cfg.model} ({self.family.name}), {parameters:,} parameters ({short_count(parameters)}), "
             f"{'bfloat16' if cfg.bf16 else 'float32'}",
             f"layout: {self.world} process{'es' if self.world > 1 else ''} = TP {cfg.tensor_parallel_size} x "
             f"PP {cfg.pipeline_parallel_size} x DP {self.dp_size}; {self.microbatches} micro-batch"
@@ -546,13 +530,6 @@ def _steps_of(settings: dict) -> int | None:
         return None
 
 
-def _short(n: int) -> str:
-    for unit, div in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
-        if n >= div:
-            return f"{n / div:.1f}{unit}"
-    return str(n)
-
-
 def _device():
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
@@ -564,47 +541,6 @@ def _loss(loss_mask, output):
     loss_sum = (losses * mask).sum()
     tokens = mask.sum().to(torch.int)
     return loss_sum, tokens, {"lm loss": torch.stack([loss_sum.detach(), tokens.to(loss_sum.dtype)])}
-
-
-def format_metrics(m: dict, total: int, eta: float | None = None) -> str:
-    text = (f"step {m['step']}/{total} | loss {m['loss']:.4f} | lr {m['lr']:.3e} | grad norm {m['grad_norm']:.3f} | "
-            f"{m['tokens_per_s']:,.0f} tokens/s")
-    if "mfu" in m:
-        text += f" | MFU {m['mfu']:.1%}"
-    if "eval_loss" in m:
-        text += f" | eval loss {m['eval_loss']:.4f} (ppl {m['eval_ppl']:.2f})"
-    if eta is not None:
-        text += f" | ETA {format_duration(eta)}"
-    return text
-
-
-class StepDisplay:
-    """A bar and the latest metrics on one terminal line (stderr); off in pipes and CI."""
-
-    def __init__(self, total: int, enabled: bool | None):
-        import sys
-
-        self.stream = sys.stderr
-        self.total = total
-        self.enabled = (self.stream.isatty() and not os.environ.get("CI")) if enabled is None else enabled
-        self.shown = False  # whether the cursor is at the end of the bar's line
-
-    def show(self, metrics: dict, eta: float | None = None) -> None:
-        filled = int(20 * metrics["step"] / self.total)
-        self.stream.write("\r[" + "#" * filled + "-" * (20 - filled) + "] "
-                          + format_metrics(metrics, self.total, eta) + "\x1b[K")
-        self.stream.flush()
-        self.shown = True
-
-    def break_line(self) -> None:
-        """End the bar's line, so that the next output starts on a line of its own."""
-        if self.enabled and self.shown:
-            self.stream.write("\n")
-            self.stream.flush()
-            self.shown = False
-
-    def close(self) -> None:
-        self.break_line()
 
 
 def train(cfg: TrainConfig, echo=print) -> dict:
