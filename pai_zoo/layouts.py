@@ -468,6 +468,19 @@ def llama_config_rules(
     ``head_dim`` and ``tie_default`` are the defaults of ``head_dim`` and ``tie_word_embeddings``
     (:data:`REQUIRED`: the key must be there); ``max_positions=False`` leaves ``max_position_embeddings``
     to a family rule."""
+    return [
+        *llama_shape_rules(gqa=gqa, head_dim=head_dim, max_positions=max_positions, tie_default=tie_default),
+        *family_rules,
+        Fixed(hf={"hidden_act": "silu", **(hf_fixed or {})}, mcore={**SWIGLU_RMSNORM, **(mcore_fixed or {})}),
+    ]
+
+
+def llama_shape_rules(
+    *, gqa: bool = True, head_dim: Any = REQUIRED, max_positions: bool = True, tie_default: Any = REQUIRED
+) -> list[Rule]:
+    """The Llama layout's shape fields alone (sizes, heads, positions, RMSNorm epsilon, tied head), for a family
+    whose activation or norms differ (Gemma's GeLU-tanh, DeepSeek's MLA); the keywords as in
+    :func:`llama_config_rules`."""
     rules: list[Rule] = [
         Field("vocab_size", "vocab_size"),
         Field("hidden_size", "hidden_size"),
@@ -479,10 +492,7 @@ def llama_config_rules(
         rules += [Field("num_key_value_heads", "num_query_groups"), Field("head_dim", "kv_channels", default=head_dim)]
     if max_positions:
         rules.append(Field("max_position_embeddings", "max_sequence_length"))
-    rules += [
+    return rules + [
         Field("rms_norm_eps", "layernorm_epsilon"),
         Field("tie_word_embeddings", "share_embeddings_and_output_weights", default=tie_default),
-        *family_rules,
-        Fixed(hf={"hidden_act": "silu", **(hf_fixed or {})}, mcore={**SWIGLU_RMSNORM, **(mcore_fixed or {})}),
     ]
-    return rules

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pai_zoo import ConfigMap, Family, Field, Fixed, Rope, WeightMap
 from pai_zoo.config_map import EMBEDDING_SCALE
-from pai_zoo.layouts import llama_layout
+from pai_zoo.layouts import llama_layout, llama_shape_rules
 
 TINY = dict(
     model_type="gemma", architectures=["GemmaForCausalLM"], vocab_size=301, hidden_size=64, intermediate_size=96,
@@ -21,16 +21,7 @@ CORE = {"layernorm_zero_centered_gamma": True, EMBEDDING_SCALE: "sqrt_hidden_siz
 
 def config_map(core=CORE) -> ConfigMap:
     return ConfigMap(
-        Field("vocab_size", "vocab_size"),
-        Field("hidden_size", "hidden_size"),
-        Field("intermediate_size", "ffn_hidden_size"),
-        Field("num_hidden_layers", "num_layers"),
-        Field("num_attention_heads", "num_attention_heads"),
-        Field("num_key_value_heads", "num_query_groups"),
-        Field("head_dim", "kv_channels"),
-        Field("max_position_embeddings", "max_sequence_length"),
-        Field("rms_norm_eps", "layernorm_epsilon"),
-        Field("tie_word_embeddings", "share_embeddings_and_output_weights", default=True),
+        *llama_shape_rules(tie_default=True),
         Field("attention_dropout", "attention_dropout", default=0.0),
         Rope(),
         Fixed(hf={"hidden_act": "gelu_pytorch_tanh", "attention_bias": False},

@@ -29,6 +29,7 @@ from pai_zoo.layouts import (
     MCORE_LAYER,
     SWIGLU_RMSNORM,
     FirstKDense,
+    llama_shape_rules,
     moe_config_rules,
     moe_layout,
 )
@@ -211,14 +212,7 @@ class UnusedByV2Router(Rule):
 
 def _common_rules(*moe_rules: Rule, hf_fixed: dict) -> list[Rule]:
     return [
-        Field("vocab_size", "vocab_size"),
-        Field("hidden_size", "hidden_size"),
-        Field("intermediate_size", "ffn_hidden_size"),
-        Field("num_hidden_layers", "num_layers"),
-        Field("num_attention_heads", "num_attention_heads"),
-        Field("max_position_embeddings", "max_sequence_length"),
-        Field("rms_norm_eps", "layernorm_epsilon"),
-        Field("tie_word_embeddings", "share_embeddings_and_output_weights", default=False),
+        *llama_shape_rules(gqa=False, tie_default=False),  # MLA's head sizes: MlaShape
         Field("attention_dropout", "attention_dropout", default=0.0),
         MlaShape(),
         MlaRope(),

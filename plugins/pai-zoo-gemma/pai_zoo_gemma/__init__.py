@@ -24,7 +24,7 @@ from pai_zoo import (
     hookimpl,
 )
 from pai_zoo.config_map import EMBEDDING_SCALE, FAMILY_KEY_PREFIX
-from pai_zoo.layouts import llama_layout
+from pai_zoo.layouts import llama_layout, llama_shape_rules
 
 from .presets import GEMMA2_PRESETS, GEMMA_PRESETS
 from .tokenizer_files import write_gemma_tokenizer
@@ -91,16 +91,7 @@ def _config_rules(*family_rules: Rule, hf_fixed: dict, passthrough: tuple[str, .
     """Gemma's shape fields (``head_dim`` required: it is not hidden / heads in every size) and ``family_rules``,
     then the GeLU-tanh gated MLP, bias-free zero-centred RMSNorm and the embedding scale."""
     return ConfigMap(
-        Field("vocab_size", "vocab_size"),
-        Field("hidden_size", "hidden_size"),
-        Field("intermediate_size", "ffn_hidden_size"),
-        Field("num_hidden_layers", "num_layers"),
-        Field("num_attention_heads", "num_attention_heads"),
-        Field("num_key_value_heads", "num_query_groups"),
-        Field("head_dim", "kv_channels"),
-        Field("max_position_embeddings", "max_sequence_length"),
-        Field("rms_norm_eps", "layernorm_epsilon"),
-        Field("tie_word_embeddings", "share_embeddings_and_output_weights", default=True),
+        *llama_shape_rules(tie_default=True),
         Field("attention_dropout", "attention_dropout", default=0.0),
         Rope(),
         *family_rules,
