@@ -10,6 +10,7 @@ from typing import Any
 from .config_map import FAMILY_KEY_PREFIX, REQUIRED, Field, Fixed, Require, Rule
 from .errors import ConfigTranslationError
 from .mapping import QKV, Copy, GateUp, Output, Row, Vocab, on_layers
+from .megatron_args import MIXTURE_OF_EXPERTS
 
 #: Per-layer name prefixes: Hugging Face's Llama layout and megatron-core's GPT model.
 HF_LAYER, MCORE_LAYER = "model.layers.{layer}.", "decoder.layers.{layer}."
@@ -348,6 +349,41 @@ class EveryLayerMoe(Rule):
         return "every layer a mixture of experts (moe_layer_freq 1)"
 
 
+class AuxLoss(Rule):
+    """A load-balancing loss whose coefficient ``coeff`` and sequence-wise flag ``seq`` the config may omit
+    (DeepSeek's ``aux_loss_alpha``, ``seq_aux``): absent, no loss (``moe_router_load_balancing_type`` none);
+    present, ``moe_aux_loss_coeff`` with megatron-core's ``seq_aux_loss`` (the loss per sequence, DeepSeek-V2's)
+    or ``aux_loss`` (per batch). Which keys were present is kept, so the way back writes exactly those."""
+
+    def __init__(self, coeff: str, seq: str):
+        self.coeff, self.seq = coeff, seq
+        self.hf_keys = (coeff, seq)
+
+    def to_mcore(self, hf: dict, arch: dict) -> None:
+        for key in self.hf_keys:
+            if key in hf:
+                arch[FAMILY_KEY_PREFIX + key] = True  # present
+        if hf.get(self.coeff) is None:
+            arch.update(moe_router_load_balancing_type="none", moe_aux_loss_coeff=0.0)
+            return
+        arch["moe_aux_loss_coeff"] = float(hf[self.coeff])
+        arch["moe_router_load_balancing_type"] = "seq_aux_loss" if hf.get(self.seq) else "aux_loss"
+
+    def to_hf(self, arch: dict, hf: dict) -> None:
+        kind = arch.get("moe_router_load_balancing_type", "none")
+        if kind not in ("none", "aux_loss", "seq_aux_loss"):
+            raise ConfigTranslationError(f"moe_router_load_balancing_type={kind!r}: this family's configs have only "
+                                         f"a batch or sequence aux loss ({self.coeff}, {self.seq})")
+        if kind != "none" or _remembered(arch, self.coeff):
+            hf[self.coeff] = float(arch.get("moe_aux_loss_coeff", 0.0)) if kind != "none" else 0.0
+        if kind == "seq_aux_loss" or _remembered(arch, self.seq):
+            hf[self.seq] = kind == "seq_aux_loss"
+
+    def describe(self) -> str:
+        return (f"{self.coeff}, {self.seq} -> moe_aux_loss_coeff, moe_router_load_balancing_type "
+                "(seq_aux_loss / aux_loss; none when absent)")
+
+
 def moe_pattern(arch: dict) -> list[int]:
     """megatron's ``moe_layer_freq`` of ``arch`` as one 1 (MoE) or 0 (dense) per layer."""
     layers, freq = arch["num_layers"], arch.get("moe_layer_freq", 1)
@@ -376,6 +412,7 @@ def moe_config_rules(
     shared_count: str | None = None,
     dense_layers: Rule | None = None,
     router_fp32: bool = False,
+    seq_aux: str | None = None,
 ) -> list[Rule]:
     """Config rules of a mixture-of-experts router and its experts, every field lossless both ways:
 
@@ -383,7 +420,8 @@ def moe_config_rules(
     * ``expert_ffn``: the experts' FFN width (``moe_ffn_hidden_size``; ``None``: ``intermediate_size``,
       :class:`ExpertWidthIsFfnWidth`);
     * ``aux_loss``: the aux-loss coefficient (``moe_aux_loss_coeff``, load balancing ``aux_loss``; ``None``: the
-      config has none, no load-balancing loss);
+      config has none, no load-balancing loss); with ``seq_aux``, the key of a sequence-wise flag, both keys may
+      be absent (:class:`AuxLoss`);
     * ``norm_topk``: the renormalisation flag (:class:`Renormalisation`; ``None``: no flag, ``always_renormalised``);
     * ``score``: ``"softmax"`` or ``"sigmoid"`` scores (``moe_router_score_function``), or read from the HF key
       ``score_key`` (DeepSeek's ``scoring_func``) with ``score`` as its default;
@@ -405,7 +443,9 @@ def moe_config_rules(
         rules.append(Field(score_key, "moe_router_score_function", default=score))
     else:
         rules.append(Fixed(hf={}, mcore={"moe_router_score_function": score}))
-    if aux_loss:
+    if aux_loss and seq_aux:
+        rules.append(AuxLoss(aux_loss, seq_aux))
+    elif aux_loss:
         rules += [Field(aux_loss, "moe_aux_loss_coeff", default=0.0),
                   Fixed(hf={}, mcore={"moe_router_load_balancing_type": "aux_loss"})]
     else:
@@ -446,10 +486,15 @@ SWIGLU_RMSNORM = {"gated_linear_unit": True, "activation_func": "silu", "normali
 
 def llama_megatron_args(**values: Any) -> tuple[dict[str, Any], ...]:
     """A :attr:`Family.megatron_args` claim of the Llama layout: SwiGLU, RMSNorm, RoPE, no linear biases,
-    no q/k norms, changed by ``values`` (``add_qkv_bias=True`` for Qwen2)."""
+    no q/k norms, dense, changed by ``values`` (``add_qkv_bias=True`` for Qwen2)."""
     claim = {**SWIGLU_RMSNORM, "position_embedding_type": "rope", "add_bias_linear": False, "add_qkv_bias": False,
-             "qk_layernorm": False, "layernorm_zero_centered_gamma": False}
+             "qk_layernorm": False, "layernorm_zero_centered_gamma": False, MIXTURE_OF_EXPERTS: False}
     return ({**claim, **values},)
+
+
+def moe_megatron_args(score: str = "softmax", **values: Any) -> tuple[dict[str, Any], ...]:
+    """:func:`llama_megatron_args` for a mixture of experts with ``score`` router scores."""
+    return llama_megatron_args(**{MIXTURE_OF_EXPERTS: True, "moe_router_score_function": score, **values})
 
 
 def llama_config_rules(

@@ -90,6 +90,76 @@ class _RopeScaling(Rule):
             args["pai_zoo_rope_scaling"] = dict(scaling)  # no Megatron-LM flag reproduces it
 
 
+#: A claim key (:func:`matches`): whether the architecture is a mixture of experts (``num_moe_experts`` set).
+MIXTURE_OF_EXPERTS = "mixture_of_experts"
+
+#: Megatron-LM's MoE args, each a TransformerConfig field of the same name (``num_experts`` is
+#: ``num_moe_experts``), with the value its absence (or ``None``) means.
+MOE_ARGS = {"moe_router_topk": 2, "moe_ffn_hidden_size": None, "moe_router_score_function": "softmax",
+            "moe_router_pre_softmax": False, "moe_router_num_groups": None, "moe_router_group_topk": None,
+            "moe_router_topk_scaling_factor": None, "moe_router_enable_expert_bias": False,
+            "moe_shared_expert_intermediate_size": None, "moe_shared_expert_gate": False, "moe_layer_freq": 1,
+            "moe_router_load_balancing_type": "aux_loss", "moe_aux_loss_coeff": 0.0, "moe_router_dtype": None}
+
+#: MoE fields that are training settings, not architecture: carried both ways, never compared.
+MOE_SETTINGS = ("moe_router_load_balancing_type", "moe_aux_loss_coeff", "moe_router_dtype")
+
+
+def _single(value: Any) -> Any:
+    """Megatron-LM 0.19 parses ``--moe-router-load-balancing-type`` / ``--moe-aux-loss-coeff`` with
+    ``nargs='+'``: one value as itself, several as a list."""
+    return value[0] if isinstance(value, (list, tuple)) and len(value) == 1 else value
+
+
+def layer_pattern(freq: Any, num_layers: int) -> list[int]:
+    """megatron's ``moe_layer_freq`` (an int k: every k-th layer; or a 1/0 list) as one 1/0 per layer."""
+    if isinstance(freq, (list, tuple)):
+        if len(freq) != num_layers:
+            raise ConfigTranslationError(f"moe_layer_freq has {len(freq)} entries for num_layers={num_layers}")
+        return [int(bool(v)) for v in freq]
+    return [int(i % int(freq or 1) == 0) for i in range(num_layers)]
+
+
+@dataclass
+class _Experts(Rule):
+    """``num_experts`` and the ``moe_*`` args <-> megatron-core's MoE fields (the same names, ``num_moe_experts``
+    for ``num_experts``). A dense model has no ``num_experts`` and none of them. ``moe_layer_freq`` is kept as
+    1 (every layer) or a 1/0 list; ``moe_ffn_hidden_size`` defaults to ``ffn_hidden_size`` as in megatron-core;
+    implementation switches (``moe_grouped_gemm``, the token dispatcher) are not architecture and stay out."""
+
+    hf_keys: tuple[str, ...] = ("num_experts", *MOE_ARGS)
+
+    def to_mcore(self, args: dict, arch: dict) -> None:
+        if not args.get("num_experts"):
+            return
+        arch["num_moe_experts"] = int(args["num_experts"])
+        for name, default in MOE_ARGS.items():
+            value = _single(args.get(name))
+            arch[name] = default if value is None else value
+        if arch["moe_ffn_hidden_size"] is None:
+            arch["moe_ffn_hidden_size"] = args.get("ffn_hidden_size") or 4 * args["hidden_size"]
+        if arch["moe_router_topk_scaling_factor"] is None:
+            del arch["moe_router_topk_scaling_factor"]
+        pattern = layer_pattern(arch["moe_layer_freq"], args["num_layers"])
+        arch["moe_layer_freq"] = 1 if all(pattern) else pattern
+        for name in ("moe_router_num_groups", "moe_router_group_topk", "moe_shared_expert_intermediate_size",
+                     "moe_router_dtype"):
+            if arch[name] is None:
+                del arch[name]
+
+    def to_hf(self, arch: dict, args: dict) -> None:
+        if not arch.get("num_moe_experts"):
+            return
+        args["num_experts"] = arch["num_moe_experts"]
+        for name, default in MOE_ARGS.items():
+            args[name] = arch.get(name, default)
+        if args["moe_ffn_hidden_size"] is None:
+            args["moe_ffn_hidden_size"] = arch["ffn_hidden_size"]
+        args["moe_layer_freq"] = arch.get("moe_layer_freq", 1)
+        if isinstance(args["moe_layer_freq"], tuple):
+            args["moe_layer_freq"] = list(args["moe_layer_freq"])
+
+
 def _negate(value: Any) -> bool:
     return not value
 
@@ -123,11 +193,11 @@ MEGATRON_LM_ARGS = ConfigMap(
           encode=_negate, decode=_negate),
     Field("window_size", "window_size", default=None,
           encode=lambda w: None if w is None else list(w), decode=lambda w: None if w is None else tuple(w)),
+    _Experts(),
 )
 
 #: Architecture features pai-zoo cannot read from Megatron-LM args yet: (args field, value that is fine, why).
 UNSUPPORTED = (
-    ("num_experts", None, "mixture-of-experts checkpoints are not supported yet"),
     ("multi_latent_attention", False, "multi-latent attention (DeepSeek) checkpoints are not supported yet"),
     ("use_legacy_models", False, "Megatron-LM's legacy (non-Megatron-Core) models are not supported; "
                                  "save the checkpoint with --use-mcore-models"),
@@ -141,7 +211,9 @@ ARCH_DEFAULTS = {"add_qkv_bias": False, "add_bias_linear": True, "qk_layernorm":
                  "layernorm_zero_centered_gamma": False, "normalization": "LayerNorm", "gated_linear_unit": False,
                  "activation_func": "gelu", "position_embedding_type": "learned_absolute", "rotary_percent": 1.0,
                  "rotary_base": 10000, "share_embeddings_and_output_weights": False, "layernorm_epsilon": 1e-5,
-                 "window_size": None, ROPE_SCALING: None, "rotary_interleaved": False}
+                 "window_size": None, ROPE_SCALING: None, "rotary_interleaved": False, "num_moe_experts": None,
+                 **{k: v for k, v in MOE_ARGS.items() if k != "moe_ffn_hidden_size"},
+                 "moe_router_topk_scaling_factor": 1.0}
 
 #: Architecture keys Megatron-LM does not always record faithfully: its Llama/Mistral loader stores its own
 #: defaults for ``layernorm_epsilon`` and ``rotary_base`` (1e-5, 10000), whatever the HF model had;
@@ -200,7 +272,15 @@ def effective(arch: Mapping[str, Any], key: str) -> Any:
         return arch["hidden_size"] // arch["num_attention_heads"]
     if key == "num_query_groups" and not arch.get(key):
         return arch["num_attention_heads"]
+    if key == MIXTURE_OF_EXPERTS:
+        return bool(arch.get(key, arch.get("num_moe_experts")))
+    if key == "moe_ffn_hidden_size" and arch.get(key) is None and arch.get("num_moe_experts"):
+        return float(arch.get("ffn_hidden_size") or 4 * arch["hidden_size"])
     value = arch.get(key, ARCH_DEFAULTS.get(key))
+    if value is None and key.startswith("moe_"):
+        value = ARCH_DEFAULTS.get(key)
+    if key == "moe_layer_freq" and "num_layers" in arch:
+        return layer_pattern(value, arch["num_layers"])
     if key == "window_size" and value is not None:
         return list(value)
     if isinstance(value, bool) or value is None:
@@ -217,7 +297,7 @@ def shown(arch: Mapping[str, Any], key: str) -> Any:
 
 def differences(ours: Mapping[str, Any], theirs: Mapping[str, Any], keys=None) -> list[str]:
     """The architecture keys (of ``keys``, default: those of ``ours``) on which two architectures disagree."""
-    skip = _ROTARY_ONLY if effective(ours, "position_embedding_type") != "rope" else ()
+    skip = (*MOE_SETTINGS, *(_ROTARY_ONLY if effective(ours, "position_embedding_type") != "rope" else ()))
     keys = [k for k in (keys if keys is not None else ours) if k not in skip]
     return [k for k in keys if effective(ours, k) != effective(theirs, k)]
 

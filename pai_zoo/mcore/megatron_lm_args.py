@@ -95,9 +95,10 @@ RESTORED_BY_MEGATRON_LM: tuple[Restored, ...] = (
 #: The names of :data:`RESTORED_BY_MEGATRON_LM`, each once.
 RESTORED_NAMES: tuple[str, ...] = tuple(dict.fromkeys(r.name for r in RESTORED_BY_MEGATRON_LM))
 
-#: Restored fields of features a pai-zoo model does not use (MoE, Mamba, MTP, hybrid and heterogeneous layers,
-#: tiktoken, a custom spec): written as ``None``, which ``load_args_from_checkpoint`` skips, so the run keeps
-#: its own defaults. ``hybrid_override_pattern`` is core_v0.16's name of ``hybrid_layer_pattern``.
+#: Restored fields of features a pai-zoo model does not use (MoE in a dense model, Mamba, MTP, hybrid and
+#: heterogeneous layers, tiktoken, a custom spec): written as ``None``, which ``load_args_from_checkpoint``
+#: skips, so the run keeps its own defaults. ``hybrid_override_pattern`` is core_v0.16's name of
+#: ``hybrid_layer_pattern``.
 UNUSED_FEATURES: tuple[str, ...] = (
     "mtp_hybrid_override_pattern", "mtp_num_layers", "mtp_use_repeated_layer", "spec",
     *(n for n in RESTORED_NAMES if n.startswith(("moe_", "mamba_", "heterogeneous_"))),
@@ -146,6 +147,10 @@ def megatron_lm_args(
     checkpoint has none. ``padded_vocab_size`` defaults to ``config.padded_vocab_size(tp)``."""
     a = config.arch
     args = _arch_args(config)
+    if a.get("num_moe_experts"):  # implementation switches of the experts, restored by Megatron-LM
+        args.update(moe_grouped_gemm=bool(a.get("moe_grouped_gemm", False)),
+                    moe_token_dispatcher_type=a.get("moe_token_dispatcher_type", "allgather"),
+                    expert_tensor_parallel_size=tp)
     if "rotary_base" in args:
         args["rotary_base"] = _int_if_whole(args["rotary_base"])
     if args.get("window_size") is not None:
@@ -157,7 +162,7 @@ def megatron_lm_args(
         apply_query_key_layer_scaling=False,
         attention_dropout=float(a.get("attention_dropout", 0.0)),
         hidden_dropout=float(a.get("hidden_dropout", 0.0)),
-        **dict.fromkeys(UNUSED_FEATURES),
+        **{name: None for name in UNUSED_FEATURES if name not in args},
         tokenizer_type=tokenizer_type,
         tokenizer_model=None if tokenizer_model is None else str(tokenizer_model),
         padded_vocab_size=padded_vocab_size if padded_vocab_size is not None else config.padded_vocab_size(tp),
@@ -178,6 +183,26 @@ def megatron_lm_args(
         multi_latent_attention=False,
     )
     return argparse.Namespace(**args)
+
+
+def _moe_flags(args: dict) -> list[tuple[list[str], str]]:
+    """The flags of the MoE fields ``load_args_from_checkpoint`` does not restore (grouped routing, the
+    shared expert's gate, the router's dtype; the load-balancing loss, restored by Megatron-LM main only)."""
+    if not args.get("num_experts"):
+        return []
+    out = []
+    if args.get("moe_router_num_groups"):
+        out.append((["--moe-router-num-groups", str(args["moe_router_num_groups"]), "--moe-router-group-topk",
+                     str(args["moe_router_group_topk"])], "grouped routing is not restored"))
+    if args.get("moe_shared_expert_gate"):
+        out.append((["--moe-shared-expert-gate"], "the shared expert's gate is not restored"))
+    if args.get("moe_router_dtype"):
+        out.append((["--moe-router-dtype", args["moe_router_dtype"]], "the router's dtype is not restored"))
+    balancing = args.get("moe_router_load_balancing_type") or "aux_loss"
+    out.append((["--moe-router-load-balancing-type", balancing, "--moe-aux-loss-coeff",
+                 repr(float(args.get("moe_aux_loss_coeff") or 0.0))],
+                "the load-balancing loss is restored by Megatron-LM main only (defaults: aux_loss, 0.0)"))
+    return out
 
 
 def _flags_with_reasons(config: McoreConfig, dtype: torch.dtype | None = None) -> list[tuple[list[str], str]]:
@@ -207,6 +232,7 @@ def _flags_with_reasons(config: McoreConfig, dtype: torch.dtype | None = None) -
     if args.get("window_size") is not None:
         out.append((["--window-size", ",".join(str(int(w)) for w in args["window_size"])],
                     "sliding-window attention is not restored"))
+    out += _moe_flags(args)
     if dtype in (torch.bfloat16, torch.float16):
         out.append(([f"--{'bf16' if dtype == torch.bfloat16 else 'fp16'}"], "the weights' dtype is not restored"))
     if config.make_vocab_size_divisible_by != 128:

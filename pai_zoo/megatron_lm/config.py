@@ -16,7 +16,7 @@ from ..checkpoint import CONFIG, is_hf_checkpoint, read_config
 from ..config_map import McoreConfig
 from ..errors import ConfigTranslationError, UnknownModelError
 from ..family import Family
-from ..megatron_args import HF_WINS, arch_from_args, differences, shown
+from ..megatron_args import HF_WINS, MOE_SETTINGS, arch_from_args, differences, shown
 from ..registry import get_registry
 
 #: Megatron-LM's values for the fields its Llama/Mistral loader does not take from the HF config.
@@ -52,13 +52,28 @@ def _family_from_args(arch: dict, where: str, name: str | None) -> Family:
                             f"architecture, pass --family NAME (installed: {others})")
 
 
-def _family_config(family: Family, arch: dict, vocab_size: int, divisor: int, where: str) -> McoreConfig:
-    """``family``'s own McoreConfig for the args' architecture: through its config map to HF and back, which
-    must keep every architecture value."""
+def _through_family(family: Family, arch: dict, vocab_size: int, divisor: int) -> McoreConfig:
     draft = McoreConfig(family.name, {**arch, "vocab_size": vocab_size}, make_vocab_size_divisible_by=divisor)
+    return family.to_mcore_config(family.to_hf_config_dict(draft))
+
+
+def _family_config(family: Family, arch: dict, vocab_size: int, divisor: int, where: str,
+                   notes: list[str]) -> McoreConfig:
+    """``family``'s own McoreConfig for the args' architecture: through its config map to HF and back, which
+    must keep every architecture value. MoE training settings (:data:`MOE_SETTINGS`: the load-balancing loss,
+    the router's dtype) the family cannot express give way to the family's own, with a note."""
     try:
-        hf = family.to_hf_config_dict(draft)
-        config = family.to_mcore_config(hf)
+        try:
+            config = _through_family(family, arch, vocab_size, divisor)
+        except ConfigTranslationError:
+            if not any(k in arch for k in MOE_SETTINGS):
+                raise
+            config = _through_family(family, {k: v for k, v in arch.items() if k not in MOE_SETTINGS}, vocab_size,
+                                     divisor)
+            for key in MOE_SETTINGS:
+                if key in arch and config.get(key) != arch[key]:
+                    notes.append(f"note: args.{key}={arch[key]!r} is a training setting the {family.name} family "
+                                 f"has no field for; its config gives {config.get(key)!r}")
     except ConfigTranslationError as exc:
         raise ConfigTranslationError(f"{where}: the {family.name} family cannot express these args: {exc}") from None
     lost = differences(arch, config.arch)
@@ -107,7 +122,7 @@ def derive_config(args: dict, where: str, *, family: str | None = None, referenc
         notes.append(f"note: args hold {', '.join(dropped)}, Megatron-LM's defaults: its Llama/Mistral loader "
                      "stores these whatever the HF model had. If the original model differs, pass --tokenizer "
                      "HF_DIR with its config.json to take its values")
-    return DerivedConfig(chosen, _family_config(chosen, arch, vocab, divisor, where), padded, notes)
+    return DerivedConfig(chosen, _family_config(chosen, arch, vocab, divisor, where, notes), padded, notes)
 
 
 def _with_reference(arch: dict, folder: Path, where: str, family: str | None, padded: int, divisor: int,

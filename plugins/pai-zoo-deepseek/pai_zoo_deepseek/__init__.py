@@ -223,9 +223,8 @@ def _common_rules(*moe_rules: Rule, hf_fixed: dict) -> list[Rule]:
 
 
 #: Keys that do not change the logits: whether transformers returns router logits, Megatron-era tensor-parallel
-#: pretraining switch, and the published config's training-only aux-loss settings and expert-parallel size
-#: (pai-zoo's training adds no DeepSeek aux loss; see README).
-_TRAINING_ONLY = ("output_router_logits", "pretraining_tp", "aux_loss_alpha", "seq_aux", "ep_size")
+#: pretraining switch, and the published config's expert-parallel size.
+_TRAINING_ONLY = ("output_router_logits", "pretraining_tp", "ep_size")
 
 
 def _remote_code_keys(scoring: str) -> list[Rule]:
@@ -237,10 +236,12 @@ def _remote_code_keys(scoring: str) -> list[Rule]:
     ]
 
 
-#: transformers' DeepSeek routers compute in float32 whatever the model's dtype.
-_EXPERTS = dict(experts="n_routed_experts", expert_ffn="moe_intermediate_size", aux_loss=None,
-                scaling="routed_scaling_factor", shared_count="n_shared_experts", dense_layers=FirstKDense(),
-                router_fp32=True)
+#: transformers' DeepSeek routers compute in float32 whatever the model's dtype. The published configs' aux loss
+#: (``aux_loss_alpha``, ``seq_aux``: DeepSeek's sequence-wise balance loss) is megatron-core's ``seq_aux_loss``,
+#: which pai-zoo's training then adds (transformers' models compute none).
+_EXPERTS = dict(experts="n_routed_experts", expert_ffn="moe_intermediate_size", aux_loss="aux_loss_alpha",
+                seq_aux="seq_aux", scaling="routed_scaling_factor", shared_count="n_shared_experts",
+                dense_layers=FirstKDense(), router_fp32=True)
 
 DEEPSEEK_V2_CONFIG = ConfigMap(
     # V2's router never renormalises (its config's norm_topk_prob is unused by the modeling code: UnusedByV2Router).

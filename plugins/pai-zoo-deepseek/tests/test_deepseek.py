@@ -148,3 +148,46 @@ def test_published_config_json_layout_translates_and_comes_back():
     mcore = fam.to_mcore_config(config)
     assert mcore.arch["family.rope_scaling"]["factor"] == 40 and mcore.arch["moe_router_group_topk"] == 4
     assert fam.to_hf_config_dict(mcore) == config
+
+
+@pytest.mark.parametrize("keys, kind, coeff", [
+    ({"aux_loss_alpha": 0.003, "seq_aux": True}, "seq_aux_loss", 0.003),
+    ({"aux_loss_alpha": 0.002, "seq_aux": False}, "aux_loss", 0.002),
+    ({"aux_loss_alpha": 0.001}, "aux_loss", 0.001),
+    ({}, "none", 0.0),
+])
+def test_balance_loss_keys_translate_and_come_back(keys, kind, coeff):
+    """DeepSeek's ``aux_loss_alpha`` / ``seq_aux`` are megatron-core's balance loss, and the way back writes exactly
+    the keys the config had."""
+    from pai_zoo import hf
+
+    fam = _family("deepseek-v2")
+    raw = {k: v for k, v in fam.presets["deepseek-v2-tiny"].items() if k not in ("aux_loss_alpha", "seq_aux")}
+    config = hf.config_dict(hf.hf_config(fam, {**raw, **keys}))
+    arch = fam.to_mcore_config(config).arch
+    assert (arch["moe_router_load_balancing_type"], arch["moe_aux_loss_coeff"]) == (kind, coeff)
+    back = fam.to_hf_config_dict(fam.to_mcore_config(config))
+    assert {k: back.get(k) for k in ("aux_loss_alpha", "seq_aux") if k in back} == keys
+
+
+def _router_grads(model, ids):
+    model.zero_grad()
+    mask = torch.tril(torch.ones(ids.shape[1], ids.shape[1], dtype=torch.bool)).logical_not()[None, None]
+    position_ids = torch.arange(ids.shape[1]).unsqueeze(0)
+    logits = model(input_ids=ids, position_ids=position_ids, attention_mask=mask)
+    logits.float().square().mean().backward()
+    return [layer.mlp.router.weight.grad.clone() for layer in model.decoder.layers[1:]]
+
+
+def test_the_sequence_balance_loss_reaches_the_router_in_training():
+    """With ``aux_loss_alpha`` the router's gradients carry megatron-core's sequence aux loss: they differ from the
+    same model's without it (the model's output, and so the main loss, is the same in both)."""
+    ids = torch.randint(3, 200, (2, 12), generator=torch.Generator().manual_seed(3))
+    grads = {}
+    for alpha in (0.0, 0.5):
+        case = checks.build_case(_family("deepseek-v2"), aux_loss_alpha=alpha, seq_aux=True)
+        assert case.mcore_model.config.moe_router_load_balancing_type == "seq_aux_loss"
+        case.mcore_model.train()
+        grads[alpha] = _router_grads(case.mcore_model, ids)
+    assert all(torch.isfinite(g).all() for g in grads[0.5])
+    assert max((a - b).abs().max().item() for a, b in zip(grads[0.0], grads[0.5])) > 1e-4

@@ -22,6 +22,7 @@ from pai_zoo.layouts import (
     llama_layout,
     moe_config_rules,
     moe_layout,
+    moe_megatron_args,
     qkv_bias,
 )
 from pai_zoo.mapping import Refused
@@ -176,6 +177,8 @@ GLM4_MOE = Family(
     odd="glm4-moe-odd",
     config_map=GLM4_MOE_CONFIG,
     weight_map=glm4_moe_weights,
+    megatron_args=(*moe_megatron_args("sigmoid", add_qkv_bias=True),
+                   *moe_megatron_args("sigmoid", add_qkv_bias=True, qk_layernorm=True)),
     test_tokenizer=write_glm4_tokenizer,
     description="GLM-4.5 and GLM-4.5-Air (Glm4MoeForCausalLM): sigmoid-routed experts with a shared expert",
 )

@@ -22,6 +22,7 @@ from pai_zoo.layouts import (
     llama_megatron_args,
     moe_config_rules,
     moe_layout,
+    moe_megatron_args,
     qkv_bias,
 )
 
@@ -122,6 +123,7 @@ MIXTRAL = Family(
     odd="mixtral-odd",
     config_map=MIXTRAL_CONFIG,
     weight_map=MIXTRAL_WEIGHTS,
+    megatron_args=moe_megatron_args(),
     test_tokenizer=_write_toy_tokenizer,
     description="Mixtral (mixture of experts, Mistral layout)",
 )

@@ -36,6 +36,7 @@ from pai_zoo.layouts import (
     llama_megatron_args,
     moe_config_rules,
     moe_layout,
+    moe_megatron_args,
     qkv_bias,
 )
 
@@ -331,6 +332,7 @@ QWEN2_MOE = Family(
     odd="qwen2-moe-odd",
     config_map=QWEN2_MOE_CONFIG,
     weight_map=qwen_moe_weights,
+    megatron_args=moe_megatron_args(add_qkv_bias=True),
     test_tokenizer=write_qwen2_tokenizer,
     description="Qwen1.5-MoE and Qwen2-MoE (Qwen2MoeForCausalLM): routed experts and a gated shared expert",
 )
@@ -345,6 +347,7 @@ QWEN3_MOE = Family(
     odd="qwen3-moe-odd",
     config_map=QWEN3_MOE_CONFIG,
     weight_map=qwen_moe_weights,
+    megatron_args=moe_megatron_args(qk_layernorm=True),
     test_tokenizer=write_qwen2_tokenizer,
     description="Qwen3-MoE (Qwen3MoeForCausalLM)",
 )
