@@ -343,3 +343,96 @@ def test_convert_to_mcore_writes_them_in_common_pt(preset, tp, pp, tmp_path):
         got, want = getattr(args, name), expected[name]
         same = got is want if isinstance(want, bool) or want is None else got == want
         assert same, f"common.pt args.{name}={got!r}, config.json says {want!r}"
+
+
+# -- mixture of experts ---------------------------------------------------------------------------------------------
+MOE_PRESETS = ["mixtral-odd", "qwen2-moe-tiny", "qwen2-moe-odd", "qwen3-moe-odd", "glm4-moe-tiny", "glm4-moe-odd"]
+
+
+def _moe_expected(cfg: dict) -> dict:
+    """Megatron-LM's MoE args of an HF MoE config, from its own keys (megatron/training/arguments.py names)."""
+    layers = cfg["num_hidden_layers"]
+    experts = cfg.get("num_experts") or cfg.get("num_local_experts") or cfg.get("n_routed_experts")
+    expert_ffn = cfg.get("moe_intermediate_size") or cfg["intermediate_size"]
+    glm = cfg["model_type"] == "glm4_moe"
+    if cfg.get("first_k_dense_replace"):
+        k = cfg["first_k_dense_replace"]
+        freq = [0] * k + [1] * (layers - k)
+    else:
+        step, dense = cfg.get("decoder_sparse_step") or 1, cfg.get("mlp_only_layers") or []
+        freq = [int(i not in dense and (i + 1) % step == 0) for i in range(layers)]
+    shared = cfg.get("shared_expert_intermediate_size") or (cfg.get("n_shared_experts") or 0) * expert_ffn or None
+    grouped = (cfg.get("n_group") or 1) > 1
+    return dict(
+        num_experts=experts, moe_router_topk=cfg["num_experts_per_tok"], moe_ffn_hidden_size=expert_ffn,
+        moe_layer_freq=1 if all(freq) else freq,
+        moe_router_score_function="sigmoid" if glm else "softmax",
+        moe_router_pre_softmax=False if glm or cfg["model_type"] == "mixtral" else not cfg["norm_topk_prob"],
+        moe_router_enable_expert_bias=glm, moe_shared_expert_intermediate_size=shared,
+        moe_shared_expert_gate=cfg["model_type"] == "qwen2_moe" and bool(shared),
+        moe_router_num_groups=cfg["n_group"] if grouped else None,
+        moe_router_group_topk=cfg["topk_group"] if grouped else None,
+        moe_router_load_balancing_type="none" if glm else "aux_loss",
+        moe_aux_loss_coeff=0.0 if glm else cfg["router_aux_loss_coef"],
+    )
+
+
+@pytest.mark.parametrize("preset", MOE_PRESETS)
+def test_moe_args_match_the_hf_config(preset):
+    """A MoE checkpoint's args carry its experts under Megatron-LM's names, so ``--use-checkpoint-args`` builds a
+    mixture of experts (before, every moe_* field was written as None: a dense model)."""
+    _, cfg, config = _hf_and_config(preset)
+    ns = vars(mla.megatron_lm_args(config, 1, 1, None, torch.float32))
+    for name, want in _moe_expected(cfg).items():
+        assert ns[name] == want, f"{preset}: args.{name}={ns[name]!r}, the HF config says {want!r}"
+    assert ns["moe_grouped_gemm"] is False and ns["moe_token_dispatcher_type"] == "alltoall"
+
+
+def test_dense_args_have_no_experts():
+    ns = vars(mla.megatron_lm_args(_hf_and_config("qwen2-odd")[2]))
+    assert ns["num_experts"] is None and ns["moe_router_topk"] is None
+
+
+@pytest.mark.parametrize("preset", MOE_PRESETS)
+def test_moe_args_round_trip_and_claim_their_family(preset):
+    """args -> architecture gives the preset's experts back, and exactly its family claims them."""
+    family, _, config = _hf_and_config(preset)
+    ns = mla.megatron_lm_args(config, 1, 1, None, torch.float32)
+    back = megatron_args.arch_from_args(vars(ns))
+    keys = [k for k in config.arch if k not in NOT_ARCH and not k.startswith("family.")
+            and k not in ("moe_grouped_gemm", "moe_token_dispatcher_type")]
+    assert megatron_args.differences(config.arch, back, keys=keys) == []
+    assert megatron_args.differences(back, config.arch) == []
+    assert [f.name for f in get_registry().families_for_megatron_args(back)] == [family.name]
+
+
+def test_a_changed_routing_field_is_seen():
+    """The comparison can fail: a checkpoint with other routing than the family's is not taken for it."""
+    _, _, config = _hf_and_config("qwen2-moe-odd")
+    for field, value in (("moe_router_topk", 1), ("moe_router_pre_softmax", True), ("moe_layer_freq", [1, 0, 1])):
+        args = {**vars(mla.megatron_lm_args(config)), field: value}
+        assert field in megatron_args.differences(megatron_args.arch_from_args(args), config.arch)
+
+
+_MOE_RUN_DEFAULTS = dict(num_experts=None, moe_router_topk=2, moe_router_num_groups=None, moe_router_group_topk=None,
+                         moe_shared_expert_gate=False, moe_router_dtype=None, moe_router_load_balancing_type="aux_loss",
+                         moe_aux_loss_coeff=0.0, moe_layer_freq=1, moe_ffn_hidden_size=None)
+
+
+@pytest.mark.parametrize("preset", ["qwen2-moe-odd", "glm4-moe-odd"])
+def test_a_moe_run_with_the_printed_flags_has_the_hf_model(preset):
+    """Restored fields + printed flags give a Megatron-LM run the MoE model's routing (the gate, grouped routing
+    and router dtype are not restored, so they are printed)."""
+    _, _, config = _hf_and_config(preset)
+    ns = mla.megatron_lm_args(config, 1, 1, None, torch.float32, tokenizer_model=TOKENIZER_DIR)
+    flags = mla.megatron_lm_flags(config, torch.float32)
+    run = {**_MOE_RUN_DEFAULTS, **_run_args(ns, flags)}
+    run.update({dest: _parse(v) for dest, v in _flag_dests(flags).items()})
+    if ns.num_experts:
+        run["moe_ffn_hidden_size"] = ns.moe_ffn_hidden_size  # restored when the checkpoint has num_experts
+    arch = megatron_args.arch_from_args(run)
+    keys = [k for k in config.arch if k not in NOT_ARCH and not k.startswith("family.")
+            and k not in ("moe_grouped_gemm", "moe_token_dispatcher_type", *megatron_args.MOE_SETTINGS)]
+    assert megatron_args.differences(config.arch, arch, keys=keys) == []
+    without = megatron_args.arch_from_args({**_MOE_RUN_DEFAULTS, **_run_args(ns, [])})
+    assert megatron_args.differences(config.arch, without, keys=keys)  # the flags are needed
