@@ -73,11 +73,41 @@ def _dims(hf_config: Any) -> dict:
         "d": d,
         "vocab": c["vocab_size"],
         "tied": bool(c.get("tie_word_embeddings", False)),
-        "qkv_bias": bool(c.get("attention_bias", model_type in ("qwen2", "qwen2_moe"))),
-        "qk_norm": model_type in ("qwen3",),
+        "qkv_bias": bool(next((c[k] for k in ("attention_bias", "qkv_bias") if c.get(k) is not None),
+                              model_type in ("qwen2", "qwen2_moe"))),
+        "qk_norm": model_type in ("qwen3", "qwen3_moe"),
         "max_pos": c.get("max_position_embeddings", 4096),
         "dtype": c.get("dtype") or c.get("torch_dtype") or "float32",
+        **_moe_dims(c, model_type),
     }
+
+
+def _moe_dims(c: dict, model_type: str) -> dict:
+    """The mixture-of-experts fields of an HF config (E 0 for a dense model).
+
+    E experts (`num_experts`, or `num_local_experts` as Mixtral and transformers 5's Qwen3-MoE call it) of width Fe
+    (`moe_intermediate_size`; Mixtral's experts are `intermediate_size` wide), top-k routing, `renorm` (the top-k
+    weights renormalised: Mixtral always, Qwen when `norm_topk_prob`), the shared expert's width S (Qwen2-MoE), and
+    per layer whether it is a MoE layer (Qwen: not in `mlp_only_layers` and (i + 1) % `decoder_sparse_step` == 0).
+    """
+    experts = c.get("num_experts") or c.get("num_local_experts") or 0
+    if not experts:
+        return {"E": 0, "moe_layers": [False] * c["num_hidden_layers"]}
+    mixtral = model_type == "mixtral"
+    step = c.get("decoder_sparse_step") or 1
+    dense = set(c.get("mlp_only_layers") or [])
+    return {
+        "E": experts,
+        "Fe": c["intermediate_size"] if mixtral else c["moe_intermediate_size"],
+        "topk": c["num_experts_per_tok"],
+        "renorm": True if mixtral else bool(c.get("norm_topk_prob", False)),
+        "S": c.get("shared_expert_intermediate_size") or None,
+        "aux_loss": float(c.get("router_aux_loss_coef") or 0.0),
+        "moe_layers": [i not in dense and (i + 1) % step == 0 for i in range(c["num_hidden_layers"])],
+    }
+
+
+EXPERT_STYLES = ("sequential", "te_grouped", "grouped")
 
 
 def padded_vocab(vocab_size: int, tp: int = 1, divisible_by: int = 128) -> int:
@@ -164,11 +194,7 @@ def megatron_args(hf_config: Any, **overrides: Any) -> argparse.Namespace:
         "softmax_type": "vanilla",
         "window_size": None,
         "multi_latent_attention": False,
-        "num_experts": None,
-        "moe_ffn_hidden_size": None,
-        "moe_router_topk": 2,
-        "moe_shared_expert_intermediate_size": None,
-        "moe_layer_freq": 1,
+        **_moe_args(dm, tp),
         "mtp_num_layers": None,
         "is_hybrid_model": False,
         "hybrid_override_pattern": None,
@@ -214,7 +240,7 @@ def megatron_args(hf_config: Any, **overrides: Any) -> argparse.Namespace:
         "account_for_embedding_in_pipeline_split": False,
         "account_for_loss_in_pipeline_split": False,
         "expert_model_parallel_size": ep,
-        "expert_tensor_parallel_size": 1,
+        "expert_tensor_parallel_size": tp if dm["E"] else 1,
         "context_parallel_size": 1,
         "data_parallel_size": ep,
         "world_size": tp * pp * ep,
@@ -258,6 +284,47 @@ def megatron_args(hf_config: Any, **overrides: Any) -> argparse.Namespace:
     return argparse.Namespace(**fields)
 
 
+def _moe_args(dm: dict, tp: int) -> dict:
+    """Megatron-LM's MoE arguments (`_add_moe_args` and the TransformerConfig fields it exposes); for a dense model
+    the values Megatron-LM's defaults give."""
+    fields = {
+        "num_experts": None,
+        "moe_ffn_hidden_size": None,
+        "moe_router_topk": 2,
+        "moe_router_pre_softmax": False,
+        "moe_router_score_function": "softmax",
+        "moe_shared_expert_intermediate_size": None,
+        "moe_shared_expert_gate": False,
+        "moe_layer_freq": 1,
+        "moe_router_load_balancing_type": "aux_loss",
+        "moe_aux_loss_coeff": 0.0,
+        "moe_grouped_gemm": False,
+        "moe_use_legacy_grouped_gemm": False,
+        "moe_token_dispatcher_type": "allgather",
+        "moe_router_dtype": None,
+        "moe_router_topk_scaling_factor": None,
+        "moe_router_enable_expert_bias": False,
+        "moe_router_num_groups": None,
+        "moe_router_group_topk": None,
+    }
+    if not dm["E"]:
+        return fields
+    freq = dm["moe_layers"]
+    fields.update(
+        num_experts=dm["E"],
+        moe_ffn_hidden_size=dm["Fe"],
+        moe_router_topk=dm["topk"],
+        # softmax over all experts, then the top k (not renormalised): Megatron's pre-softmax routing
+        moe_router_pre_softmax=not dm["renorm"],
+        moe_shared_expert_intermediate_size=dm["S"],
+        moe_shared_expert_gate=dm["S"] is not None,
+        moe_layer_freq=1 if all(freq) else [int(x) for x in freq],
+        moe_aux_loss_coeff=dm["aux_loss"],
+        moe_token_dispatcher_type="alltoall",
+    )
+    return fields
+
+
 # --------------------------------------------------------------------------------------------------------------
 # HF state -> Megatron global (TP 1) tensors
 
@@ -274,7 +341,11 @@ def megatron_global(hf_model_or_state: Any, hf_config: Any, padded_vocab_size: i
     """The full (TP 1) Megatron tensors: embedding, output (None when tied), final_norm, and one dict per layer.
 
     Layer dict keys: input_norm, qkv, qkv_bias (when the HF model has q/k/v biases), q_norm/k_norm (qk layernorm),
-    proj, pre_mlp_norm, fc1, fc2.
+    proj, pre_mlp_norm, and for a dense layer fc1 ([gate ; up]), fc2; for a mixture-of-experts layer router [E, h],
+    experts (one {fc1, fc2} dict per expert) and, with a Qwen2-MoE shared expert, shared_fc1, shared_fc2 and
+    shared_gate [1, h]. HF expert tensors may be per expert, as `save_pretrained` writes them
+    (`mlp.experts.{e}.gate_proj.weight`, Mixtral `block_sparse_moe.experts.{e}.w1.weight`), or transformers 5's fused
+    in-memory form (`mlp.experts.gate_up_proj` [E, 2 Fe, h], gate rows first, and `mlp.experts.down_proj` [E, h, Fe]).
     """
     sd = _hf_state(hf_model_or_state)
     dm = _dims(hf_config)
@@ -312,9 +383,12 @@ def megatron_global(hf_model_or_state: Any, hf_config: Any, padded_vocab_size: i
             "qkv": group_qkv(sd[a + "q_proj.weight"], sd[a + "k_proj.weight"], sd[a + "v_proj.weight"]),
             "proj": sd[a + "o_proj.weight"].clone(),
             "pre_mlp_norm": sd[p + "post_attention_layernorm.weight"].clone(),
-            "fc1": torch.cat([sd[m + "gate_proj.weight"], sd[m + "up_proj.weight"]], dim=0),
-            "fc2": sd[m + "down_proj.weight"].clone(),
         }
+        if dm["moe_layers"][i]:
+            layer.update(_hf_moe(sd, p, dm))
+        else:
+            layer["fc1"] = torch.cat([sd[m + "gate_proj.weight"], sd[m + "up_proj.weight"]], dim=0)
+            layer["fc2"] = sd[m + "down_proj.weight"].clone()
         if a + "q_proj.bias" in sd:
             layer["qkv_bias"] = group_qkv(sd[a + "q_proj.bias"], sd[a + "k_proj.bias"], sd[a + "v_proj.bias"])
         if a + "q_norm.weight" in sd:
@@ -322,6 +396,62 @@ def megatron_global(hf_model_or_state: Any, hf_config: Any, padded_vocab_size: i
             layer["k_norm"] = sd[a + "k_norm.weight"].clone()
         out["layers"].append(layer)
     return out
+
+
+def _hf_moe(sd: dict, p: str, dm: dict) -> dict:
+    """One HF MoE layer's router, experts and shared expert as Megatron tensors (TP 1)."""
+    E, Fe, h = dm["E"], dm["Fe"], dm["h"]
+    m = p + "mlp."
+    if p + "block_sparse_moe.gate.weight" in sd:  # Mixtral as saved: w1 gate, w3 up, w2 down
+        b = p + "block_sparse_moe."
+        router = sd[b + "gate.weight"]
+        experts = [
+            {
+                "fc1": torch.cat([sd[f"{b}experts.{e}.w1.weight"], sd[f"{b}experts.{e}.w3.weight"]], dim=0),
+                "fc2": sd[f"{b}experts.{e}.w2.weight"].clone(),
+            }
+            for e in range(E)
+        ]
+    else:
+        router = sd[m + "gate.weight"]
+        if m + "experts.gate_up_proj" in sd:  # transformers 5 in memory
+            gate_up, down = sd[m + "experts.gate_up_proj"], sd[m + "experts.down_proj"]
+            if tuple(gate_up.shape) != (E, 2 * Fe, h) or tuple(down.shape) != (E, h, Fe):
+                raise ValueError(f"{m}experts: unexpected fused shapes {tuple(gate_up.shape)}, {tuple(down.shape)}")
+            experts = [{"fc1": gate_up[e].clone(), "fc2": down[e].clone()} for e in range(E)]
+        elif f"{m}experts.0.w1.weight" in sd:  # Mixtral per expert under mlp.
+            experts = [
+                {
+                    "fc1": torch.cat([sd[f"{m}experts.{e}.w1.weight"], sd[f"{m}experts.{e}.w3.weight"]], dim=0),
+                    "fc2": sd[f"{m}experts.{e}.w2.weight"].clone(),
+                }
+                for e in range(E)
+            ]
+        else:
+            experts = [
+                {
+                    "fc1": torch.cat(
+                        [sd[f"{m}experts.{e}.gate_proj.weight"], sd[f"{m}experts.{e}.up_proj.weight"]], dim=0
+                    ),
+                    "fc2": sd[f"{m}experts.{e}.down_proj.weight"].clone(),
+                }
+                for e in range(E)
+            ]
+    if tuple(router.shape) != (E, h):
+        raise ValueError(f"{p}: router shape {tuple(router.shape)} != {(E, h)}")
+    out = {"router": router.clone(), "experts": experts}
+    if dm["S"] is not None:
+        s = m + "shared_expert."
+        out["shared_fc1"] = torch.cat([sd[s + "gate_proj.weight"], sd[s + "up_proj.weight"]], dim=0)
+        out["shared_fc2"] = sd[s + "down_proj.weight"].clone()
+        out["shared_gate"] = sd[m + "shared_expert_gate.weight"].clone()
+    return out
+
+
+def _swiglu_shard(fc1: torch.Tensor, t: int, tp: int) -> torch.Tensor:
+    """Column-parallel SwiGLU fc1: rank t holds [gate rows chunk t ; up rows chunk t]."""
+    gate, up = fc1.chunk(2, dim=0)
+    return torch.cat([gate.chunk(tp, dim=0)[t], up.chunk(tp, dim=0)[t]], dim=0)
 
 
 def _tp_layer(layer: dict, t: int, tp: int, ng: int) -> dict:
@@ -333,15 +463,25 @@ def _tp_layer(layer: dict, t: int, tp: int, ng: int) -> dict:
         g = x.reshape(ng, -1, *x.shape[1:])
         return g.chunk(tp, dim=0)[t].reshape(-1, *x.shape[1:]).contiguous()
 
-    gate, up = layer["fc1"].chunk(2, dim=0)
+    def cols(x: torch.Tensor) -> torch.Tensor:  # row-parallel: columns split
+        return x.chunk(tp, dim=1)[t].contiguous()
+
     out = {
         "input_norm": layer["input_norm"].clone(),
         "qkv": by_groups(layer["qkv"]),
-        "proj": layer["proj"].chunk(tp, dim=1)[t].contiguous(),
+        "proj": cols(layer["proj"]),
         "pre_mlp_norm": layer["pre_mlp_norm"].clone(),
-        "fc1": torch.cat([gate.chunk(tp, dim=0)[t], up.chunk(tp, dim=0)[t]], dim=0),
-        "fc2": layer["fc2"].chunk(tp, dim=1)[t].contiguous(),
     }
+    if "fc1" in layer:
+        out["fc1"] = _swiglu_shard(layer["fc1"], t, tp)
+        out["fc2"] = cols(layer["fc2"])
+    if "router" in layer:  # expert tensor parallelism = tp; router and shared-expert gate replicated
+        out["router"] = layer["router"].clone()
+        out["experts"] = [{"fc1": _swiglu_shard(x["fc1"], t, tp), "fc2": cols(x["fc2"])} for x in layer["experts"]]
+    if "shared_fc1" in layer:
+        out["shared_fc1"] = _swiglu_shard(layer["shared_fc1"], t, tp)
+        out["shared_fc2"] = cols(layer["shared_fc2"])
+        out["shared_gate"] = layer["shared_gate"].clone()
     if "qkv_bias" in layer:
         out["qkv_bias"] = by_groups(layer["qkv_bias"])
     for k in ("q_norm", "k_norm"):
@@ -350,7 +490,37 @@ def _tp_layer(layer: dict, t: int, tp: int, ng: int) -> dict:
     return out
 
 
-def _layer_keys(prefix: str, sh: dict, te_names: bool) -> list[tuple[str, Any]]:
+def _expert_keys(mlp: str, experts: list[dict], style: str) -> list[tuple[str, Any]]:
+    """A MoE layer's local experts under one of Megatron's three expert modules (see write_legacy)."""
+    ex = mlp + "experts."
+    if style == "sequential":  # SequentialMLP: one local-spec MLP per local expert
+        items = []
+        for j, x in enumerate(experts):
+            le = f"{ex}local_experts.{j}."
+            items += [
+                (le + "linear_fc1.weight", x["fc1"]),
+                (le + "linear_fc1._extra_state", None),
+                (le + "linear_fc2.weight", x["fc2"]),
+                (le + "linear_fc2._extra_state", None),
+            ]
+        return items
+    if style == "te_grouped":  # TEGroupedMLP: TE GroupedLinear's weight0..weightN-1, then its extra state
+        items = [(f"{ex}linear_fc1.weight{j}", x["fc1"]) for j, x in enumerate(experts)]
+        items.append((ex + "linear_fc1._extra_state", None))
+        items += [(f"{ex}linear_fc2.weight{j}", x["fc2"]) for j, x in enumerate(experts)]
+        items.append((ex + "linear_fc2._extra_state", None))
+        return items
+    if style == "grouped":
+        # legacy GroupedMLP: weight1 [h, E_local * fc1 rows] whose .view(E_local, h, -1)[j] is expert j's fc1.T,
+        # weight2 [E_local * Fe, h] whose .view(E_local, -1, h)[j] is expert j's fc2.T
+        h = experts[0]["fc1"].shape[1]
+        w1 = torch.stack([x["fc1"].t() for x in experts]).contiguous().view(h, -1)
+        w2 = torch.stack([x["fc2"].t() for x in experts]).contiguous().view(-1, h)
+        return [(ex + "weight1", w1), (ex + "weight2", w2)]
+    raise ValueError(f"experts={style!r}: one of {EXPERT_STYLES}")
+
+
+def _layer_keys(prefix: str, sh: dict, te_names: bool, experts: str = "sequential") -> list[tuple[str, Any]]:
     """One decoder layer's state-dict entries, in the order Megatron's modules register them."""
     sa, mlp = prefix + "self_attention.", prefix + "mlp."
     items: list[tuple[str, Any]] = []
@@ -367,6 +537,21 @@ def _layer_keys(prefix: str, sh: dict, te_names: bool) -> list[tuple[str, Any]]:
     items.append((sa + "linear_qkv._extra_state", None))
     if "q_norm" in sh:
         items += [(sa + "q_layernorm.weight", sh["q_norm"]), (sa + "k_layernorm.weight", sh["k_norm"])]
+    if "router" in sh:
+        # a MoE layer has its own pre-MLP norm module, with TE (TENorm) or local names alike; a module's own
+        # parameters come before its children's: the shared experts' gate_weight before their linear_fc1
+        items += [(prefix + "pre_mlp_layernorm.weight", sh["pre_mlp_norm"]), (mlp + "router.weight", sh["router"])]
+        items += _expert_keys(mlp, sh["experts"], experts)
+        if "shared_fc1" in sh:
+            se = mlp + "shared_experts."
+            items += [
+                (se + "gate_weight", sh["shared_gate"]),
+                (se + "linear_fc1.weight", sh["shared_fc1"]),
+                (se + "linear_fc1._extra_state", None),
+                (se + "linear_fc2.weight", sh["shared_fc2"]),
+                (se + "linear_fc2._extra_state", None),
+            ]
+        return items
     if not te_names:
         items.append((prefix + "pre_mlp_layernorm.weight", sh["pre_mlp_norm"]))
     if te_names:
@@ -381,14 +566,22 @@ def _layer_keys(prefix: str, sh: dict, te_names: bool) -> list[tuple[str, Any]]:
 
 
 def _chunk_state(
-    g: dict, layers: list[int], *, t: int, tp: int, ng: int, pre: bool, post: bool, te_names: bool, tied: bool
+    g: dict, layers: list[int], *, t: int, tp: int, ng: int, pre: bool, post: bool, te_names: bool, tied: bool,
+    e: int = 0, ep: int = 1, experts: str = "sequential",
 ) -> OrderedDict:
-    """The model state dict of one model chunk: the given global layers, numbered from 0."""
+    """The model state dict of one model chunk: the given global layers, numbered from 0; expert-parallel rank e
+    of ep holds the global experts e * E/ep ... (e + 1) * E/ep - 1, numbered from 0."""
     sd: OrderedDict = OrderedDict()
     if pre:
         sd["embedding.word_embeddings.weight"] = g["embedding"].chunk(tp, dim=0)[t].clone()
     for local, i in enumerate(layers):
-        sd.update(_layer_keys(f"decoder.layers.{local}.", _tp_layer(g["layers"][i], t, tp, ng), te_names))
+        sh = _tp_layer(g["layers"][i], t, tp, ng)
+        if "experts" in sh:
+            if len(sh["experts"]) % ep:
+                raise ValueError(f"{len(sh['experts'])} experts are not divisible by ep {ep}")
+            per = len(sh["experts"]) // ep
+            sh["experts"] = sh["experts"][e * per:(e + 1) * per]
+        sd.update(_layer_keys(f"decoder.layers.{local}.", sh, te_names, experts))
     if post:
         sd["decoder.final_layernorm.weight"] = g["final_norm"].clone()
         if not tied:
@@ -464,7 +657,8 @@ def write_legacy(
     pp: int = 1,
     vpp: int | None = None,
     ep: int = 1,
-    te_names: bool = False,
+    te_names: bool | None = None,
+    experts: str = "sequential",
     iteration: int = 1,
     release: bool = False,
     with_rng: bool = True,
@@ -472,13 +666,36 @@ def write_legacy(
     padded_vocab_size: int | None = None,
     args_overrides: dict | None = None,
 ) -> Path:
-    """Write a legacy (`--ckpt-format torch`) Megatron-LM checkpoint of an HF Llama/Qwen2 model into dst.
+    """Write a legacy (`--ckpt-format torch`) Megatron-LM checkpoint of an HF Llama/Qwen2/Qwen3, Mixtral, Qwen2-MoE
+    or Qwen3-MoE model into dst.
+
+    te_names: Transformer Engine key names (default: only for experts="te_grouped"). For mixture-of-experts layers,
+    expert tensor parallelism is tp, and expert-parallel rank e (folder suffix _EEE) holds the global experts
+    e * E/ep + j as local expert j, beside a copy of every non-expert tensor. experts: the expert module's keys,
+    under `decoder.layers.{i}.mlp.experts.`:
+
+    - "sequential" (SequentialMLP, moe_grouped_gemm False): `local_experts.{j}.linear_fc1.weight` [2 Fe/tp, h],
+      `local_experts.{j}.linear_fc2.weight` [h, Fe/tp] and their `_extra_state`;
+    - "te_grouped" (TEGroupedMLP): `linear_fc1.weight{j}`, `linear_fc2.weight{j}` of the same shapes, and one
+      `linear_fc1._extra_state` / `linear_fc2._extra_state` each;
+    - "grouped" (the legacy GroupedMLP): `weight1` [h, E_local * 2 Fe/tp], `weight2` [E_local * Fe/tp, h].
 
     Returns the iteration folder. See the module docstring for the layout.
     """
+    if experts not in EXPERT_STYLES:
+        raise ValueError(f"experts={experts!r}: one of {EXPERT_STYLES}")
+    if te_names is None:
+        te_names = experts == "te_grouped"
+    if experts == "te_grouped" and not te_names:
+        raise ValueError("TEGroupedMLP (experts='te_grouped') exists only in Transformer Engine models (te_names)")
     dst = Path(dst)
     dm = _dims(hf_config)
     overrides = dict(args_overrides or {})
+    if dm["E"]:
+        overrides.setdefault("moe_grouped_gemm", experts != "sequential")
+        overrides.setdefault("moe_use_legacy_grouped_gemm", experts == "grouped")
+        if ep > 1 and dm["E"] % ep:
+            raise ValueError(f"{dm['E']} experts are not divisible by ep {ep}")
     overrides.setdefault("tensor_model_parallel_size", tp)
     overrides.setdefault("pipeline_model_parallel_size", pp)
     overrides.setdefault("virtual_pipeline_model_parallel_size", vpp)
@@ -500,22 +717,25 @@ def write_legacy(
     it_dir = dst / _iter_dir(iteration, release)
     for p in range(pp):
         for t in range(tp):
-            chunks = []
-            for c in range(vpp or 1):
-                chunks.append(
-                    _chunk_state(
-                        g,
-                        chunk_layers(dm["L"], pp, vpp, p, c),
-                        t=t,
-                        tp=tp,
-                        ng=dm["ng"],
-                        pre=p == 0 and c == 0,
-                        post=p == pp - 1 and c == (vpp or 1) - 1,
-                        te_names=te_names,
-                        tied=dm["tied"],
-                    )
-                )
             for e in range(ep):
+                chunks = []
+                for c in range(vpp or 1):
+                    chunks.append(
+                        _chunk_state(
+                            g,
+                            chunk_layers(dm["L"], pp, vpp, p, c),
+                            t=t,
+                            tp=tp,
+                            ng=dm["ng"],
+                            pre=p == 0 and c == 0,
+                            post=p == pp - 1 and c == (vpp or 1) - 1,
+                            te_names=te_names,
+                            tied=dm["tied"],
+                            e=e,
+                            ep=ep,
+                            experts=experts,
+                        )
+                    )
                 ckpt: dict = {"args": args, "checkpoint_version": CHECKPOINT_VERSION, "iteration": iteration}
                 if vpp:
                     for c, sd in enumerate(chunks):
@@ -568,8 +788,24 @@ def dist_tensors(g: dict, te_names: bool = True) -> dict[str, torch.Tensor]:
         out[sa + "q_layernorm.weight"] = stack("q_norm")
         out[sa + "k_layernorm.weight"] = stack("k_norm")
     out[mlp_norm] = stack("pre_mlp_norm")
-    out[mlp + "linear_fc1.weight"] = stack("fc1")
-    out[mlp + "linear_fc2.weight"] = stack("fc2")
+    moe = ["router" in lay for lay in layers]
+    if any(moe) and not all(moe):
+        raise NotImplementedError("torch_dist of a model with dense and MoE layers (per-layer keys) is not written")
+    if all(moe):
+        # megatron-core's SequentialMLP.sharded_state_dict: an expert axis after the layer axis
+        ex = mlp + "experts.experts."
+        out[mlp + "router.weight"] = stack("router")
+        out[ex + "linear_fc1.weight"] = torch.stack([torch.stack([x["fc1"] for x in lay["experts"]])
+                                                     for lay in layers]).contiguous()
+        out[ex + "linear_fc2.weight"] = torch.stack([torch.stack([x["fc2"] for x in lay["experts"]])
+                                                     for lay in layers]).contiguous()
+        if "shared_fc1" in layers[0]:
+            out[mlp + "shared_experts.linear_fc1.weight"] = stack("shared_fc1")
+            out[mlp + "shared_experts.linear_fc2.weight"] = stack("shared_fc2")
+            out[mlp + "shared_experts.gate_weight"] = stack("shared_gate")
+    else:
+        out[mlp + "linear_fc1.weight"] = stack("fc1")
+        out[mlp + "linear_fc2.weight"] = stack("fc2")
     out["decoder.final_layernorm.weight"] = g["final_norm"]
     if g["output"] is not None:
         out["output_layer.weight"] = g["output"]
@@ -592,6 +828,20 @@ def _tp_chunks(key: str, x: torch.Tensor, t: int, tp: int, num_layers: int) -> l
         rows = x.shape[0] // tp  # embedding / output layer: vocabulary rows
         return [piece([t * rows, 0], (slice(t * rows, (t + 1) * rows),))]
     out = []
+    if ".experts.experts." in key:  # [L, E, ...]: one piece per layer, expert (and gate/up half), as fc1/fc2
+        for layer in range(num_layers):
+            for e in range(x.shape[1]):
+                at = (slice(layer, layer + 1), slice(e, e + 1))
+                if key.endswith("linear_fc1.weight"):
+                    half = x.shape[2] // 2
+                    rows = half // tp
+                    for base in (0, half):
+                        r0 = base + t * rows
+                        out.append(piece([layer, e, r0, 0], (*at, slice(r0, r0 + rows))))
+                else:
+                    cols = x.shape[3] // tp
+                    out.append(piece([layer, e, 0, t * cols], (*at, slice(None), slice(t * cols, (t + 1) * cols))))
+        return out
     for layer in range(num_layers):
         lay = slice(layer, layer + 1)
         if x.dim() == 2 and not key.endswith("linear_qkv.bias"):  # norms: replicated
@@ -613,6 +863,14 @@ def _tp_chunks(key: str, x: torch.Tensor, t: int, tp: int, num_layers: int) -> l
             if t == 0:
                 out.append(piece([layer] + [0] * (x.dim() - 1), (lay,)))
     return out
+
+
+def _layer_linears(dm: dict) -> tuple[str, ...]:
+    """The linear layers of every decoder layer whose `_extra_state` torch_dist stores once per layer."""
+    if not dm["E"]:
+        return LAYER_LINEARS
+    shared = ("mlp.shared_experts.linear_fc1", "mlp.shared_experts.linear_fc2") if dm["S"] is not None else ()
+    return LAYER_LINEARS[:2] + shared
 
 
 def _dcp_planner_class():
@@ -701,7 +959,10 @@ def write_torch_dist(
     args_overrides: dict | None = None,
     thread_count: int = 2,
 ) -> Path:
-    """Write a `--ckpt-format torch_dist` Megatron-LM checkpoint of an HF Llama/Qwen2 model into dst.
+    """Write a `--ckpt-format torch_dist` Megatron-LM checkpoint of an HF Llama/Qwen2 model into dst, or of a
+    mixture-of-experts model whose every layer is a MoE layer (the keys megatron-core's SequentialMLP gives:
+    `decoder.layers.mlp.router.weight` [L, E, h], `decoder.layers.mlp.experts.experts.linear_fc1.weight`
+    [L, E, 2 Fe, h] and `...linear_fc2.weight` [L, E, h, Fe], `decoder.layers.mlp.shared_experts.*`).
 
     tp: the number of tensor-parallel ranks whose shards are written (`__R_T.distcp` per rank R, thread T); the
     global tensors do not depend on it. te_names: the norms under `linear_qkv.layer_norm_weight` /
@@ -711,6 +972,8 @@ def write_torch_dist(
     """
     dst = Path(dst)
     dm = _dims(hf_config)
+    if dm["E"] and not all(dm["moe_layers"]):
+        raise NotImplementedError("torch_dist of a model with dense and MoE layers (per-layer keys) is not written")
     overrides = dict(args_overrides or {})
     overrides.setdefault("tensor_model_parallel_size", tp)
     overrides.setdefault("expert_tensor_parallel_size", tp)
@@ -740,8 +1003,13 @@ def write_torch_dist(
             pieces += [(key, offs, piece, tuple(x.shape)) for offs, piece in _tp_chunks(key, x, t, tp, dm["L"])]
         if t == 0:
             for layer in range(dm["L"]):
-                for lin in LAYER_LINEARS:
+                for lin in _layer_linears(dm):
                     pieces.append((f"decoder.layers.{lin}._extra_state/shard_{layer}_{dm['L']}", None, extra, None))
+                if dm["E"]:  # one per layer and expert: ShardedObject keys with both axes
+                    for e in range(dm["E"]):
+                        for lin in ("linear_fc1", "linear_fc2"):
+                            key = f"decoder.layers.mlp.experts.experts.{lin}._extra_state"
+                            pieces.append((f"{key}/shard_{layer}.{e}_{dm['L']}.{dm['E']}", None, extra, None))
             if common_in_metadata:
                 pieces.append((COMMON_STATE_KEY, None, _saved_bytes([common]), None))
         ranks.append(pieces)

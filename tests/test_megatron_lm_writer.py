@@ -384,3 +384,352 @@ def test_release_and_torch_dist_of_a_qwen2(tmp_path):
     assert sorted(p.name for p in it_dir.iterdir()) == [
         ".metadata", "__0_0.distcp", "__0_1.distcp", "__1_0.distcp", "__1_1.distcp", "common.pt", "metadata.json"
     ]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# mixture-of-experts models (Mixtral, Qwen2-MoE, Qwen3-MoE): against megatron-core's own GPTModel, and the parallel
+# and grouped forms merged back here
+
+
+def _moe_config(kind: str):
+    import transformers
+
+    common = dict(vocab_size=997, hidden_size=48, num_attention_heads=6, num_key_value_heads=2, head_dim=12,
+                  max_position_embeddings=64, num_experts_per_tok=2, tie_word_embeddings=False)
+    if kind == "mixtral":
+        return transformers.MixtralConfig(**common, intermediate_size=40, num_hidden_layers=2, num_local_experts=4)
+    moe = dict(intermediate_size=64, moe_intermediate_size=40, num_experts=4, norm_topk_prob=False)
+    if kind == "qwen2_moe":  # a dense layer among MoE layers, a gated shared expert, q/k/v biases
+        return transformers.Qwen2MoeConfig(**common, **moe, num_hidden_layers=3, shared_expert_intermediate_size=56,
+                                           mlp_only_layers=[1])
+    if kind == "qwen2_moe_all":  # every layer MoE
+        return transformers.Qwen2MoeConfig(**common, **moe, num_hidden_layers=2, shared_expert_intermediate_size=56)
+    assert kind == "qwen3_moe"  # q/k norms, top-k not renormalised
+    return transformers.Qwen3MoeConfig(**common, **moe, num_hidden_layers=2)
+
+
+_MOE_MODELS: dict = {}
+
+
+def _moe_model(kind: str):
+    """A tiny random HF MoE model (built once per kind), its norms perturbed away from 1."""
+    if kind not in _MOE_MODELS:
+        import transformers
+
+        torch.manual_seed(1)
+        config = _moe_config(kind)
+        model = transformers.AutoModelForCausalLM.from_config(config).eval()
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    p.copy_(1 + 0.2 * torch.randn_like(p))
+                else:
+                    p.normal_(0, 0.15)
+        _MOE_MODELS[kind] = (model, config)
+    return _MOE_MODELS[kind]
+
+
+def _load_model_dict(folder: Path, key: str = "model") -> dict:
+    return _megatron_load(folder / "model_optim_rng.pt")[key]
+
+
+@pytest.mark.parametrize("kind", ["mixtral", "qwen2_moe", "qwen3_moe"])
+def test_moe_args_in_megatron_lm_names(kind):
+    model, config = _moe_model(kind)
+    args = mlw.megatron_args(config, tensor_model_parallel_size=2)
+    expected = {
+        "mixtral": dict(num_experts=4, moe_ffn_hidden_size=40, ffn_hidden_size=40, moe_router_pre_softmax=False,
+                        moe_layer_freq=1, moe_shared_expert_intermediate_size=None, moe_shared_expert_gate=False,
+                        add_qkv_bias=False, qk_layernorm=False),
+        "qwen2_moe": dict(num_experts=4, moe_ffn_hidden_size=40, ffn_hidden_size=64, moe_router_pre_softmax=True,
+                          moe_layer_freq=[1, 0, 1], moe_shared_expert_intermediate_size=56,
+                          moe_shared_expert_gate=True, add_qkv_bias=True, qk_layernorm=False),
+        "qwen3_moe": dict(num_experts=4, moe_ffn_hidden_size=40, ffn_hidden_size=64, moe_router_pre_softmax=True,
+                          moe_layer_freq=1, moe_shared_expert_intermediate_size=None, moe_shared_expert_gate=False,
+                          add_qkv_bias=False, qk_layernorm=True),
+    }[kind]
+    expected.update(moe_router_topk=2, moe_router_score_function="softmax", moe_token_dispatcher_type="alltoall",
+                    moe_router_load_balancing_type="aux_loss", moe_aux_loss_coeff=0.001, moe_grouped_gemm=False,
+                    moe_router_dtype=None, moe_router_topk_scaling_factor=None, moe_router_enable_expert_bias=False,
+                    moe_router_num_groups=None, moe_router_group_topk=None, expert_tensor_parallel_size=2,
+                    kv_channels=12, num_query_groups=2, padded_vocab_size=1024)
+    assert {k: getattr(args, k) for k in expected} == expected
+    renormalised = mlw.megatron_args(config.to_dict() | {"norm_topk_prob": True})
+    assert renormalised.moe_router_pre_softmax is False or kind == "mixtral"
+    assert mlw.megatron_args(config, moe_router_topk=3).moe_router_topk == 3  # overrides win
+    # the MoE fields are Megatron-LM's: the TransformerConfig fields megatron-core builds from them
+    import megatron.core.transformer.transformer_config as tc
+
+    fields = set(tc.TransformerConfig.__dataclass_fields__)
+    for k in expected:
+        if k.startswith("moe_") or k == "expert_tensor_parallel_size":
+            assert k in fields, k
+    if HAVE_FIXTURES:  # and every one of them is in the args Megatron-LM 0.16 pickled
+        theirs = _safe_load(FIXTURES / "llama-legacy-tp1" / "iter_0000001" / "mp_rank_00" / "model_optim_rng.pt")
+        assert not set(vars(args)) - set(vars(theirs["args"]))
+
+
+def test_hf_expert_tensor_forms_agree():
+    """The fused in-memory experts (transformers 5) and the per-expert names save_pretrained writes give the same
+    Megatron tensors, and those are the HF per-expert tensors: [gate ; up] and down."""
+    from transformers.core_model_loading import revert_weight_conversion
+
+    for kind in ("mixtral", "qwen2_moe"):
+        model, config = _moe_model(kind)
+        saved = revert_weight_conversion(model, model.state_dict())
+        assert not any("gate_up_proj" in k for k in saved)
+        fused, per_expert = (mlw.megatron_global(sd, config, 1024) for sd in (model.state_dict(), saved))
+        for a, b in zip(fused["layers"], per_expert["layers"]):
+            assert a.keys() == b.keys()
+            for k in a:
+                if k == "experts":
+                    assert all(torch.equal(x[n], y[n]) for x, y in zip(a[k], b[k]) for n in ("fc1", "fc2"))
+                else:
+                    assert torch.equal(a[k], b[k]), k
+        p = "model.layers.0.block_sparse_moe.experts.3." if kind == "mixtral" else "model.layers.0.mlp.experts.3."
+        gate, up, down = (("w1", "w3", "w2") if kind == "mixtral" else ("gate_proj", "up_proj", "down_proj"))
+        x = fused["layers"][0]["experts"][3]
+        assert torch.equal(x["fc1"], torch.cat([saved[p + gate + ".weight"], saved[p + up + ".weight"]]))
+        assert torch.equal(x["fc2"], saved[p + down + ".weight"])
+        if kind == "qwen2_moe":
+            assert "experts" not in fused["layers"][1] and fused["layers"][1]["fc1"].shape == (128, 48)
+            assert torch.equal(fused["layers"][2]["shared_gate"], saved["model.layers.2.mlp.shared_expert_gate.weight"])
+
+
+def _rope_theta(config) -> float:
+    params = getattr(config, "rope_parameters", None) or {}
+    return float(params.get("rope_theta") or getattr(config, "rope_theta", None) or 10000.0)
+
+
+def _megatron_moe_model(args, config):
+    """megatron-core's own GPTModel (local spec, SequentialMLP experts) from the written args."""
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+    from megatron.core.transformer import TransformerConfig
+
+    from pai_zoo.mcore.compat import ensure_model_parallel
+
+    ensure_model_parallel()
+    tc = TransformerConfig(
+        num_layers=args.num_layers, hidden_size=args.hidden_size, ffn_hidden_size=args.ffn_hidden_size,
+        num_attention_heads=args.num_attention_heads, num_query_groups=args.num_query_groups,
+        kv_channels=args.kv_channels, normalization=args.normalization, layernorm_epsilon=config.rms_norm_eps,
+        gated_linear_unit=args.swiglu, activation_func=torch.nn.functional.silu, add_bias_linear=args.add_bias_linear,
+        add_qkv_bias=args.add_qkv_bias, qk_layernorm=args.qk_layernorm, num_moe_experts=args.num_experts,
+        moe_ffn_hidden_size=args.moe_ffn_hidden_size, moe_router_topk=args.moe_router_topk,
+        moe_router_pre_softmax=args.moe_router_pre_softmax,
+        moe_router_score_function=args.moe_router_score_function,
+        moe_shared_expert_intermediate_size=args.moe_shared_expert_intermediate_size,
+        moe_shared_expert_gate=args.moe_shared_expert_gate, moe_layer_freq=args.moe_layer_freq,
+        moe_token_dispatcher_type=args.moe_token_dispatcher_type, moe_grouped_gemm=args.moe_grouped_gemm,
+        moe_router_load_balancing_type="none", hidden_dropout=0.0, attention_dropout=0.0,
+        use_cpu_initialization=True, perform_initialization=False, masked_softmax_fusion=False,
+        bias_activation_fusion=False, bias_dropout_fusion=False, apply_rope_fusion=False, persist_layer_norm=False,
+        gradient_accumulation_fusion=False, params_dtype=args.params_dtype,
+    )
+    spec = get_gpt_decoder_block_spec(tc, use_transformer_engine=False)
+    return GPTModel(tc, spec, vocab_size=args.padded_vocab_size, max_sequence_length=args.max_position_embeddings,
+                    position_embedding_type="rope", rotary_base=_rope_theta(config),
+                    share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights).eval()
+
+
+@pytest.mark.parametrize("kind", ["mixtral", "qwen2_moe", "qwen3_moe"])
+def test_moe_sequential_loads_strictly_into_megatron_core_and_gives_the_hf_logits(tmp_path, kind):
+    torch.set_num_threads(1)
+    model, config = _moe_model(kind)
+    mlw.write_legacy(model, config, tmp_path, experts="sequential", with_rng=False)
+    ckpt = _megatron_load(tmp_path / "iter_0000001" / "mp_rank_00" / "model_optim_rng.pt")
+    ours, args = ckpt["model"], ckpt["args"]
+    megatron = _megatron_moe_model(args, config)
+    theirs = megatron.state_dict()
+    assert list(ours) == list(theirs)  # every key, in megatron's order
+    for k, v in theirs.items():
+        if isinstance(v, torch.Tensor):
+            assert ours[k].shape == v.shape and ours[k].dtype == v.dtype, k
+        else:
+            assert ours[k] is None and v is None, k
+    megatron.load_state_dict(ours, strict=True)
+
+    ids = torch.tensor([[5, 996, 17, 300, 42, 7, 811], [1, 2, 3, 500, 600, 700, 800]])
+    s = ids.shape[1]
+    mask = torch.triu(torch.ones(s, s, dtype=torch.bool), diagonal=1).expand(2, 1, s, s)
+    positions = torch.arange(s).expand(2, s)
+    with torch.no_grad():
+        got = megatron(ids, positions, mask)[..., : config.vocab_size]
+        want = model(ids).logits
+    assert want.abs().max() > 1  # not vanishing logits
+    assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), (got - want).abs().max()
+
+
+def _merge_moe(ckpt: Path, config, *, tp: int, ep: int, experts: str) -> dict:
+    """The TP 1, EP 1, SequentialMLP model dict rebuilt from any TP x EP legacy checkpoint of an MoE model
+    (tensor entries only): written here, independently of the writer."""
+    E = config.to_dict().get("num_experts") or config.to_dict().get("num_local_experts")
+    h, per = config.hidden_size, E // ep
+    it_dir = ckpt / "iter_0000001"
+    files = {(t, e): _load_model_dict(it_dir / mlw.rank_folder(t, 0, e, pp=1, ep=ep)) for t in range(tp)
+             for e in range(ep)}
+    by_key: dict[str, dict] = {}  # sequential key -> {tp rank: tensor}, checked equal across EP copies
+    for (t, e), sd in files.items():
+        for k, v in sd.items():
+            if v is None:
+                assert k.endswith("_extra_state"), k
+                continue
+            layer, _, rest = k.partition(".mlp.experts.")
+            if not rest:
+                prev = by_key.setdefault(k, {}).setdefault(t, v)
+                assert torch.equal(prev, v), k  # non-expert tensors are the same in every EP rank's file
+                continue
+            if experts == "sequential":
+                j, name = rest[len("local_experts."):].split(".", 1)
+                pieces = {int(j): v}
+            elif experts == "te_grouped":
+                name, j = rest.rsplit(".weight", 1)
+                name, pieces = name + ".weight", {int(j): v}
+            else:
+                assert rest in ("weight1", "weight2"), rest
+                name = "linear_fc1.weight" if rest == "weight1" else "linear_fc2.weight"
+                view = v.view(per, h, -1) if rest == "weight1" else v.view(per, -1, h)
+                pieces = {j: view[j].t() for j in range(per)}
+            for j, piece in pieces.items():
+                key = f"{layer}.mlp.experts.local_experts.{e * per + j}.{name}"
+                assert t not in by_key.setdefault(key, {}), key
+                by_key[key][t] = piece
+    out = {}
+    for k, shards in by_key.items():
+        parts = [shards[t] for t in range(tp)]
+        if k.endswith("linear_fc1.weight"):  # column-parallel SwiGLU: [gate_t ; up_t] per rank
+            gates, ups = zip(*(x.chunk(2) for x in parts))
+            out[k] = torch.cat([*gates, *ups])
+        elif k.endswith(("linear_fc2.weight", "linear_proj.weight")):
+            out[k] = torch.cat(parts, dim=1)
+        elif k.endswith(("linear_qkv.weight", "linear_qkv.bias", "word_embeddings.weight", "output_layer.weight")):
+            out[k] = torch.cat(parts)
+        else:  # norms, router, shared-expert gate: replicated
+            assert all(torch.equal(x, parts[0]) for x in parts), k
+            out[k] = parts[0]
+    return out
+
+
+@pytest.mark.parametrize("kind,tp,ep,experts", [
+    ("qwen2_moe", 2, 1, "sequential"),
+    ("qwen2_moe", 1, 2, "grouped"),
+    ("qwen2_moe", 2, 2, "te_grouped"),
+    ("mixtral", 2, 2, "te_grouped"),
+    ("qwen3_moe", 2, 2, "grouped"),
+])
+def test_moe_parallel_and_grouped_forms_merge_to_the_tp1_form(tmp_path, kind, tp, ep, experts):
+    model, config = _moe_model(kind)
+    te = experts == "te_grouped"
+    mlw.write_legacy(model, config, tmp_path / "ref", experts="sequential", te_names=te, with_rng=False)
+    ref = {k: v for k, v in _load_model_dict(tmp_path / "ref" / "iter_0000001" / "mp_rank_00").items()
+           if v is not None}
+    mlw.write_legacy(model, config, tmp_path / "x", tp=tp, ep=ep, experts=experts, with_rng=False)
+    it_dir = tmp_path / "x" / "iter_0000001"
+    assert sorted(p.name for p in it_dir.iterdir()) == sorted(
+        mlw.rank_folder(t, 0, e, pp=1, ep=ep) for t in range(tp) for e in range(ep))
+    ckpt = _megatron_load(it_dir / mlw.rank_folder(tp - 1, 0, ep - 1, pp=1, ep=ep) / "model_optim_rng.pt")
+    args, sd = ckpt["args"], ckpt["model"]
+    assert args.moe_grouped_gemm is (experts != "sequential")
+    assert args.moe_use_legacy_grouped_gemm is (experts == "grouped")
+    assert args.transformer_impl == ("transformer_engine" if te else "local")
+    assert (args.expert_model_parallel_size, args.expert_tensor_parallel_size) == (ep, tp)
+    # the per-rank shapes of layer 0's experts (2 local experts at EP 2, 4 at EP 1)
+    per, fe, h = 4 // ep, 40 // tp, 48
+    ex = "decoder.layers.0.mlp.experts."
+    if experts == "grouped":
+        assert sd[ex + "weight1"].shape == (h, per * 2 * fe) and sd[ex + "weight2"].shape == (per * fe, h)
+        assert not any(k.startswith(ex) and not k.endswith(("weight1", "weight2")) for k in sd)
+    elif experts == "te_grouped":
+        names = [k[len(ex):] for k in sd if k.startswith(ex)]
+        assert names == [*(f"linear_fc1.weight{j}" for j in range(per)), "linear_fc1._extra_state",
+                         *(f"linear_fc2.weight{j}" for j in range(per)), "linear_fc2._extra_state"]
+        assert sd[ex + "linear_fc1.weight0"].shape == (2 * fe, h) and sd[ex + "linear_fc2.weight0"].shape == (h, fe)
+        assert "decoder.layers.0.pre_mlp_layernorm.weight" in sd  # no fused norm in a MoE layer
+    else:
+        assert sd[ex + f"local_experts.{per - 1}.linear_fc1.weight"].shape == (2 * fe, h)
+        assert ex + f"local_experts.{per}.linear_fc1.weight" not in sd
+    merged = _merge_moe(tmp_path / "x", config, tp=tp, ep=ep, experts=experts)
+    assert set(merged) == set(ref)
+    for k, v in ref.items():
+        assert merged[k].dtype == v.dtype and torch.equal(merged[k], v), k
+    # and expert 3 of the last layer is the HF one
+    last = config.num_hidden_layers - 1
+    hf = mlw.megatron_global(model, config, 1024)["layers"][last]["experts"][3]
+    assert torch.equal(merged[f"decoder.layers.{last}.mlp.experts.local_experts.3.linear_fc1.weight"], hf["fc1"])
+
+
+def _megatron_layout(model) -> tuple[dict, set]:
+    """megatron-core's torch_dist layout of a model: key -> (global shape, {(offsets, sizes)}), object keys."""
+    from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor, apply_factories
+
+    sharded = model.sharded_state_dict()
+    apply_factories(sharded)
+    tensors, objects = {}, set()
+
+    def walk(x):
+        if isinstance(x, dict):
+            for v in x.values():
+                yield from walk(v)
+        elif isinstance(x, (list, tuple)):
+            for v in x:
+                yield from walk(v)
+        else:
+            yield x
+
+    for item in walk(sharded):
+        if isinstance(item, ShardedObject):
+            objects.add(item.unique_key)
+        elif isinstance(item, ShardedTensor):
+            entry = tensors.setdefault(item.key, (tuple(item.global_shape), set()))
+            sizes = (1,) * item.prepend_axis_num + tuple(item.data.shape)
+            entry[1].add((tuple(item.global_offset), sizes))
+    return tensors, objects
+
+
+@pytest.mark.parametrize("kind", ["qwen2_moe_all", "qwen3_moe"])
+def test_moe_torch_dist_has_megatron_cores_layout(tmp_path, kind):
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+
+    torch.set_num_threads(1)
+    model, config = _moe_model(kind)
+    mlw.write_legacy(model, config, tmp_path / "legacy", with_rng=False)
+    legacy = _megatron_load(tmp_path / "legacy" / "iter_0000001" / "mp_rank_00" / "model_optim_rng.pt")
+    with torch.device("meta"):
+        megatron = _megatron_moe_model(legacy["args"], config)
+    tensors, objects = _megatron_layout(megatron)
+    assert "decoder.layers.mlp.experts.experts.linear_fc1.weight" in tensors
+
+    for tp in (1, 2):
+        it_dir = mlw.write_torch_dist(model, config, tmp_path / f"dist{tp}", tp=tp)
+        md = FileSystemReader(it_dir).read_metadata().state_dict_metadata
+        ours_objects = {k for k, v in md.items() if isinstance(v, BytesStorageMetadata)}
+        assert ours_objects == objects
+        ours = {k: v for k, v in md.items() if not isinstance(v, BytesStorageMetadata)}
+        assert set(ours) == set(tensors)
+        for k, (shape, chunks) in tensors.items():
+            assert tuple(ours[k].size) == shape, k
+            if tp == 1:  # megatron-core's single-rank chunks, exactly
+                assert {(tuple(c.offsets), tuple(c.sizes)) for c in ours[k].chunks} == chunks, k
+        back = _dcp_read(it_dir, FileSystemReader(it_dir).read_metadata())
+        # the global tensors are the TP 1 legacy tensors, stacked by layer (and expert)
+        sd, L = legacy["model"], config.num_hidden_layers
+        fc1 = back["decoder.layers.mlp.experts.experts.linear_fc1.weight"]
+        assert fc1.shape == (L, 4, 80, 48)
+        for i in range(L):
+            for e in range(4):
+                key = f"decoder.layers.{i}.mlp.experts.local_experts.{e}."
+                assert torch.equal(fc1[i, e], sd[key + "linear_fc1.weight"])
+                assert torch.equal(back["decoder.layers.mlp.experts.experts.linear_fc2.weight"][i, e],
+                                   sd[key + "linear_fc2.weight"])
+            assert torch.equal(back["decoder.layers.mlp.router.weight"][i], sd[f"decoder.layers.{i}.mlp.router.weight"])
+            assert torch.equal(back["decoder.layers.mlp.linear_fc1.layer_norm_weight"][i],
+                               sd[f"decoder.layers.{i}.pre_mlp_layernorm.weight"])
+            if kind == "qwen2_moe_all":
+                for name in ("gate_weight", "linear_fc1.weight", "linear_fc2.weight"):
+                    assert torch.equal(back[f"decoder.layers.mlp.shared_experts.{name}"][i],
+                                       sd[f"decoder.layers.{i}.mlp.shared_experts.{name}"])
+    mixed_model, mixed_config = _moe_model("qwen2_moe")
+    with pytest.raises(NotImplementedError, match="dense and MoE layers"):
+        mlw.write_torch_dist(mixed_model, mixed_config, tmp_path / "mixed")
