@@ -16,7 +16,7 @@ from .mcore.parallel_sizes import check_layout
 from .registry import get_registry
 from .tokenizers.names import model_tokenizer
 from .util.dist import is_rank0, single_process_env
-from .weights import load_into, mcore_tensors, mcore_to_hf
+from .weights import hf_state_dict, load_hf_checkpoint_state, load_into, mcore_tensors, mcore_to_hf
 
 BACKENDS = ("mcore", "hf")
 
@@ -196,7 +196,7 @@ def load(
     dtype = dtype or torch.float32
     torch.manual_seed(seed)
     if backend == "hf":
-        model = _load_hf(source, hf_config, dtype)
+        model = _load_hf(source, hf_config, dtype, mcore_config)
     else:
         model = _load_mcore(source, mcore_config, dtype, seed, tensor_parallel_size, pipeline_parallel_size)
 
@@ -204,16 +204,20 @@ def load(
     return ModelHandle(model, family, backend, hf_config, mcore_config, tokenizer, source.path)
 
 
-def _load_hf(source: Source, hf_config, dtype):
+def _load_hf(source: Source, hf_config, dtype, mcore_config: McoreConfig):
     if source.kind == "hf":
         cls = hf.model_class(source.family, hf_config.model_type)
         return cls.from_pretrained(source.path, config=hf_config, dtype=dtype).eval()
-    model = hf.build_hf_model(source.family, hf_config, dtype)
-    if source.kind in ("mcore", "megatron-lm"):
-        with source.open_megatron() as checkpoint:
-            state = dict(checkpoint.hf_tensors(expected=model.state_dict().keys()))
-        load_into(model, {k: v.to(dtype) for k, v in state.items()}, f"{source.path} -> transformers")
-    return model
+    if source.kind not in ("mcore", "megatron-lm"):
+        return hf.build_hf_model(source.family, hf_config, dtype)
+    import torch
+
+    with torch.device("meta"):  # the model's checkpoint names, without memory
+        skeleton = hf.build_hf_model(source.family, hf_config, dtype)
+    names = hf_state_dict(skeleton, mcore_config).keys()
+    with source.open_megatron() as checkpoint:
+        state = {k: v.to(dtype) for k, v in checkpoint.hf_tensors(expected=names)}
+    return load_hf_checkpoint_state(type(skeleton), hf_config, state, dtype, f"{source.path} -> transformers")
 
 
 def _load_mcore(source: Source, config: McoreConfig, dtype, seed: int, tp: int | None, pp: int | None):

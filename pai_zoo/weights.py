@@ -5,14 +5,17 @@ from typing import Mapping
 
 from .config_map import McoreConfig
 from .errors import MappingError
+from .expert_names import sequential_name
 from .family import Family
 from .mapping import TO_HF, TO_MCORE, MappingContext
 from .registry import get_registry
 
 
 def mcore_tensors(model) -> dict:
-    """A megatron-core model's parameters and persistent buffers (no ``_extra_state`` entries)."""
-    return {k: v for k, v in model.state_dict().items() if not k.endswith("._extra_state")}
+    """A megatron-core model's parameters and persistent buffers (no ``_extra_state`` entries), routed experts
+    under the sequential names weight tables use whether the model holds them so or grouped
+    (:func:`~pai_zoo.expert_names.sequential_name`)."""
+    return {sequential_name(k): v for k, v in model.state_dict().items() if not k.endswith("._extra_state")}
 
 
 def _table(family: Family, config: McoreConfig):
@@ -65,6 +68,18 @@ def hf_state_dict(hf_model, config: McoreConfig | None = None) -> dict:
     from transformers.core_model_loading import revert_weight_conversion
 
     return dict(revert_weight_conversion(hf_model, state))
+
+
+def load_hf_checkpoint_state(cls, hf_config, state: Mapping, dtype, where: str):
+    """A transformers model of class ``cls`` holding ``state``, tensors under their checkpoint names
+    (:func:`hf_state_dict`'s), through transformers' own loading, which fuses a mixture of experts' per-expert
+    tensors as ``from_pretrained`` does; every tensor must be used and every weight filled."""
+    model, info = cls.from_pretrained(None, config=hf_config, state_dict=dict(state), dtype=dtype,
+                                      output_loading_info=True)
+    problems = {kind: sorted(info.get(kind) or ()) for kind in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+    if any(problems.values()):
+        raise MappingError(f"{where}: " + "; ".join(f"{k.replace('_', ' ')} {v}" for k, v in problems.items() if v))
+    return model.eval()
 
 
 def hf_model_to_mcore(family: Family, config: McoreConfig, hf_model, mcore_model) -> None:

@@ -388,10 +388,38 @@ def test_convert_ep_2_and_an_expert_parallel_save_read_back_in_one_process(tmp_p
     assert files == {"0", "1"}  # both ranks wrote their part
     again = pai_zoo.load(tmp_path / "ep-saved", backend="mcore").logits(ids)
     assert (again - reference).abs().max().item() <= 1e-5
+    as_hf = pai_zoo.load(tmp_path / "ep-saved", backend="hf")  # transformers' fused experts, from per-expert names
+    assert type(as_hf.model).__name__ == "Glm4MoeForCausalLM"
+    assert (as_hf.logits(ids) - hf_logits).abs().max().item() < 1e-5
     convert(tmp_path / "ep-saved", tmp_path / "back", "hf")
     original, back = _hf_tensors(tmp_path / "hf"), _hf_tensors(tmp_path / "back")
     assert back.keys() == original.keys()
     assert all(torch.equal(back[k], original[k]) for k in original)
+
+
+def test_a_megatron_checkpoint_loads_as_transformers_moe_model(tmp_path):
+    """``pai_zoo.load(mcore_checkpoint, backend="hf")`` of Qwen2-MoE (odd shapes, gated shared expert): the
+    transformers model holds its experts fused in memory; it gets every one of the checkpoint's experts (same
+    logits as the original model, which fail when two experts are swapped in the checkpoint)."""
+    import torch
+
+    import pai_zoo
+    from pai_zoo.conversion import convert
+    from pai_zoo_conformance import checks
+
+    case = checks.build_case(get_registry().family("qwen2-moe"), "qwen2-moe-odd")
+    case.hf_model.save_pretrained(tmp_path / "hf")
+    convert(tmp_path / "hf", tmp_path / "mcore", "mcore")
+    ids = torch.randint(0, case.mcore_config["vocab_size"], (2, 11), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        want = case.hf_model(input_ids=ids).logits
+    handle = pai_zoo.load(tmp_path / "mcore", backend="hf")
+    assert handle.backend == "hf" and (handle.logits(ids) - want).abs().max().item() < 1e-5
+    experts = case.hf_model.model.layers[1].mlp.experts
+    with torch.no_grad():
+        experts.gate_up_proj[[0, 1]] = experts.gate_up_proj[[1, 0]].clone()
+        swapped = case.hf_model(input_ids=ids).logits
+    assert (handle.logits(ids) - swapped).abs().max().item() > 1e-3
 
 
 @pytest.mark.parametrize("preset, changes, message", [

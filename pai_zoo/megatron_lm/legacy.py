@@ -5,11 +5,18 @@ the full (single-process) megatron-core tensors, one tensor at a time.
 ``model0``, ``model1`` ... for the virtual pipeline stages). Each pipeline stage and virtual stage numbers its
 layers from 0; the global layer order is Megatron's interleaved one (virtual stage outer, pipeline stage inner).
 Tensor-parallel shards are joined along the dimension in which they differ from the full tensor (rows for
-column-parallel weights and the vocabulary, columns for row-parallel ones); a SwiGLU ``linear_fc1`` shard is
-``[its gate rows; its up rows]`` and is joined part by part. Norms stored under Transformer Engine's names
-(``linear_qkv.layer_norm_weight``) are read as the local layers' (``input_layernorm.weight``); ``_extra_state``
-entries and the optimizer and random state are ignored. Files are memory-mapped, so a rank's tensors are read
-from disk only when merged.
+column-parallel weights and the vocabulary, columns for row-parallel ones); a SwiGLU ``linear_fc1`` shard (dense,
+routed or shared expert) is ``[its gate rows; its up rows]`` and is joined part by part. Norms stored under
+Transformer Engine's names (``linear_qkv.layer_norm_weight``) are read as the local layers'
+(``input_layernorm.weight``); ``_extra_state`` entries and the optimizer and random state are ignored. Files are
+memory-mapped, so a rank's tensors are read from disk only when merged.
+
+Mixture of experts: expert rank ``EEE`` holds experts ``EEE * n .. EEE * n + n - 1`` (``n = num_experts /
+expert_model_parallel_size``), numbered from 0 in its file, and a copy of every other tensor. The experts may be
+stored as ``SequentialMLP`` (``experts.local_experts.{j}.linear_fc1.weight``), ``TEGroupedMLP``
+(``experts.linear_fc1.weight{j}``) or the legacy ``GroupedMLP`` (``experts.weight1`` ``[hidden, n * fc1 rows]``
+and ``experts.weight2`` ``[n * fc2 columns, hidden]``, each expert's weight transposed); all three read as the
+sequential names of the global experts.
 """
 from __future__ import annotations
 
@@ -19,10 +26,13 @@ from pathlib import Path
 
 import torch
 
+from ..expert_names import sequential_name
 from .files import LEGACY_FILE, IterationFolder, MegatronCheckpointError, rank_dir_name, safe_load
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.*)$")
 _EXPERT = re.compile(r"^(.*\.experts\.local_experts\.)(\d+)(\..*)$")
+#: The legacy ``GroupedMLP``'s two tensors of all local experts -> each expert's name.
+_GROUPED_MLP = {"mlp.experts.weight1": "linear_fc1.weight", "mlp.experts.weight2": "linear_fc2.weight"}
 #: Transformer Engine's fused-norm names -> the local layer spec's.
 TE_NAMES = {
     "self_attention.linear_qkv.layer_norm_weight": "input_layernorm.weight",
@@ -30,7 +40,7 @@ TE_NAMES = {
     "mlp.linear_fc1.layer_norm_weight": "pre_mlp_layernorm.weight",
     "mlp.linear_fc1.layer_norm_bias": "pre_mlp_layernorm.bias",
 }
-_GATED = ("mlp.linear_fc1.weight", "mlp.linear_fc1.bias")
+_GATED = ("linear_fc1.weight", "linear_fc1.bias")
 
 
 class LegacyReader:
@@ -42,6 +52,18 @@ class LegacyReader:
         self.pp = int(args.get("pipeline_model_parallel_size") or 1)
         self.ep = int(args.get("expert_model_parallel_size") or 1)
         self.gated = bool(args.get("swiglu"))
+        self.hidden = int(args.get("hidden_size") or 0)
+        experts = int(args.get("num_experts") or 0)
+        etp = args.get("expert_tensor_parallel_size")
+        if experts and etp not in (None, self.tp):
+            raise MegatronCheckpointError(
+                f"{it.folder}: args.expert_tensor_parallel_size={etp} differs from tensor_model_parallel_size="
+                f"{self.tp}; legacy checkpoints with their own expert tensor parallelism are not supported: load and "
+                "save it with Megatron-LM as torch_dist (--ckpt-format torch_dist), which pai-zoo reads")
+        if experts and experts % self.ep:
+            raise MegatronCheckpointError(f"{it.folder}: args.num_experts={experts} is not divisible by "
+                                          f"expert_model_parallel_size={self.ep}")
+        self.local_experts = experts // self.ep if experts else 0
         self.files: dict[tuple[int, int, int], Path] = {}
         missing = []
         for t in range(self.tp):
@@ -78,28 +100,38 @@ class LegacyReader:
             for p in range(self.pp):
                 offsets[(v, p)] = start
                 start += len({m.group(1) for k in self._states[(0, p, 0)][v] if (m := _LAYER.match(k))})
-        experts_per_rank: dict[int, int] = {}
         index: dict[str, list] = defaultdict(list)
         for (t, p, e), chunks in self._states.items():
             for v, state in enumerate(chunks):
                 for key, value in state.items():
                     if key.endswith("_extra_state") or value is None:
                         continue
-                    name = key
                     m = _LAYER.match(key)
-                    if m:
-                        rest = TE_NAMES.get(m.group(2), m.group(2))
-                        name = f"decoder.layers.{int(m.group(1)) + offsets[(v, p)]}.{rest}"
+                    if not m:
+                        if not e:  # the dense tensors are the same on every expert rank
+                            index[key].append(((t, p, e), v, key, None))
+                        continue
+                    layer, rest = int(m.group(1)) + offsets[(v, p)], TE_NAMES.get(m.group(2), m.group(2))
+                    if rest in _GROUPED_MLP:  # one tensor of all local experts: a view per expert
+                        for j in range(self._local_experts(key)):
+                            name = f"decoder.layers.{layer}.mlp.experts.local_experts.{e * self.local_experts + j}."
+                            index[name + _GROUPED_MLP[rest]].append(((t, p, e), v, key, (j, rest)))
+                        continue
+                    name = sequential_name(f"decoder.layers.{layer}.{rest}")
                     x = _EXPERT.match(name)
                     if x:
-                        n_local = experts_per_rank.setdefault((t, p, v), len({_EXPERT.match(k).group(2) for k in state
-                                                                              if _EXPERT.match(k)}))
-                        name = f"{x.group(1)}{int(x.group(2)) + e * n_local}{x.group(3)}"
+                        name = f"{x.group(1)}{int(x.group(2)) + e * self._local_experts(key)}{x.group(3)}"
                     elif e:
-                        continue  # the dense tensors are the same on every expert rank
-                    index[name].append(((t, p, e), v, key))
+                        continue
+                    index[name].append(((t, p, e), v, key, None))
         self.num_layers = start
         return dict(index)
+
+    def _local_experts(self, key: str) -> int:
+        if not self.local_experts:
+            raise MegatronCheckpointError(f"{self.folder}: tensor {key} is an expert's, but the args have no "
+                                          "num_experts")
+        return self.local_experts
 
     def keys(self) -> list[str]:
         return list(self._index)
@@ -117,8 +149,15 @@ class LegacyReader:
         return self._tensor(self._index[name][0]).dtype
 
     def _tensor(self, ref):
-        rank, chunk, key = ref
-        return self._states[rank][chunk][key]
+        rank, chunk, key, grouped = ref
+        tensor = self._states[rank][chunk][key]
+        if grouped is None:
+            return tensor
+        j, which = grouped  # GroupedMLP: weight1 [h, n * rows], weight2 [n * cols, h], each expert transposed
+        n, h = self.local_experts, self.hidden
+        if which.endswith("weight1"):
+            return tensor.view(n, h, -1)[j].t()
+        return tensor.view(n, -1, h)[j].t()
 
     def check_layout(self, layout, family: str) -> None:
         """The stored tensors are exactly the model's (names and, after merging, shapes)."""
