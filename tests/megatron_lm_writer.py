@@ -23,6 +23,7 @@ import argparse
 import io
 import json
 import random
+import re
 import signal
 from collections import OrderedDict
 from pathlib import Path
@@ -770,8 +771,29 @@ def write_legacy(
 
 
 def dist_tensors(g: dict, te_names: bool = True) -> dict[str, torch.Tensor]:
-    """The global torch_dist tensors (layers stacked along dim 0), in the order Megatron-LM's .metadata lists them."""
+    """The global torch_dist tensors, in the order Megatron-LM's .metadata lists them.
+
+    The layers are stacked along dim 0 (`decoder.layers.*`), except in a model with both dense and MoE layers:
+    megatron-core keys those per layer (`decoder.layers.{i}.*`, no layer axis), as its TransformerBlock does for a
+    `moe_layer_freq` list.
+    """
     layers = g["layers"]
+    out = {"embedding.word_embeddings.weight": g["embedding"]}
+    moe = ["router" in lay for lay in layers]
+    if all(moe) or not any(moe):
+        out.update(_stacked_layers(layers, te_names))
+    else:
+        for i, layer in enumerate(layers):
+            for k, v in _stacked_layers([layer], te_names).items():
+                out[k.replace("decoder.layers.", f"decoder.layers.{i}.", 1)] = v[0]
+    out["decoder.final_layernorm.weight"] = g["final_norm"]
+    if g["output"] is not None:
+        out["output_layer.weight"] = g["output"]
+    return out
+
+
+def _stacked_layers(layers: list[dict], te_names: bool) -> dict[str, torch.Tensor]:
+    """The `decoder.layers.*` tensors of layers of one kind (all dense or all MoE), stacked along dim 0."""
 
     def stack(k: str) -> torch.Tensor:
         return torch.stack([lay[k] for lay in layers]).contiguous()
@@ -779,7 +801,7 @@ def dist_tensors(g: dict, te_names: bool = True) -> dict[str, torch.Tensor]:
     sa, mlp = "decoder.layers.self_attention.", "decoder.layers.mlp."
     in_norm = sa + "linear_qkv.layer_norm_weight" if te_names else "decoder.layers.input_layernorm.weight"
     mlp_norm = mlp + "linear_fc1.layer_norm_weight" if te_names else "decoder.layers.pre_mlp_layernorm.weight"
-    out = {"embedding.word_embeddings.weight": g["embedding"], in_norm: stack("input_norm")}
+    out = {in_norm: stack("input_norm")}
     out[sa + "linear_proj.weight"] = stack("proj")
     out[sa + "linear_qkv.weight"] = stack("qkv")
     if "qkv_bias" in layers[0]:
@@ -788,10 +810,7 @@ def dist_tensors(g: dict, te_names: bool = True) -> dict[str, torch.Tensor]:
         out[sa + "q_layernorm.weight"] = stack("q_norm")
         out[sa + "k_layernorm.weight"] = stack("k_norm")
     out[mlp_norm] = stack("pre_mlp_norm")
-    moe = ["router" in lay for lay in layers]
-    if any(moe) and not all(moe):
-        raise NotImplementedError("torch_dist of a model with dense and MoE layers (per-layer keys) is not written")
-    if all(moe):
+    if "router" in layers[0]:
         # megatron-core's SequentialMLP.sharded_state_dict: an expert axis after the layer axis
         ex = mlp + "experts.experts."
         out[mlp + "router.weight"] = stack("router")
@@ -806,9 +825,6 @@ def dist_tensors(g: dict, te_names: bool = True) -> dict[str, torch.Tensor]:
     else:
         out[mlp + "linear_fc1.weight"] = stack("fc1")
         out[mlp + "linear_fc2.weight"] = stack("fc2")
-    out["decoder.final_layernorm.weight"] = g["final_norm"]
-    if g["output"] is not None:
-        out["output_layer.weight"] = g["output"]
     return out
 
 
@@ -821,6 +837,11 @@ def _tp_chunks(key: str, x: torch.Tensor, t: int, tp: int, num_layers: int) -> l
 
     def piece(offsets: list[int], sl: tuple) -> tuple[tuple, torch.Tensor]:
         return tuple(offsets), x[sl].clone()
+
+    own = re.match(r"decoder\.layers\.\d+\.", key)
+    if own:  # a per-layer key (dense and MoE layers mixed): the stacked layout of one layer, less its layer axis
+        stacked = _tp_chunks("decoder.layers." + key[own.end():], x.unsqueeze(0), t, tp, 1)
+        return [(offs[1:], p[0]) for offs, p in stacked]
 
     if not key.startswith("decoder.layers."):
         if key.endswith("final_layernorm.weight"):
@@ -865,12 +886,27 @@ def _tp_chunks(key: str, x: torch.Tensor, t: int, tp: int, num_layers: int) -> l
     return out
 
 
-def _layer_linears(dm: dict) -> tuple[str, ...]:
-    """The linear layers of every decoder layer whose `_extra_state` torch_dist stores once per layer."""
-    if not dm["E"]:
-        return LAYER_LINEARS
-    shared = ("mlp.shared_experts.linear_fc1", "mlp.shared_experts.linear_fc2") if dm["S"] is not None else ()
-    return LAYER_LINEARS[:2] + shared
+def _extra_state_keys(dm: dict) -> list[str]:
+    """The unique keys of the `_extra_state` byte entries (ShardedObjects) of the decoder layers: one per layer and
+    linear layer, and one per layer, expert and expert linear layer (shard_{layer}.{expert}_{L}.{E}); per-layer
+    keys (shard_0_1, shard_{expert}_{E}) when dense and MoE layers are mixed."""
+    L, E = dm["L"], dm["E"]
+    mixed = any(dm["moe_layers"]) and not all(dm["moe_layers"])
+    keys = []
+    for i in range(L):
+        if dm["moe_layers"][i]:
+            shared = ("mlp.shared_experts.linear_fc1", "mlp.shared_experts.linear_fc2") if dm["S"] else ()
+            linears = LAYER_LINEARS[:2] + shared
+        else:
+            linears = LAYER_LINEARS
+        prefix, at = (f"decoder.layers.{i}.", "0_1") if mixed else ("decoder.layers.", f"{i}_{L}")
+        keys += [f"{prefix}{lin}._extra_state/shard_{at}" for lin in linears]
+        if dm["moe_layers"][i]:
+            for e in range(E):
+                at = f"{e}_{E}" if mixed else f"{i}.{e}_{L}.{E}"
+                keys += [f"{prefix}mlp.experts.experts.{lin}._extra_state/shard_{at}"
+                         for lin in ("linear_fc1", "linear_fc2")]
+    return keys
 
 
 def _dcp_planner_class():
@@ -960,9 +996,10 @@ def write_torch_dist(
     thread_count: int = 2,
 ) -> Path:
     """Write a `--ckpt-format torch_dist` Megatron-LM checkpoint of an HF Llama/Qwen2 model into dst, or of a
-    mixture-of-experts model whose every layer is a MoE layer (the keys megatron-core's SequentialMLP gives:
-    `decoder.layers.mlp.router.weight` [L, E, h], `decoder.layers.mlp.experts.experts.linear_fc1.weight`
-    [L, E, 2 Fe, h] and `...linear_fc2.weight` [L, E, h, Fe], `decoder.layers.mlp.shared_experts.*`).
+    mixture-of-experts model (the keys megatron-core's SequentialMLP gives: `decoder.layers.mlp.router.weight`
+    [L, E, h], `decoder.layers.mlp.experts.experts.linear_fc1.weight` [L, E, 2 Fe, h] and `...linear_fc2.weight`
+    [L, E, h, Fe], `decoder.layers.mlp.shared_experts.*`; per layer, without the layer axis, `decoder.layers.{i}.*`
+    when dense and MoE layers are mixed).
 
     tp: the number of tensor-parallel ranks whose shards are written (`__R_T.distcp` per rank R, thread T); the
     global tensors do not depend on it. te_names: the norms under `linear_qkv.layer_norm_weight` /
@@ -972,8 +1009,6 @@ def write_torch_dist(
     """
     dst = Path(dst)
     dm = _dims(hf_config)
-    if dm["E"] and not all(dm["moe_layers"]):
-        raise NotImplementedError("torch_dist of a model with dense and MoE layers (per-layer keys) is not written")
     overrides = dict(args_overrides or {})
     overrides.setdefault("tensor_model_parallel_size", tp)
     overrides.setdefault("expert_tensor_parallel_size", tp)
@@ -1002,14 +1037,7 @@ def write_torch_dist(
         for key, x in tensors.items():
             pieces += [(key, offs, piece, tuple(x.shape)) for offs, piece in _tp_chunks(key, x, t, tp, dm["L"])]
         if t == 0:
-            for layer in range(dm["L"]):
-                for lin in _layer_linears(dm):
-                    pieces.append((f"decoder.layers.{lin}._extra_state/shard_{layer}_{dm['L']}", None, extra, None))
-                if dm["E"]:  # one per layer and expert: ShardedObject keys with both axes
-                    for e in range(dm["E"]):
-                        for lin in ("linear_fc1", "linear_fc2"):
-                            key = f"decoder.layers.mlp.experts.experts.{lin}._extra_state"
-                            pieces.append((f"{key}/shard_{layer}.{e}_{dm['L']}.{dm['E']}", None, extra, None))
+            pieces += [(key, None, extra, None) for key in _extra_state_keys(dm)]
             if common_in_metadata:
                 pieces.append((COMMON_STATE_KEY, None, _saved_bytes([common]), None))
         ranks.append(pieces)

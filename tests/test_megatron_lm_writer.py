@@ -454,8 +454,10 @@ def test_moe_args_in_megatron_lm_names(kind):
                     moe_router_num_groups=None, moe_router_group_topk=None, expert_tensor_parallel_size=2,
                     kv_channels=12, num_query_groups=2, padded_vocab_size=1024)
     assert {k: getattr(args, k) for k in expected} == expected
-    renormalised = mlw.megatron_args(config.to_dict() | {"norm_topk_prob": True})
-    assert renormalised.moe_router_pre_softmax is False or kind == "mixtral"
+    # a renormalised top-k is Megatron's top-k-then-softmax routing; Mixtral always renormalises
+    assert mlw.megatron_args(config.to_dict() | {"norm_topk_prob": True}).moe_router_pre_softmax is False
+    if kind == "mixtral":
+        assert mlw.megatron_args(config.to_dict() | {"norm_topk_prob": False}).moe_router_pre_softmax is False
     assert mlw.megatron_args(config, moe_router_topk=3).moe_router_topk == 3  # overrides win
     # the MoE fields are Megatron-LM's: the TransformerConfig fields megatron-core builds from them
     import megatron.core.transformer.transformer_config as tc
@@ -687,8 +689,10 @@ def _megatron_layout(model) -> tuple[dict, set]:
     return tensors, objects
 
 
-@pytest.mark.parametrize("kind", ["qwen2_moe_all", "qwen3_moe"])
+@pytest.mark.parametrize("kind", ["qwen2_moe_all", "qwen3_moe", "qwen2_moe"])
 def test_moe_torch_dist_has_megatron_cores_layout(tmp_path, kind):
+    """Keys, global shapes, single-rank chunks and byte entries as megatron-core's GPTModel.sharded_state_dict gives
+    them (stacked by layer, or per layer when dense and MoE layers are mixed), holding the TP 1 legacy tensors."""
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
@@ -699,8 +703,11 @@ def test_moe_torch_dist_has_megatron_cores_layout(tmp_path, kind):
     with torch.device("meta"):
         megatron = _megatron_moe_model(legacy["args"], config)
     tensors, objects = _megatron_layout(megatron)
-    assert "decoder.layers.mlp.experts.experts.linear_fc1.weight" in tensors
+    mixed = kind == "qwen2_moe"
+    assert ("decoder.layers.0.mlp.experts.experts.linear_fc1.weight" if mixed
+            else "decoder.layers.mlp.experts.experts.linear_fc1.weight") in tensors
 
+    sd, L = legacy["model"], config.num_hidden_layers
     for tp in (1, 2):
         it_dir = mlw.write_torch_dist(model, config, tmp_path / f"dist{tp}", tp=tp)
         md = FileSystemReader(it_dir).read_metadata().state_dict_metadata
@@ -713,23 +720,26 @@ def test_moe_torch_dist_has_megatron_cores_layout(tmp_path, kind):
             if tp == 1:  # megatron-core's single-rank chunks, exactly
                 assert {(tuple(c.offsets), tuple(c.sizes)) for c in ours[k].chunks} == chunks, k
         back = _dcp_read(it_dir, FileSystemReader(it_dir).read_metadata())
+
+        def get(name: str, i: int) -> torch.Tensor:
+            return back[f"decoder.layers.{i}.{name}"] if mixed else back[f"decoder.layers.{name}"][i]
+
         # the global tensors are the TP 1 legacy tensors, stacked by layer (and expert)
-        sd, L = legacy["model"], config.num_hidden_layers
-        fc1 = back["decoder.layers.mlp.experts.experts.linear_fc1.weight"]
-        assert fc1.shape == (L, 4, 80, 48)
         for i in range(L):
+            assert torch.equal(get("mlp.linear_fc1.layer_norm_weight", i),
+                               sd[f"decoder.layers.{i}.pre_mlp_layernorm.weight"])
+            if mixed and i == 1:  # the dense layer
+                for name in ("linear_fc1.weight", "linear_fc2.weight"):
+                    assert torch.equal(get("mlp." + name, i), sd[f"decoder.layers.{i}.mlp.{name}"])
+                continue
+            fc1 = get("mlp.experts.experts.linear_fc1.weight", i)
+            assert fc1.shape == (4, 80, 48)
             for e in range(4):
                 key = f"decoder.layers.{i}.mlp.experts.local_experts.{e}."
-                assert torch.equal(fc1[i, e], sd[key + "linear_fc1.weight"])
-                assert torch.equal(back["decoder.layers.mlp.experts.experts.linear_fc2.weight"][i, e],
-                                   sd[key + "linear_fc2.weight"])
-            assert torch.equal(back["decoder.layers.mlp.router.weight"][i], sd[f"decoder.layers.{i}.mlp.router.weight"])
-            assert torch.equal(back["decoder.layers.mlp.linear_fc1.layer_norm_weight"][i],
-                               sd[f"decoder.layers.{i}.pre_mlp_layernorm.weight"])
-            if kind == "qwen2_moe_all":
+                assert torch.equal(fc1[e], sd[key + "linear_fc1.weight"])
+                assert torch.equal(get("mlp.experts.experts.linear_fc2.weight", i)[e], sd[key + "linear_fc2.weight"])
+            assert torch.equal(get("mlp.router.weight", i), sd[f"decoder.layers.{i}.mlp.router.weight"])
+            if kind != "qwen3_moe":
                 for name in ("gate_weight", "linear_fc1.weight", "linear_fc2.weight"):
-                    assert torch.equal(back[f"decoder.layers.mlp.shared_experts.{name}"][i],
+                    assert torch.equal(get("mlp.shared_experts." + name, i),
                                        sd[f"decoder.layers.{i}.mlp.shared_experts.{name}"])
-    mixed_model, mixed_config = _moe_model("qwen2_moe")
-    with pytest.raises(NotImplementedError, match="dense and MoE layers"):
-        mlw.write_torch_dist(mixed_model, mixed_config, tmp_path / "mixed")
