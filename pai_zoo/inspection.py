@@ -17,7 +17,12 @@ from .registry import get_registry
 SHOWN = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups", "kv_channels",
          "vocab_size", "max_sequence_length", "normalization", "layernorm_epsilon", "gated_linear_unit",
          "activation_func", "add_qkv_bias", "add_bias_linear", "qk_layernorm", "position_embedding_type",
-         "rotary_base", "rotary_percent", "share_embeddings_and_output_weights")
+         "rotary_base", "rotary_percent", "share_embeddings_and_output_weights",
+         # a mixture of experts
+         "num_moe_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_router_score_function",
+         "moe_router_pre_softmax", "moe_router_num_groups", "moe_router_group_topk", "moe_router_topk_scaling_factor",
+         "moe_router_enable_expert_bias", "moe_shared_expert_intermediate_size", "moe_shared_expert_gate",
+         "moe_layer_freq")
 
 
 @dataclass
