@@ -1,4 +1,5 @@
-"""A test-side generator of NVIDIA Megatron-LM checkpoint folders, from a Hugging Face Llama/Qwen2 model.
+"""A test-side generator of NVIDIA Megatron-LM checkpoint folders, from a Hugging Face Llama/Qwen2/Qwen3 model or a
+mixture of experts (Mixtral, Qwen2-MoE, Qwen3-MoE).
 
 This module is the reference that pai-zoo's Megatron-LM reader is checked against, so it is written independently
 of pai-zoo's own conversion code: the HF -> Megatron mapping below is its own, from the layout Megatron-LM's
@@ -15,6 +16,12 @@ Two formats:
   common state in `common.pt` or (as newer Megatron-LM writes it) inside the DCP metadata as `common_state`.
 
 `megatron_args` builds the argparse Namespace Megatron-LM pickles into each checkpoint, under Megatron-LM's names.
+
+Mixture-of-experts layers (`decoder.layers.{i}.mlp.`): `router.weight` [E, h] (replicated), the experts (expert
+tensor parallelism = tp: each expert's fc1 split as the dense [gate ; up], fc2 by columns) in one of three module
+layouts (`write_legacy(experts=...)`: SequentialMLP, TEGroupedMLP, the legacy GroupedMLP), the Qwen2-MoE shared
+expert (`shared_experts.gate_weight` [1, h], `shared_experts.linear_fc1/linear_fc2`), and a separate
+`pre_mlp_layernorm.weight` even with TE names. Expert-parallel rank e's files hold its E/ep experts, numbered from 0.
 """
 
 from __future__ import annotations

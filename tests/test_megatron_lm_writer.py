@@ -563,20 +563,23 @@ def test_moe_sequential_loads_strictly_into_megatron_core_and_gives_the_hf_logit
     assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), (got - want).abs().max()
 
 
-def _merge_moe(ckpt: Path, config, *, tp: int, ep: int, experts: str) -> dict:
-    """The TP 1, EP 1, SequentialMLP model dict rebuilt from any TP x EP legacy checkpoint of an MoE model
+def _merge_moe(ckpt: Path, config, *, tp: int, ep: int, experts: str, pp: int = 1) -> dict:
+    """The TP 1, PP 1, EP 1, SequentialMLP model dict rebuilt from any TP x PP x EP legacy checkpoint of an MoE model
     (tensor entries only): written here, independently of the writer."""
     E = config.to_dict().get("num_experts") or config.to_dict().get("num_local_experts")
-    h, per = config.hidden_size, E // ep
+    h, per, L_per = config.hidden_size, E // ep, config.num_hidden_layers // pp
     it_dir = ckpt / "iter_0000001"
-    files = {(t, e): _load_model_dict(it_dir / mlw.rank_folder(t, 0, e, pp=1, ep=ep)) for t in range(tp)
-             for e in range(ep)}
+    files = {(t, p, e): _load_model_dict(it_dir / mlw.rank_folder(t, p, e, pp=pp, ep=ep)) for t in range(tp)
+             for p in range(pp) for e in range(ep)}
     by_key: dict[str, dict] = {}  # sequential key -> {tp rank: tensor}, checked equal across EP copies
-    for (t, e), sd in files.items():
+    for (t, p, e), sd in files.items():
         for k, v in sd.items():
             if v is None:
                 assert k.endswith("_extra_state"), k
                 continue
+            if k.startswith("decoder.layers."):  # each pipeline stage numbers its layers from 0
+                local, rest = k[len("decoder.layers."):].split(".", 1)
+                k = f"decoder.layers.{p * L_per + int(local)}.{rest}"
             layer, _, rest = k.partition(".mlp.experts.")
             if not rest:
                 prev = by_key.setdefault(k, {}).setdefault(t, v)
@@ -613,24 +616,25 @@ def _merge_moe(ckpt: Path, config, *, tp: int, ep: int, experts: str) -> dict:
     return out
 
 
-@pytest.mark.parametrize("kind,tp,ep,experts", [
-    ("qwen2_moe", 2, 1, "sequential"),
-    ("qwen2_moe", 1, 2, "grouped"),
-    ("qwen2_moe", 2, 2, "te_grouped"),
-    ("mixtral", 2, 2, "te_grouped"),
-    ("qwen3_moe", 2, 2, "grouped"),
+@pytest.mark.parametrize("kind,tp,ep,experts,pp", [
+    ("qwen2_moe", 2, 1, "sequential", 1),
+    ("qwen2_moe", 1, 2, "grouped", 1),
+    ("qwen2_moe", 2, 2, "te_grouped", 1),
+    ("mixtral", 2, 2, "te_grouped", 1),
+    ("qwen3_moe", 2, 2, "grouped", 1),
+    ("mixtral", 2, 1, "grouped", 2),
 ])
-def test_moe_parallel_and_grouped_forms_merge_to_the_tp1_form(tmp_path, kind, tp, ep, experts):
+def test_moe_parallel_and_grouped_forms_merge_to_the_tp1_form(tmp_path, kind, tp, ep, experts, pp):
     model, config = _moe_model(kind)
     te = experts == "te_grouped"
     mlw.write_legacy(model, config, tmp_path / "ref", experts="sequential", te_names=te, with_rng=False)
     ref = {k: v for k, v in _load_model_dict(tmp_path / "ref" / "iter_0000001" / "mp_rank_00").items()
            if v is not None}
-    mlw.write_legacy(model, config, tmp_path / "x", tp=tp, ep=ep, experts=experts, with_rng=False)
+    mlw.write_legacy(model, config, tmp_path / "x", tp=tp, pp=pp, ep=ep, experts=experts, with_rng=False)
     it_dir = tmp_path / "x" / "iter_0000001"
-    assert sorted(p.name for p in it_dir.iterdir()) == sorted(
-        mlw.rank_folder(t, 0, e, pp=1, ep=ep) for t in range(tp) for e in range(ep))
-    ckpt = _megatron_load(it_dir / mlw.rank_folder(tp - 1, 0, ep - 1, pp=1, ep=ep) / "model_optim_rng.pt")
+    assert sorted(f.name for f in it_dir.iterdir()) == sorted(
+        mlw.rank_folder(t, p, e, pp=pp, ep=ep) for t in range(tp) for p in range(pp) for e in range(ep))
+    ckpt = _megatron_load(it_dir / mlw.rank_folder(tp - 1, 0, ep - 1, pp=pp, ep=ep) / "model_optim_rng.pt")
     args, sd = ckpt["args"], ckpt["model"]
     assert args.moe_grouped_gemm is (experts != "sequential")
     assert args.moe_use_legacy_grouped_gemm is (experts == "grouped")
@@ -651,7 +655,7 @@ def test_moe_parallel_and_grouped_forms_merge_to_the_tp1_form(tmp_path, kind, tp
     else:
         assert sd[ex + f"local_experts.{per - 1}.linear_fc1.weight"].shape == (2 * fe, h)
         assert ex + f"local_experts.{per}.linear_fc1.weight" not in sd
-    merged = _merge_moe(tmp_path / "x", config, tp=tp, ep=ep, experts=experts)
+    merged = _merge_moe(tmp_path / "x", config, tp=tp, ep=ep, experts=experts, pp=pp)
     assert set(merged) == set(ref)
     for k, v in ref.items():
         assert merged[k].dtype == v.dtype and torch.equal(merged[k], v), k
