@@ -8,7 +8,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from .config_map import ConfigMap, McoreConfig
+from .config_map import ConfigMap, McoreConfig, Rule
 from .errors import PaiZooError, PluginError
 from .mapping import WeightMap
 
@@ -103,6 +103,10 @@ class Family:
             values in megatron-core's names (``{"gated_linear_unit": True, "add_qkv_bias": False, ...}``,
             translated from the args by :mod:`pai_zoo.megatron_args`); the family claims a checkpoint whose
             architecture has all the values of one of them. ``()``: only ``--family NAME`` picks the family.
+        megatron_lm_rules: config rules (:class:`~pai_zoo.Rule`, the args dict in the place of the HF config)
+            for the args fields of architecture that :data:`pai_zoo.megatron_args.MEGATRON_LM_ARGS` does not
+            translate and the family keeps in its own ``family.*`` keys (DeepSeek's multi-latent attention). They
+            run after the core's rules both ways: reading a Megatron-LM checkpoint and writing pai-zoo's args.
         zero_centered_norms: whether the family's norms scale by ``1 + weight`` (identity at weight 0, as
             Gemma's); the conformance suite then draws norm weights around 0 instead of 1. ``None`` (default):
             as the arch's ``layernorm_zero_centered_gamma`` says (:mod:`pai_zoo.mcore.norms`). A family whose own
@@ -130,6 +134,7 @@ class Family:
     mcore_versions: str = ">=0.16.1"
     backends: tuple[str, ...] | None = None
     megatron_args: tuple[Mapping[str, Any], ...] = ()
+    megatron_lm_rules: tuple[Rule, ...] = ()
     zero_centered_norms: bool | None = None
     plugin: str = field(default="", compare=False)
 

@@ -10,7 +10,7 @@ from typing import Any
 from .config_map import FAMILY_KEY_PREFIX, REQUIRED, Field, Fixed, Require, Rule
 from .errors import ConfigTranslationError
 from .mapping import QKV, Copy, GateUp, Output, Row, Vocab, on_layers
-from .megatron_args import MIXTURE_OF_EXPERTS
+from .megatron_args import MIXTURE_OF_EXPERTS, MULTI_LATENT_ATTENTION
 
 #: Per-layer name prefixes: Hugging Face's Llama layout and megatron-core's GPT model.
 HF_LAYER, MCORE_LAYER = "model.layers.{layer}.", "decoder.layers.{layer}."
@@ -488,7 +488,8 @@ def llama_megatron_args(**values: Any) -> tuple[dict[str, Any], ...]:
     """A :attr:`Family.megatron_args` claim of the Llama layout: SwiGLU, RMSNorm, RoPE, no linear biases,
     no q/k norms, dense, changed by ``values`` (``add_qkv_bias=True`` for Qwen2)."""
     claim = {**SWIGLU_RMSNORM, "position_embedding_type": "rope", "add_bias_linear": False, "add_qkv_bias": False,
-             "qk_layernorm": False, "layernorm_zero_centered_gamma": False, MIXTURE_OF_EXPERTS: False}
+             "qk_layernorm": False, "layernorm_zero_centered_gamma": False, MIXTURE_OF_EXPERTS: False,
+             MULTI_LATENT_ATTENTION: False}
     return ({**claim, **values},)
 
 

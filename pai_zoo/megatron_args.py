@@ -92,6 +92,9 @@ class _RopeScaling(Rule):
 
 #: A claim key (:func:`matches`): whether the architecture is a mixture of experts (``num_moe_experts`` set).
 MIXTURE_OF_EXPERTS = "mixture_of_experts"
+#: The args' ``multi_latent_attention``, kept in the architecture for claims only (:func:`matches`): a family
+#: reads MLA's fields through its :attr:`Family.megatron_lm_rules` into keys of its own.
+MULTI_LATENT_ATTENTION = "multi_latent_attention"
 
 #: Megatron-LM's MoE args, each a TransformerConfig field of the same name (``num_experts`` is
 #: ``num_moe_experts``), with the value its absence (or ``None``) means.
@@ -198,7 +201,6 @@ MEGATRON_LM_ARGS = ConfigMap(
 
 #: Architecture features pai-zoo cannot read from Megatron-LM args yet: (args field, value that is fine, why).
 UNSUPPORTED = (
-    ("multi_latent_attention", False, "multi-latent attention (DeepSeek) checkpoints are not supported yet"),
     ("use_legacy_models", False, "Megatron-LM's legacy (non-Megatron-Core) models are not supported; "
                                  "save the checkpoint with --use-mcore-models"),
 )
@@ -233,8 +235,9 @@ def check_supported(args: dict, where: str) -> None:
             raise ConfigTranslationError(f"{where}: args.{name}={args[name]!r}: {why}")
 
 
-def arch_from_args(args: Any, where: str = "args") -> dict:
-    """The megatron-core architecture of a Megatron-LM checkpoint's ``args`` (vocabulary not included)."""
+def arch_from_args(args: Any, where: str = "args", rules: tuple[Rule, ...] = ()) -> dict:
+    """The megatron-core architecture of a Megatron-LM checkpoint's ``args`` (vocabulary not included);
+    ``rules``: a family's :attr:`~pai_zoo.Family.megatron_lm_rules`, applied after the core's."""
     args = as_dict(args)
     check_supported(args, where)
     filled = {k: (args.get(k) if args.get(k) is not None else v) for k, v in _DEFAULT.items()}
@@ -252,16 +255,24 @@ def arch_from_args(args: Any, where: str = "args") -> dict:
     if arch["position_embedding_type"] != "rope":  # rotary fields mean nothing then
         for key in _ROTARY_ONLY:
             arch.pop(key, None)
+    if args.get("multi_latent_attention"):
+        arch[MULTI_LATENT_ATTENTION] = True
+    try:
+        for rule in rules:
+            rule.to_mcore(args, arch)
+    except ConfigTranslationError as exc:
+        raise ConfigTranslationError(f"{where}: {exc}") from None
     return arch
 
 
-def args_from_arch(arch: Mapping[str, Any]) -> dict:
-    """The args fields Megatron-LM reads back for ``arch`` (:data:`MEGATRON_LM_ARGS` in reverse)."""
+def args_from_arch(arch: Mapping[str, Any], rules: tuple[Rule, ...] = ()) -> dict:
+    """The args fields Megatron-LM reads back for ``arch`` (:data:`MEGATRON_LM_ARGS` in reverse, then a family's
+    ``rules``)."""
     args: dict[str, Any] = {}
     arch = dict(arch)
     if arch.get("kv_channels") is None:
         arch["kv_channels"] = arch["hidden_size"] // arch["num_attention_heads"]
-    for rule in MEGATRON_LM_ARGS.rules:
+    for rule in (*MEGATRON_LM_ARGS.rules, *rules):
         rule.to_hf(arch, args)
     return args
 
@@ -274,6 +285,8 @@ def effective(arch: Mapping[str, Any], key: str) -> Any:
         return arch["num_attention_heads"]
     if key == MIXTURE_OF_EXPERTS:
         return bool(arch.get(key, arch.get("num_moe_experts")))
+    if key == MULTI_LATENT_ATTENTION:
+        return bool(arch.get(key))
     if key == "moe_ffn_hidden_size" and arch.get(key) is None and arch.get("num_moe_experts"):
         return float(arch.get("ffn_hidden_size") or 4 * arch["hidden_size"])
     value = arch.get(key, ARCH_DEFAULTS.get(key))
@@ -297,7 +310,8 @@ def shown(arch: Mapping[str, Any], key: str) -> Any:
 
 def differences(ours: Mapping[str, Any], theirs: Mapping[str, Any], keys=None) -> list[str]:
     """The architecture keys (of ``keys``, default: those of ``ours``) on which two architectures disagree."""
-    skip = (*MOE_SETTINGS, *(_ROTARY_ONLY if effective(ours, "position_embedding_type") != "rope" else ()))
+    skip = (*MOE_SETTINGS, MULTI_LATENT_ATTENTION,
+            *(_ROTARY_ONLY if effective(ours, "position_embedding_type") != "rope" else ()))
     keys = [k for k in (keys if keys is not None else ours) if k not in skip]
     return [k for k in keys if effective(ours, k) != effective(theirs, k)]
 

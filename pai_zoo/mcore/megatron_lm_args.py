@@ -20,6 +20,7 @@ import torch
 from ..config_map import ROPE_SCALING, McoreConfig
 from ..errors import ConfigTranslationError
 from ..megatron_args import args_from_arch
+from ..registry import get_registry
 
 #: The ``--tokenizer-type`` of a Hugging Face tokenizer folder.
 HF_TOKENIZER_TYPE = "HuggingFaceTokenizer"
@@ -119,14 +120,27 @@ def _openai_gelu(config: McoreConfig) -> bool:
     return not config.get("gated_linear_unit") and config.get("activation_func") == "gelu_tanh"
 
 
-def _arch_args(config: McoreConfig) -> dict[str, Any]:
+def _family_rules(config: McoreConfig) -> tuple:
+    """The :attr:`~pai_zoo.Family.megatron_lm_rules` of ``config``'s family (none when it is not installed)."""
+    registry = get_registry()
+    return registry.family(config.family).megatron_lm_rules if config.family in registry.families else ()
+
+
+def _arch_args(config: McoreConfig, rules: tuple | None = None) -> dict[str, Any]:
     arch = dict(config.arch)
     if arch.get("ffn_hidden_size") is None:
         arch["ffn_hidden_size"] = 4 * arch["hidden_size"]  # Megatron-LM's default
+    rules = _family_rules(config) if rules is None else rules
     try:
-        return args_from_arch(arch)
+        return args_from_arch(arch, rules)
     except ConfigTranslationError:  # an MLP Megatron-LM has no flag for (gated, not SiLU): see caveats
-        return args_from_arch({**arch, "gated_linear_unit": False})
+        return args_from_arch({**arch, "gated_linear_unit": False}, rules)
+
+
+def _family_args(config: McoreConfig) -> dict[str, Any]:
+    """The args fields only the family's own rules write (DeepSeek's MLA fields), with their values."""
+    core = _arch_args(config, ())
+    return {k: v for k, v in _arch_args(config).items() if k not in core}
 
 
 def megatron_lm_args(
@@ -180,7 +194,7 @@ def megatron_lm_args(
         openai_gelu=_openai_gelu(config),
         transformer_impl="local",  # pai-zoo writes megatron-core's local layer spec (not restored: a flag)
         use_legacy_models=False,
-        multi_latent_attention=False,
+        multi_latent_attention=bool(args.get("multi_latent_attention", False)),
     )
     return argparse.Namespace(**args)
 
@@ -233,6 +247,11 @@ def _flags_with_reasons(config: McoreConfig, dtype: torch.dtype | None = None) -
         out.append((["--window-size", ",".join(str(int(w)) for w in args["window_size"])],
                     "sliding-window attention is not restored"))
     out += _moe_flags(args)
+    own = {k: v for k, v in _family_args(config).items() if k not in RESTORED_NAMES and v not in (None, False)}
+    if own:
+        flags = [t for k, v in own.items() for t in ([f"--{k.replace('_', '-')}"] if v is True
+                                                   else [f"--{k.replace('_', '-')}", str(v)])]
+        out.append((flags, f"the {config.family} family's fields ({', '.join(own)}) are not restored"))
     if dtype in (torch.bfloat16, torch.float16):
         out.append(([f"--{'bf16' if dtype == torch.bfloat16 else 'fp16'}"], "the weights' dtype is not restored"))
     if config.make_vocab_size_divisible_by != 128:
@@ -251,8 +270,11 @@ def megatron_lm_flags(config: McoreConfig, dtype: torch.dtype | None = None) -> 
 def megatron_lm_caveats(config: McoreConfig) -> list[str]:
     """What of ``config`` no Megatron-LM flag reproduces (empty for a Llama/Qwen2-like model)."""
     a = config.arch
+    read_back: dict = {}  # the family.* keys its own args fields give back
+    for rule in _family_rules(config):
+        rule.to_mcore({**_arch_args(config)}, read_back)
     out = [f"{key[len('family.'):]} (pai-zoo's {config.family} plugin)" for key in sorted(a)
-           if key.startswith("family.") and a[key] not in (None, False, 0)]
+           if key.startswith("family.") and a[key] not in (None, False, 0) and read_back.get(key, a) != a[key]]
     scaling = _arch_args(config).get("pai_zoo_rope_scaling")
     if scaling:
         out.append(f"RoPE scaling {scaling} (Megatron-LM has only Llama-3 scaling with factor 8192/1/4 constants "

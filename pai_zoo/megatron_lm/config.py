@@ -16,7 +16,7 @@ from ..checkpoint import CONFIG, is_hf_checkpoint, read_config
 from ..config_map import McoreConfig
 from ..errors import ConfigTranslationError, UnknownModelError
 from ..family import Family
-from ..megatron_args import HF_WINS, MOE_SETTINGS, arch_from_args, differences, shown
+from ..megatron_args import HF_WINS, MOE_SETTINGS, MULTI_LATENT_ATTENTION, arch_from_args, differences, shown
 from ..registry import get_registry
 
 #: Megatron-LM's values for the fields its Llama/Mistral loader does not take from the HF config.
@@ -110,8 +110,9 @@ def derive_config(args: dict, where: str, *, family: str | None = None, referenc
         reference = args["tokenizer_model"]
         notes.append(f"reference config: {Path(reference) / CONFIG} (args.tokenizer_model)")
     if reference is not None and is_hf_checkpoint(reference):
-        return _with_reference(arch, Path(reference), where, family, padded, divisor, notes)
+        return _with_reference(args, arch, Path(reference), where, family, padded, divisor, notes)
     chosen = _family_from_args(arch, where, family)
+    arch = _with_family_rules(args, arch, chosen, where)
     vocab = args.get("vocab_size")
     if not vocab or vocab > padded:
         vocab = padded
@@ -125,12 +126,22 @@ def derive_config(args: dict, where: str, *, family: str | None = None, referenc
     return DerivedConfig(chosen, _family_config(chosen, arch, vocab, divisor, where, notes), padded, notes)
 
 
-def _with_reference(arch: dict, folder: Path, where: str, family: str | None, padded: int, divisor: int,
-                    notes: list[str]) -> DerivedConfig:
+def _with_family_rules(args: dict, arch: dict, family: Family, where: str) -> dict:
+    """``arch`` with ``family``'s own args fields (:attr:`Family.megatron_lm_rules`); multi-latent attention needs
+    a family that reads them."""
+    if arch.get(MULTI_LATENT_ATTENTION) and not family.megatron_lm_rules:
+        raise ConfigTranslationError(f"{where}: args.multi_latent_attention=True, and the {family.name} family reads "
+                                     "no multi-latent attention args; install a family that does (pai-zoo-deepseek)")
+    return arch_from_args(args, where, family.megatron_lm_rules) if family.megatron_lm_rules else arch
+
+
+def _with_reference(args: dict, arch: dict, folder: Path, where: str, family: str | None, padded: int,
+                    divisor: int, notes: list[str]) -> DerivedConfig:
     ref_family, ref = _reference_config(folder)
     if family and get_registry().family(family) is not ref_family:
         raise ConfigTranslationError(f"--family {family} disagrees with {folder / CONFIG}, which is a "
                                      f"{ref_family.name} model")
+    arch = _with_family_rules(args, arch, ref_family, where)
     wrong = differences(arch, ref.arch, keys=[k for k in arch if k not in HF_WINS])
     if wrong:
         wrong_values = "; ".join(f"{k}: {shown(ref.arch, k)!r} in {folder / CONFIG}, {shown(arch, k)!r} in the args"

@@ -34,6 +34,7 @@ from pai_zoo.layouts import (
     moe_layout,
 )
 
+from . import megatron_lm
 from .presets import DEEPSEEK_PRESETS
 from .tokenizer_files import write_deepseek_tokenizer
 
@@ -348,6 +349,8 @@ def _family(version: int, presets: dict, tiny: str, odd: str | None, config_map:
         layer_spec=layer_spec,
         test_tokenizer=write_deepseek_tokenizer,
         description=description,
+        megatron_args=megatron_lm.claims("sigmoid" if version == 3 else "softmax"),
+        megatron_lm_rules=(megatron_lm.MegatronLmMla(),),
     )
 
 
