@@ -458,3 +458,97 @@ def test_te_names(tmp_path):
                 k = k[: -len(te_name)] + local_name
         as_local[k] = v
     _assert_identical(as_local, local)
+
+
+class _TE:
+    """A stand-in for a Transformer Engine module class in megatron-core's TE spec."""
+
+
+_TE_PARAMS = {  # the state-dict entries of each TE module (RMSNorm: no bias; no linear biases)
+    "TENorm": ("weight",),
+    "TELinear": ("weight", "_extra_state"),
+    "TEColumnParallelLinear": ("weight", "_extra_state"),
+    "TERowParallelLinear": ("weight", "_extra_state"),
+    "TELayerNormColumnParallelLinear": ("layer_norm_weight", "weight", "_extra_state"),
+    "TEDotProductAttention": ("_extra_state",),
+}
+
+
+def _spec_entries(obj, path=()):
+    """(module path, TE stand-in class) of every TE module a layer spec names."""
+    import functools
+
+    from megatron.core.transformer.spec_utils import ModuleSpec
+
+    if isinstance(obj, ModuleSpec):
+        if isinstance(obj.module, type) and issubclass(obj.module, _TE):
+            yield path, obj.module
+        yield from _spec_entries(obj.submodules, path)
+    elif isinstance(obj, functools.partial):
+        yield from _spec_entries(obj.keywords.get("submodules"), path)
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            yield from _spec_entries(getattr(obj, f.name), (*path, f.name))
+    elif isinstance(obj, type) and issubclass(obj, _TE):
+        yield path, obj
+
+
+def test_te_names_are_those_of_megatron_cores_te_spec(tmp_path, monkeypatch):
+    """megatron-core's own get_gpt_layer_with_transformer_engine_spec (multi_latent_attention, qk_layernorm), built
+    with stand-ins for the TE classes (Transformer Engine is not installed): the modules it names, with each TE
+    module's entries, are the writer's TE keys of a dense and of a MoE layer (router and routed experts aside: built
+    by MoELayer / SequentialMLP, tested above); the down projections are TELinear, which MLASelfAttention makes
+    parallel_mode='duplicated'."""
+    import megatron.core.models.gpt.gpt_layer_specs as specs
+    from megatron.core.transformer.mlp import MLPSubmodules
+    from megatron.core.transformer.moe.experts import SequentialMLP
+
+    te = {name: type(name, (_TE,), {}) for name in _TE_PARAMS}
+
+    class Provider:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def linear(self):
+            return te["TELinear"]
+
+        def column_parallel_linear(self):
+            return te["TEColumnParallelLinear"]
+
+        def row_parallel_linear(self):
+            return te["TERowParallelLinear"]
+
+        def fuse_layernorm_and_linear(self):
+            return True
+
+        def column_parallel_layer_norm_linear(self):
+            return te["TELayerNormColumnParallelLinear"]
+
+        def layer_norm(self, *args, **kwargs):
+            return te["TENorm"]
+
+        def core_attention(self):
+            return te["TEDotProductAttention"]
+
+        def grouped_mlp_modules(self, *args, **kwargs):
+            return SequentialMLP, MLPSubmodules(linear_fc1=te["TEColumnParallelLinear"],
+                                                linear_fc2=te["TERowParallelLinear"])
+
+        def activation_func(self):
+            return None
+
+    monkeypatch.setattr(specs, "TESpecProvider", Provider, raising=False)
+    model, config = _model("v2")  # with a q LoRA: MLASelfAttention builds linear_q_down/up_proj, not linear_q_proj
+    sd = _load(mw.write_legacy_mla(model, config, tmp_path, te_names=True) / "mp_rank_00" / "model_optim_rng.pt")
+    for i, num_experts in ((0, None), (1, 6)):
+        spec = specs.get_gpt_layer_with_transformer_engine_spec(
+            num_experts=num_experts, moe_grouped_gemm=False, qk_layernorm=True, multi_latent_attention=True)
+        entries = dict(_spec_entries(spec))
+        assert entries[("self_attention", "linear_kv_down_proj")] is te["TELinear"]
+        assert entries[("self_attention", "linear_q_down_proj")] is te["TELinear"]
+        want = {".".join(path) + "." + p for path, cls in entries.items() for p in _TE_PARAMS[cls.__name__]
+                if path != ("self_attention", "linear_q_proj") and path[:2] != ("mlp", "experts")}
+        prefix = f"decoder.layers.{i}."
+        got = {k[len(prefix):] for k in sd["model"] if k.startswith(prefix)}
+        got = {k for k in got if not k.startswith(("mlp.router.", "mlp.experts."))}
+        assert got == want, (i, got ^ want)
