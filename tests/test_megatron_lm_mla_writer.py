@@ -552,3 +552,19 @@ def test_te_names_are_those_of_megatron_cores_te_spec(tmp_path, monkeypatch):
         got = {k[len(prefix):] for k in sd["model"] if k.startswith(prefix)}
         got = {k for k in got if not k.startswith(("mlp.router.", "mlp.experts."))}
         assert got == want, (i, got ^ want)
+
+
+def test_fused_in_memory_experts_give_the_same_tensors():
+    """transformers 5's in-memory state dict (experts fused: gate_up_proj [E, 2 Fe, h], down_proj [E, h, Fe]) and the
+    checkpoint's per-expert names give the same Megatron tensors."""
+    model, config = _model("v3")
+    fused = model.state_dict()
+    assert "model.layers.1.mlp.experts.gate_up_proj" in fused
+    a, b = mw.mla_global(fused, config, 1024), mw.mla_global(model, config, 1024)
+    for x, y in zip(a["layers"], b["layers"]):
+        assert x.keys() == y.keys()
+        for k in x:
+            if k == "experts":
+                assert all(torch.equal(p[n], q[n]) for p, q in zip(x[k], y[k]) for n in ("fc1", "fc2"))
+            else:
+                assert torch.equal(x[k], y[k]), k
