@@ -39,6 +39,9 @@ TE_NAMES = {
     "self_attention.linear_qkv.layer_norm_bias": "input_layernorm.bias",
     "mlp.linear_fc1.layer_norm_weight": "pre_mlp_layernorm.weight",
     "mlp.linear_fc1.layer_norm_bias": "pre_mlp_layernorm.bias",
+    # multi-latent attention: the low-rank query / key-value norms fused into the up projections
+    "self_attention.linear_q_up_proj.layer_norm_weight": "self_attention.q_layernorm.weight",
+    "self_attention.linear_kv_up_proj.layer_norm_weight": "self_attention.kv_layernorm.weight",
 }
 _GATED = ("linear_fc1.weight", "linear_fc1.bias")
 

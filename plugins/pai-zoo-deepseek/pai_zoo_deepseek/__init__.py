@@ -140,8 +140,7 @@ class NoMtp(Rule):
             arch[FAMILY_KEY_PREFIX + "num_nextn_predict_layers"] = 0
 
     def to_hf(self, arch: dict, hf: dict) -> None:
-        if FAMILY_KEY_PREFIX + "num_nextn_predict_layers" in arch:
-            hf["num_nextn_predict_layers"] = 0
+        hf["num_nextn_predict_layers"] = 0  # always: transformers' DeepseekV3Config defaults to 1
 
     def describe(self) -> str:
         return "num_nextn_predict_layers 0 (multi-token prediction layers refused)"

@@ -4,8 +4,9 @@ the rule the family declares as :attr:`pai_zoo.Family.megatron_lm_rules`, and it
 Megatron-LM builds an ``MLATransformerConfig`` from the args fields of the same names: ``q_lora_rank`` (``None``:
 a plain query projection), ``kv_lora_rank``, ``qk_head_dim``, ``qk_pos_emb_head_dim``, ``v_head_dim``,
 ``rope_type`` (``None`` means MLA's default, ``yarn``), ``rotary_base``, ``rotary_scaling_factor``, ``mscale``,
-``mscale_all_dim``; YaRN's ``original_max_position_embeddings``, ``beta_fast`` and ``beta_slow`` are not args
-(megatron-core's defaults 4096, 32, 1 apply, and are taken so). megatron-core's MLA de-interleaves the rotated
+``mscale_all_dim``; YaRN's ``original_max_position_embeddings``, ``beta_fast`` and ``beta_slow`` are not
+Megatron-LM flags (megatron-core's defaults 4096, 32, 1 apply, and are taken so, unless the args hold those fields,
+as a YAML-configured run's may). megatron-core's MLA de-interleaves the rotated
 channels itself, as DeepSeek's checkpoints have them, so the weights copy unchanged (``rotary_interleaved`` must
 be off). The q/kv low-rank norms need ``qk_layernorm``.
 """
@@ -53,7 +54,8 @@ class MegatronLmMla(Rule):
         if kind not in ("rope", "yarn"):
             raise ConfigTranslationError(f"args.rope_type={kind!r}: multi-latent attention has rope or yarn")
         if kind == "yarn" and factor > 1.0:  # YaRN at factor 1 is the plain RoPE
-            arch[MLA_ROPE] = {"rope_type": "yarn", "factor": factor, **YARN_DEFAULTS,
+            arch[MLA_ROPE] = {"rope_type": "yarn", "factor": factor,
+                              **{k: args[k] if args.get(k) is not None else v for k, v in YARN_DEFAULTS.items()},
                               "mscale": float(args.get("mscale", 1.0)),
                               "mscale_all_dim": float(args.get("mscale_all_dim") or 0.0)}
 
