@@ -447,6 +447,22 @@ def chunk_state(g: dict, layers: list[int], *, t: int, tp: int, e: int, ep: int,
     return sd
 
 
+def _in_dtype(g: dict, dtype: torch.dtype) -> dict:
+    """Every tensor in the model's params dtype, as megatron-core holds them (the router weight too, which HF keeps
+    in float32), except the router's expert_bias, which TopKRouter keeps in float32."""
+
+    def cast(x: Any, key: str = "") -> Any:
+        if isinstance(x, torch.Tensor):
+            return x if key == "expert_bias" else x.to(dtype)
+        if isinstance(x, dict):
+            return {k: cast(v, k) for k, v in x.items()}
+        if isinstance(x, list):
+            return [cast(v) for v in x]
+        return x
+
+    return cast(g)
+
+
 # --------------------------------------------------------------------------------------------------------------
 # legacy torch format
 
@@ -475,7 +491,7 @@ def write_legacy_mla(
         raise ValueError(f"{dm['E']} experts are not divisible by ep {ep}")
     args = mla_args(hf_config, tp=tp, pp=pp, ep=ep, te_names=te_names, yarn_config_fields=yarn_config_fields,
                     **dict(args_overrides or {}))
-    g = mla_global(hf_model, hf_config, args.padded_vocab_size)
+    g = _in_dtype(mla_global(hf_model, hf_config, args.padded_vocab_size), args.params_dtype)
 
     dst.mkdir(parents=True, exist_ok=True)
     (dst / TRACKER).write_text(str(iteration))

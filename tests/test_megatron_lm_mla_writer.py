@@ -568,3 +568,35 @@ def test_fused_in_memory_experts_give_the_same_tensors():
                 assert all(torch.equal(p[n], q[n]) for p, q in zip(x[k], y[k]) for n in ("fc1", "fc2"))
             else:
                 assert torch.equal(x[k], y[k]), k
+
+
+def test_bf16_model_in_megatron_cores_dtypes(tmp_path, monkeypatch):
+    """A bf16 HF model (transformers keeps its router weight and expert bias in float32): every tensor in the dtype
+    Megatron-LM saves it in, from a bf16 run's model: Float16Module (module.bfloat16()), its first forward putting
+    the router's expert_bias back in float32 (TopKRouter._maintain_float32_expert_bias), and
+    state_dict_for_save_checkpoint, what save_checkpoint writes."""
+    import transformers
+    from megatron.core.transformer.module import Float16Module
+    from megatron.core.transformer.moe.router import TopKRouter
+
+    torch.manual_seed(4)
+    config = _config("v3", q_lora_rank=24)  # with a q LoRA: megatron-core 0.16 and 0.19 build it
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
+    assert model.model.layers[1].mlp.gate.weight.dtype == torch.float32  # HF's own choice
+    ckpt = _load(mw.write_legacy_mla(model, config, tmp_path) / "mp_rank_00" / "model_optim_rng.pt")
+    assert ckpt["args"].params_dtype == torch.bfloat16 and ckpt["args"].bf16
+    ours = ckpt["model"]
+    assert ours["decoder.layers.1.mlp.router.weight"].dtype == torch.bfloat16
+    assert ours["decoder.layers.1.mlp.router.expert_bias"].dtype == torch.float32
+    megatron = _megatron_model(ckpt["args"], monkeypatch)
+    wrapped = Float16Module(megatron.config, megatron)
+    routers = [m for m in megatron.modules() if isinstance(m, TopKRouter)]
+    assert routers and all(r.expert_bias.dtype == torch.bfloat16 for r in routers)
+    for r in routers:
+        r._maintain_float32_expert_bias()
+    theirs = wrapped.state_dict_for_save_checkpoint()
+    assert list(ours) == list(theirs)
+    for k, v in theirs.items():
+        if isinstance(v, torch.Tensor):
+            assert (ours[k].shape, ours[k].dtype) == (v.shape, v.dtype), k
+    wrapped.module.load_state_dict(ours, strict=True)
