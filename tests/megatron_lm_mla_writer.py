@@ -31,6 +31,10 @@ Per decoder layer `decoder.layers.{i}.` (megatron-core's local spec, `--transfor
   `mlp.shared_experts.linear_fc1.weight` [2 S / tp, h] / `linear_fc2.weight` [h, S / tp] (S = n_shared_experts * Fe)
 - every linear layer's `_extra_state` (None).
 
+Every tensor is in the args' params_dtype (the HF model's dtype), as a bf16 Megatron-LM run saves them through
+Float16Module, the router weight too (HF keeps it in float32); the router's expert_bias stays float32, as
+TopKRouter keeps it.
+
 In the local spec linear_q_down_proj and linear_kv_down_proj are ColumnParallelLinear (gather_output=False; MLA
 gathers their output itself), so tensor-parallel rank t holds the t-th contiguous chunk of their rows.
 
