@@ -11,18 +11,19 @@ from pathlib import Path
 import pytest
 
 
-def _register_megatron_lm_writer() -> None:
-    """``import megatron_lm_writer`` for the test files (``tests/`` is not on ``sys.path``): the generator of
-    Megatron-LM checkpoints that test_megatron_lm_writer proves and test_megatron_lm uses."""
-    if "megatron_lm_writer" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("megatron_lm_writer", Path(__file__).with_name(
-            "megatron_lm_writer.py"))
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["megatron_lm_writer"] = module
-        spec.loader.exec_module(module)
+def _register_megatron_lm_writers() -> None:
+    """``import megatron_lm_writer`` / ``megatron_lm_mla_writer`` for the test files (``tests/`` is not on
+    ``sys.path``): the generators of Megatron-LM checkpoints that test_megatron_lm_writer and
+    test_megatron_lm_mla_writer prove and the reader's tests use (the MLA one imports the other)."""
+    for name in ("megatron_lm_writer", "megatron_lm_mla_writer"):
+        if name not in sys.modules:
+            spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            spec.loader.exec_module(module)
 
 
-_register_megatron_lm_writer()
+_register_megatron_lm_writers()
 
 
 @pytest.fixture

@@ -1059,8 +1059,29 @@ def write_torch_dist(
     return it_dir
 
 
+def rename_dist_keys(folder: str | Path, local: str, te: str) -> int:
+    """Replace `local` by `te` in the keys of the torch_dist checkpoint `folder` (its tracker's iteration), as a
+    Transformer Engine layer spec names some tensors the local spec names otherwise; returns how many keys changed.
+    The data files are untouched: DCP finds each chunk through `.metadata`."""
+    import dataclasses
+    import pickle
+
+    tracked = (Path(folder) / TRACKER).read_text().strip()
+    release = tracked == "release"
+    meta_file = Path(folder) / _iter_dir(0 if release else int(tracked), release) / ".metadata"
+    meta = pickle.loads(meta_file.read_bytes())
+    renamed = {k: k.replace(local, te) for k in meta.state_dict_metadata if local in k}
+    meta.state_dict_metadata = {renamed.get(k, k): v for k, v in meta.state_dict_metadata.items()}
+    meta.storage_data = {dataclasses.replace(i, fqn=renamed.get(i.fqn, i.fqn)): v for i, v in meta.storage_data.items()}
+    if isinstance(meta.planner_data, dict):
+        meta.planner_data = {renamed.get(k, k): v for k, v in meta.planner_data.items()}
+    meta_file.write_bytes(pickle.dumps(meta))
+    return len(renamed)
+
+
 __all__ = [
     "COMMON_STATE_KEY",
+    "rename_dist_keys",
     "chunk_layers",
     "dist_tensors",
     "megatron_args",

@@ -5,10 +5,6 @@ bit-identical to the HF model's checkpoint tensors in TP, EP, PP and Transformer
 loads with the HF logits (odd shapes: 6 heads, v_head_dim 10 != qk_nope 12, rope 6, vocab 997)."""
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -20,17 +16,7 @@ from pai_zoo.weights import hf_state_dict
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 
-
-def _writer():
-    if "megatron_lm_mla_writer" not in sys.modules:
-        import megatron_lm_writer  # noqa: F401 - registered by conftest.py; the MLA writer imports it
-
-        spec = importlib.util.spec_from_file_location("megatron_lm_mla_writer",
-                                                      Path(__file__).with_name("megatron_lm_mla_writer.py"))
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["megatron_lm_mla_writer"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["megatron_lm_mla_writer"]
+import megatron_lm_mla_writer as mw  # noqa: E402 - registered by conftest.py
 
 
 def _model(kind: str):
@@ -85,7 +71,7 @@ LAYOUTS = {"tp2": dict(tp=2), "ep2": dict(ep=2), "tp2-ep2-te": dict(tp=2, ep=2, 
 @pytest.mark.parametrize("name", ["deepseek-v3", "deepseek-v2"])
 def test_mla_layouts_read_bit_identical_and_the_args_pick_deepseek(name, layout, deepseek, tmp_path):
     model, config = deepseek[name]
-    _writer().write_legacy_mla(model, config, tmp_path / "ckpt", **LAYOUTS[layout])
+    mw.write_legacy_mla(model, config, tmp_path / "ckpt", **LAYOUTS[layout])
     want = _checkpoint_tensors(name, model)
     with open_checkpoint(tmp_path / "ckpt") as checkpoint:
         assert checkpoint.family.name == name
@@ -99,7 +85,7 @@ def test_mla_layouts_read_bit_identical_and_the_args_pick_deepseek(name, layout,
 @pytest.mark.parametrize("name", ["deepseek-v3", "deepseek-v2"])
 def test_mla_checkpoint_loads_with_the_hf_logits_and_converts(name, deepseek, tmp_path):
     model, config = deepseek[name]
-    _writer().write_legacy_mla(model, config, tmp_path / "ckpt", tp=2, ep=2, te_names=True)
+    mw.write_legacy_mla(model, config, tmp_path / "ckpt", tp=2, ep=2, te_names=True)
     ids = torch.tensor([[5, 996, 17, 300, 42, 7, 811, 12, 64]])
     with torch.no_grad():
         expected = model(ids).logits
@@ -113,8 +99,32 @@ def test_mla_checkpoint_loads_with_the_hf_logits_and_converts(name, deepseek, tm
 
 def test_interleaved_rotation_is_refused_with_one_line(deepseek, tmp_path, capsys):
     model, config = deepseek["deepseek-v3"]
-    _writer().write_legacy_mla(model, config, tmp_path / "ckpt", args_overrides={"rotary_interleaved": True})
+    mw.write_legacy_mla(model, config, tmp_path / "ckpt", args_overrides={"rotary_interleaved": True})
     code = main(["convert", str(tmp_path / "ckpt"), str(tmp_path / "out"), "--to", "hf"])
     err = capsys.readouterr().err
     assert code == 1 and "rotary_interleaved=True" in err and "Traceback" not in err
     assert not (tmp_path / "out").exists()
+
+
+def test_torch_dist_with_transformer_engine_mla_norm_keys_reads_from_its_args(deepseek, tmp_path):
+    """pai-zoo's own DeepSeek-V2 torch_dist checkpoint read as Megatron-LM's would be (no pai_zoo.json: the family
+    and config come from its args, through the family's MLA rules), with the low-rank norms under the names a
+    Transformer Engine layer spec saves them (``linear_q_up_proj.layer_norm_weight`` ...)."""
+    import megatron_lm_writer as mlw
+
+    from pai_zoo.conversion import convert
+    from pai_zoo.mcore.dist_ckpt import PAI_ZOO_CONFIG
+
+    model, _ = deepseek["deepseek-v2"]
+    model.save_pretrained(tmp_path / "hf")
+    convert(tmp_path / "hf", tmp_path / "ckpt", "mcore", tp=2)
+    (tmp_path / "ckpt" / PAI_ZOO_CONFIG).unlink()
+    renamed = sum(mlw.rename_dist_keys(tmp_path / "ckpt", local, te) for local, te in (
+        ("self_attention.q_layernorm.", "self_attention.linear_q_up_proj.layer_norm_"),
+        ("self_attention.kv_layernorm.", "self_attention.linear_kv_up_proj.layer_norm_")))
+    assert renamed == 2 * 2  # two norms in each of the two layers (the first dense)
+    want = _checkpoint_tensors("deepseek-v2", model)
+    with open_checkpoint(tmp_path / "ckpt", reference=tmp_path / "hf") as checkpoint:
+        assert checkpoint.family.name == "deepseek-v2"
+        got = dict(checkpoint.hf_tensors(expected=want.keys()))
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)

@@ -8,28 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import sys
 from pathlib import Path
 
+import megatron_lm_mla_writer as mw  # noqa: E402 - registered by conftest.py
 import pytest
 import torch
 
 from pai_zoo.megatron_lm.files import allowing
-
-
-def _import_writer():
-    if "megatron_lm_mla_writer" not in sys.modules:
-        import megatron_lm_writer  # noqa: F401 - registered by conftest.py; the MLA writer imports it
-
-        spec = importlib.util.spec_from_file_location("megatron_lm_mla_writer",
-                                                      Path(__file__).with_name("megatron_lm_mla_writer.py"))
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["megatron_lm_mla_writer"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["megatron_lm_mla_writer"]
-
-
-mw = _import_writer()
 
 VOCAB = 997
 IDS = torch.tensor([[5, 996, 17, 300, 42, 7, 811, 12, 64], [1, 2, 3, 500, 600, 700, 800, 900, 3]])

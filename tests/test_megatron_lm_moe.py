@@ -180,3 +180,17 @@ def test_inspect_shows_the_expert_layout_and_routing(moe_models, tmp_path, capsy
     assert rows["num_moe_experts"] == "4" and rows["moe_router_topk"] == "2"
     assert rows["moe_router_pre_softmax"] == "True"  # norm_topk_prob False
     assert rows["moe_shared_expert_intermediate_size"] == "56" and rows["moe_layer_freq"] == "[1, 0, 1, 1]"
+
+
+def test_torch_dist_with_transformer_engine_moe_norm_keys_reads(moe_models, tmp_path):
+    """A TE layer spec saves a MoE layer's pre-MLP norm as ``pre_mlp_layernorm.weight``; megatron-core's local spec
+    (pai-zoo's layout) calls it ``mlp.linear_fc1.layer_norm_weight``. Both read the same tensors."""
+    model, config, _ = moe_models["qwen3-moe"]
+    _write(model, config, tmp_path / "ckpt", kind="dist", tp=2)
+    assert mlw.rename_dist_keys(tmp_path / "ckpt", "mlp.linear_fc1.layer_norm_", "pre_mlp_layernorm.") == 1
+    want = _checkpoint_tensors(model)
+    with open_checkpoint(tmp_path / "ckpt") as checkpoint:
+        got = dict(checkpoint.hf_tensors(expected=want.keys()))
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    mlw.rename_dist_keys(tmp_path / "ckpt", "pre_mlp_layernorm.", "post_mlp_layernorm.")  # no such layer
+    assert main(["convert", str(tmp_path / "ckpt"), str(tmp_path / "out"), "--to", "hf"]) == 1

@@ -232,9 +232,20 @@ class _FileSlice(io.RawIOBase):
 _MODEL_KEY_PREFIXES = ("embedding.", "decoder.", "output_layer.")
 
 
+#: Keys the local layer spec's ``sharded_state_dict`` gives -> the key a Transformer Engine layer spec gives the same
+#: tensor, where the two differ: a MoE layer's pre-MLP norm (the local spec maps it onto the fused dense name; TE's
+#: spec keeps a separate ``TENorm``) and multi-latent attention's low-rank norms (fused into TE's up projections).
+TE_KEY_ALIASES = (
+    ("mlp.linear_fc1.layer_norm_", "pre_mlp_layernorm."),
+    ("self_attention.q_layernorm.", "self_attention.linear_q_up_proj.layer_norm_"),
+    ("self_attention.kv_layernorm.", "self_attention.linear_kv_up_proj.layer_norm_"),
+)
+
+
 class DistCheckpointReader:
     """Reads regions of the global tensors of a ``torch_dist`` checkpoint folder, chunk by chunk,
-    whatever tensor/pipeline-parallel layout wrote it."""
+    whatever tensor/pipeline-parallel layout wrote it, and whichever layer spec (local or Transformer Engine) named
+    its keys (:data:`TE_KEY_ALIASES`)."""
 
     def __init__(self, folder: Path):
         self.folder = Path(folder)
@@ -247,15 +258,23 @@ class DistCheckpointReader:
         except Exception as exc:
             raise PaiZooError(f"{meta}: cannot be read: {exc}") from None
         self._files: dict[str, object] = {}
+        self._aliases: dict[str, str] = {}  # a layout's key -> the stored key of the same tensor
 
     def keys(self) -> list[str]:
         return list(self.metadata.state_dict_metadata)
 
     def global_shape(self, key: str) -> tuple[int, ...]:
-        return tuple(self.metadata.state_dict_metadata[key].size)
+        return tuple(self.metadata.state_dict_metadata[self._aliases.get(key, key)].size)
 
     def dtype(self, key: str) -> torch.dtype:
-        return self.metadata.state_dict_metadata[key].properties.dtype
+        return self.metadata.state_dict_metadata[self._aliases.get(key, key)].properties.dtype
+
+    def _alias(self, key: str, stored: set[str]) -> str | None:
+        """The stored key a Transformer Engine layer spec gives the layout's ``key``, when only that is stored."""
+        for local, te in TE_KEY_ALIASES:
+            if local in key and key.replace(local, te) in stored:
+                return key.replace(local, te)
+        return None
 
     def _load_chunk(self, key: str, offsets) -> torch.Tensor:
         info = self.metadata.storage_data[MetadataIndex(key, torch.Size(offsets))]
@@ -274,6 +293,7 @@ class DistCheckpointReader:
 
     def read(self, key: str, offsets: Iterable[int], sizes: Iterable[int]) -> torch.Tensor:
         """The region ``[offsets, offsets + sizes)`` of global tensor ``key``."""
+        key = self._aliases.get(key, key)
         if key not in self.metadata.state_dict_metadata:
             raise PaiZooError(f"{self.folder}: the checkpoint has no tensor {key}")
         md = self.metadata.state_dict_metadata[key]
@@ -302,6 +322,11 @@ class DistCheckpointReader:
         """The stored model tensors are exactly ``layout``'s, with its global shapes."""
         shapes = {c.key: c.global_shape for c in layout.chunks}
         stored = {k for k in self.keys() if k.startswith(_MODEL_KEY_PREFIXES) and "/shard_" not in k}
+        for key in shapes.keys() - stored:
+            alias = self._alias(key, stored - shapes.keys())
+            if alias:
+                self._aliases[key] = alias
+        stored = {next((k for k, a in self._aliases.items() if a == s), s) for s in stored}
         if shapes.keys() != stored:
             raise MappingError(
                 f"{self.folder}: checkpoint tensors do not match the {family} model: "
