@@ -10,7 +10,7 @@ from typing import Any
 from .config_map import FAMILY_KEY_PREFIX, REQUIRED, Field, Fixed, Require, Rule
 from .errors import ConfigTranslationError
 from .mapping import QKV, Copy, GateUp, Output, Row, Vocab, on_layers
-from .megatron_args import MIXTURE_OF_EXPERTS, MULTI_LATENT_ATTENTION
+from .megatron_args import MIXTURE_OF_EXPERTS, MULTI_LATENT_ATTENTION, layer_pattern
 
 #: Per-layer name prefixes: Hugging Face's Llama layout and megatron-core's GPT model.
 HF_LAYER, MCORE_LAYER = "model.layers.{layer}.", "decoder.layers.{layer}."
@@ -386,12 +386,7 @@ class AuxLoss(Rule):
 
 def moe_pattern(arch: dict) -> list[int]:
     """megatron's ``moe_layer_freq`` of ``arch`` as one 1 (MoE) or 0 (dense) per layer."""
-    layers, freq = arch["num_layers"], arch.get("moe_layer_freq", 1)
-    if isinstance(freq, (list, tuple)):
-        if len(freq) != layers:
-            raise ConfigTranslationError(f"moe_layer_freq has {len(freq)} entries for num_layers={layers}")
-        return [int(bool(v)) for v in freq]
-    return [int(i % int(freq) == 0) for i in range(layers)]
+    return layer_pattern(arch.get("moe_layer_freq", 1), arch["num_layers"])
 
 
 def moe_config_rules(

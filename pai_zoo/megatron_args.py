@@ -158,7 +158,6 @@ class _Experts(Rule):
             args[name] = arch.get(name, default)
         if args["moe_ffn_hidden_size"] is None:
             args["moe_ffn_hidden_size"] = arch["ffn_hidden_size"]
-        args["moe_layer_freq"] = arch.get("moe_layer_freq", 1)
         if isinstance(args["moe_layer_freq"], tuple):
             args["moe_layer_freq"] = list(args["moe_layer_freq"])
 

@@ -274,7 +274,8 @@ def megatron_lm_caveats(config: McoreConfig) -> list[str]:
     for rule in _family_rules(config):
         rule.to_mcore({**_arch_args(config)}, read_back)
     out = [f"{key[len('family.'):]} (pai-zoo's {config.family} plugin)" for key in sorted(a)
-           if key.startswith("family.") and a[key] not in (None, False, 0) and read_back.get(key, a) != a[key]]
+           if key.startswith("family.") and a[key] not in (None, False, 0)
+           and (key not in read_back or read_back[key] != a[key])]
     scaling = _arch_args(config).get("pai_zoo_rope_scaling")
     if scaling:
         out.append(f"RoPE scaling {scaling} (Megatron-LM has only Llama-3 scaling with factor 8192/1/4 constants "
