@@ -1059,6 +1059,21 @@ def write_torch_dist(
     return it_dir
 
 
+def randomise_weights(model: Any) -> Any:
+    """Draw an HF model's weights for a test (in place): norms around 1 (so a misplaced norm shows in the outputs),
+    every other weight N(0, 0.15), a router's score-correction bias N(0, 0.3). Returns the model, in eval mode."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1 + 0.2 * torch.randn_like(p))
+            else:
+                p.normal_(0, 0.15)
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(0.3 * torch.randn_like(b))
+    return model.eval()
+
+
 def rename_dist_keys(folder: str | Path, local: str, te: str) -> int:
     """Replace `local` by `te` in the keys of the torch_dist checkpoint `folder` (its tracker's iteration), as a
     Transformer Engine layer spec names some tensors the local spec names otherwise; returns how many keys changed.
@@ -1081,6 +1096,7 @@ def rename_dist_keys(folder: str | Path, local: str, te: str) -> int:
 
 __all__ = [
     "COMMON_STATE_KEY",
+    "randomise_weights",
     "rename_dist_keys",
     "chunk_layers",
     "dist_tensors",

@@ -10,7 +10,8 @@ import dataclasses
 import importlib.util
 from pathlib import Path
 
-import megatron_lm_mla_writer as mw  # noqa: E402 - registered by conftest.py
+import megatron_lm_mla_writer as mw
+import megatron_lm_writer as mlw  # noqa: E402 - registered by conftest.py
 import pytest
 import torch
 
@@ -50,16 +51,7 @@ def _model(kind: str, **extra):
 
         torch.manual_seed(3)
         config = _config(kind, **extra)
-        model = transformers.AutoModelForCausalLM.from_config(config).eval()
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if name.endswith("norm.weight"):
-                    p.copy_(1 + 0.2 * torch.randn_like(p))
-                else:
-                    p.normal_(0, 0.15)
-            for name, b in model.named_buffers():
-                if name.endswith("e_score_correction_bias"):
-                    b.copy_(0.3 * torch.randn_like(b))
+        model = mlw.randomise_weights(transformers.AutoModelForCausalLM.from_config(config))
         _MODELS[key] = (model, config)
     return _MODELS[key]
 

@@ -418,13 +418,7 @@ def _moe_model(kind: str):
 
         torch.manual_seed(1)
         config = _moe_config(kind)
-        model = transformers.AutoModelForCausalLM.from_config(config).eval()
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if name.endswith("norm.weight"):
-                    p.copy_(1 + 0.2 * torch.randn_like(p))
-                else:
-                    p.normal_(0, 0.15)
+        model = mlw.randomise_weights(transformers.AutoModelForCausalLM.from_config(config))
         _MOE_MODELS[kind] = (model, config)
     return _MOE_MODELS[kind]
 
