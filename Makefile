@@ -41,10 +41,11 @@ setup: $(STAMP)
 demo: $(STAMP)
 	$(PY) -m pai_zoo.demo
 
-# Lint (ruff, configured in pyproject.toml), then the suite, in one venv ($(VENV) on $(PYTHON)).
+# Lint (ruff, configured in pyproject.toml), then the suite, in one venv ($(VENV) on $(PYTHON)). pytest's last
+# lines say where the time went: the ten slowest tests, then the pass's total.
 test-one: $(STAMP)
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q --durations=10 $(PYTEST_ARGS)
 
 # The two passes run at the same time (the 0.19 pass's output is printed when it ends): on 2 cores that takes
 # about as long as the slower pass alone, where one after the other took the sum.

@@ -1,17 +1,16 @@
-"""Run under ``torchrun --nproc-per-node 2``: the Gemma-shaped test family (tests/gemma_like.py) whose
+"""On the 2 ranks of the worker group (``pai_zoo_workers``): the Gemma-shaped test family (tests/gemma_like.py) whose
 ``layer_spec`` returns ``block_spec(config, layer, final_norm=ZeroCenteredNorm)``, built with pipeline
-parallelism 2 (gloo) and loaded stage by stage with the transformers model's weights. Rank 0 writes JSON to
-``argv[1]``: each stage's global layer numbers and final-norm class, and max |logits delta| vs transformers."""
+parallelism 2 (gloo) and loaded stage by stage with the transformers model's weights. :func:`stages` returns, on
+rank 0, each stage's global layer numbers and final-norm class, and max |logits delta| vs transformers."""
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
-def main(out: str) -> None:
+def stages() -> dict | None:
     import gemma_like
     import torch
 
@@ -54,13 +53,8 @@ def main(out: str) -> None:
     final = model.decoder.final_layernorm
     stage = {"layers": [layer.layer_number for layer in model.decoder.layers],
              "final_norm": type(final).__name__ if final is not None else None}
-    stages = [None, None]
-    torch.distributed.all_gather_object(stages, stage)
+    every = [None, None]
+    torch.distributed.all_gather_object(every, stage)
     if torch.distributed.get_rank() == 0:
-        Path(out).write_text(json.dumps({"stages": stages, "delta": (got - expected).abs().max().item()}))
-    torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
-
-
-if __name__ == "__main__":
-    main(sys.argv[1])
+        return {"stages": every, "delta": (got - expected).abs().max().item()}
+    return None

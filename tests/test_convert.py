@@ -15,8 +15,8 @@ from pai_zoo.checkpoint import SAFETENSORS_INDEX
 from pai_zoo.conversion import convert
 from pai_zoo.errors import MappingError, PaiZooError, UnknownModelError
 from pai_zoo.mcore import dist_ckpt
-from pai_zoo.testing.torchrun import torchrun
 from pai_zoo.util.progress import Progress
+from pai_zoo_conformance.parallel_worker import layout_logits
 
 PAI_ZOO = str(Path(sys.executable).parent / "pai-zoo")
 
@@ -113,20 +113,13 @@ def test_bf16_and_tied_embeddings(tmp_path):
     assert tensors(tmp_path / "fp32")["model.norm.weight"].dtype == torch.float32
 
 
-def _torchrun(*args) -> None:
-    cmd = [*torchrun(2), "-m", "pai_zoo_conformance.parallel_worker", *map(str, args)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert proc.returncode == 0, proc.stderr[-4000:]
-
-
 @pytest.mark.parametrize("tp,pp", [(2, 1), (1, 2)])
-def test_checkpoint_saved_by_megatron_with_any_layout_converts_back_bit_identical(hf_folder, tmp_path, tp, pp):
+def test_checkpoint_saved_by_megatron_with_any_layout_converts_back_bit_identical(hf_folder, tmp_path, tp, pp,
+                                                                                  pai_zoo_workers):
     convert(hf_folder, tmp_path / "m", "mcore", tp=tp, pp=pp)
-    ids = tmp_path / "ids.pt"
-    torch.save(torch.tensor([[1, 2, 3]]), ids)
-    # megatron-core's own dist_checkpointing.save from a tp x pp sharded model, as training writes it
-    _torchrun("--checkpoint", tmp_path / "m", "--tp", tp, "--pp", pp, "--ids", ids, "--out", tmp_path / "o.pt",
-              "--save", tmp_path / "saved")
+    # megatron-core's own dist_checkpointing.save from a tp x pp sharded model (2 gloo ranks), as training writes it
+    pai_zoo_workers.run(layout_logits, str(tmp_path / "m"), [(tp, pp)], torch.tensor([[1, 2, 3]]),
+                        save=str(tmp_path / "saved"))
     reader = dist_ckpt.DistCheckpointReader(tmp_path / "saved" / "release")
     chunks = reader.metadata.state_dict_metadata["decoder.layers.self_attention.linear_qkv.weight"].chunks
     assert len(chunks) == 2 * tp  # one chunk per layer and tensor-parallel rank

@@ -4,16 +4,12 @@ and a final norm that survives pipeline parallelism (``pai_zoo.mcore.specs.block
 transformers' GemmaForCausalLM, which has the first two (tests/gemma_like.py)."""
 from __future__ import annotations
 
-import json
+import importlib.util
 import math
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-
-from pai_zoo.testing.torchrun import torchrun
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -122,14 +118,13 @@ def test_block_spec_lists_every_layer_and_a_layer_spec_is_left_alone():
         stage_spec(spec, config, None)
 
 
-def test_block_spec_final_norm_under_pipeline_parallelism(tmp_path):
+def test_block_spec_final_norm_under_pipeline_parallelism(pai_zoo_workers):
     """pp=2: each stage builds its own two of the four layers (numbered 3, 4 on the second) and only the last
     has the final norm; the logits equal transformers'."""
-    out = tmp_path / "out.json"
-    cmd = [*torchrun(2), str(HERE / "block_spec_pp_worker.py"), str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    result = json.loads(out.read_text())
+    spec = importlib.util.spec_from_file_location("block_spec_pp_worker", HERE / "block_spec_pp_worker.py")
+    worker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(worker)
+    result = pai_zoo_workers.run(worker.stages)[0]
     assert result["stages"] == [{"layers": [1, 2], "final_norm": None},
                                 {"layers": [3, 4], "final_norm": "ZeroCenteredNorm"}]
     assert result["delta"] <= 1e-4

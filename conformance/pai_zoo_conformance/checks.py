@@ -12,9 +12,9 @@ from typing import Any
 from pai_zoo.errors import MappingError
 from pai_zoo.family import Family
 from pai_zoo.mapping import TO_HF, TO_MCORE, MappingContext
-from pai_zoo.testing.torchrun import torchrun
 
-from .parallel_worker import layout_file
+from .parallel_worker import layout_logits
+from .workers import WorkerError, shared_workers
 
 #: Mixed text for the tokenizer check: ASCII, CJK, emoji, whitespace runs, leading space.
 MIXED_TEXT = (
@@ -455,41 +455,35 @@ def _read_json(path: Path) -> dict:
     return json.loads(Path(path).read_text())
 
 
-def check_parallel_equivalence(case: Case, folder: Path, layouts=PARALLEL_LAYOUTS, atol: float = PARALLEL_ATOL) -> dict:
-    """Logits of the model loaded with each ``(tp, pp)`` layout (2 gloo processes under
-    torchrun) equal the single-process logits within ``atol``. Returns max |delta| per layout."""
-    import os
-    import subprocess
-
+def check_parallel_equivalence(case: Case, folder: Path, layouts=PARALLEL_LAYOUTS, atol: float = PARALLEL_ATOL,
+                               workers=None) -> dict:
+    """Logits of the model loaded with each ``(tp, pp)`` layout (by the 2 gloo ranks of ``workers``, default the
+    session's :func:`~pai_zoo_conformance.workers.shared_workers`) equal the single-process logits within ``atol``.
+    Returns max |delta| per layout."""
     import torch
 
     import pai_zoo
     from pai_zoo.conversion import convert
 
+    workers = workers or shared_workers()
     folder = Path(folder)
+    names = ", ".join(f"tp={tp} pp={pp}" for tp, pp in layouts)
+    too_big = [f"tp={tp} pp={pp}" for tp, pp in layouts if workers.nproc % (tp * pp)]
+    if too_big:
+        _fail("parallel", f"{', '.join(too_big)}: does not divide the {workers.nproc} worker ranks")
     case.hf_model.save_pretrained(folder / "hf")
     tp_max = max(tp for tp, _ in layouts)
     convert(folder / "hf", folder / "mcore", "mcore", tp=tp_max)
     gen = torch.Generator().manual_seed(99)
     ids = torch.randint(0, case.mcore_config["vocab_size"], (2, 12), generator=gen)
-    torch.save(ids, folder / "ids.pt")
     reference = pai_zoo.load(folder / "mcore", backend="mcore").logits(ids)
+    try:
+        logits = workers.run(layout_logits, str(folder / "mcore"), list(layouts), ids)[0]
+    except WorkerError as exc:
+        _fail("parallel", f"{names}: {exc}")
     deltas = {}
-    by_world: dict[int, list[tuple[int, int]]] = {}  # one torchrun launch per world size, its layouts in turn
     for tp, pp in layouts:
-        by_world.setdefault(tp * pp, []).append((tp, pp))
-    for world, group in by_world.items():
-        command = [*torchrun(world), "-m", "pai_zoo_conformance.parallel_worker", "--checkpoint", str(folder / "mcore"),
-                   "--layouts", ",".join(f"{tp}x{pp}" for tp, pp in group), "--ids", str(folder / "ids.pt"),
-                   "--out", str(folder)]
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
-        if proc.returncode != 0:
-            names = ", ".join(f"tp={tp} pp={pp}" for tp, pp in group)
-            _fail("parallel", f"{names}: torchrun failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
-    for tp, pp in layouts:
-        out = folder / layout_file(tp, pp)
-        got = torch.load(out)
+        got = logits[(tp, pp)]
         if got.shape != reference.shape:
             _fail("parallel", f"tp={tp} pp={pp}: logits shape {tuple(got.shape)} != {tuple(reference.shape)}")
         delta = (got - reference).abs().max().item()

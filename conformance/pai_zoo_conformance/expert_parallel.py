@@ -1,32 +1,31 @@
 """The expert-parallel check of the conformance suite, for families whose models have routed experts: a
-checkpoint converted with ``convert --ep 2`` and loaded by 2 gloo processes (each holding half the experts,
-megatron-core's alltoall dispatcher moving the tokens) gives the one-process logits."""
+checkpoint converted with ``convert --ep 2`` and loaded by the 2 gloo ranks of the worker group (each holding half
+the experts, megatron-core's alltoall dispatcher moving the tokens) gives the one-process logits."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from pai_zoo.testing.torchrun import torchrun
-
 from .checks import PARALLEL_ATOL, Case, _fail
+from .expert_worker import expert_logits
+from .workers import WorkerError, shared_workers
 
 
-def expert_parallel_logits(checkpoint, ids_file, out, ep: int = 2, swap: bool = False, save=None):
-    """Rank 0's logits of the token ids in ``ids_file`` from ``checkpoint`` loaded by ``ep`` processes
-    (:mod:`pai_zoo_conformance.expert_worker`; ``swap``: the last rank's first two experts swapped, ``save``: the
-    folder the EP run saves its model into). A failed run is a ``ConformanceFailure`` with its stderr."""
-    import os
-    import subprocess
-
+def expert_parallel_logits(checkpoint, ids_file, ep: int = 2, swap: bool = False, save=None, workers=None):
+    """Rank 0's logits of the token ids in ``ids_file`` from ``checkpoint`` loaded by the ``ep`` ranks of
+    ``workers`` (default the session's :func:`~pai_zoo_conformance.workers.shared_workers`;
+    :func:`pai_zoo_conformance.expert_worker.expert_logits`: ``swap``, the last rank's first two experts swapped;
+    ``save``, the folder the EP run saves its model into). A failed run is a ``ConformanceFailure`` with the
+    rank's traceback."""
     import torch
 
-    command = [*torchrun(ep), "-m", "pai_zoo_conformance.expert_worker",
-               "--checkpoint", str(checkpoint), "--ep", str(ep), "--ids", str(ids_file), "--out", str(out)]
-    command += (["--swap-experts"] if swap else []) + (["--save", str(save)] if save else [])
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=600, env={**os.environ,
-                                                                                       "OMP_NUM_THREADS": "1"})
-    if proc.returncode != 0:
-        _fail("expert parallel", f"ep={ep}: torchrun failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
-    return torch.load(out)
+    workers = workers or shared_workers()
+    if workers.nproc != ep:
+        _fail("expert parallel", f"ep={ep} needs {ep} ranks; the worker group has {workers.nproc}")
+    try:
+        return workers.run(expert_logits, str(checkpoint), torch.load(ids_file), ep, swap,
+                           str(save) if save else None)[0]
+    except WorkerError as exc:
+        _fail("expert parallel", f"ep={ep}: {exc}")
 
 
 def check_expert_parallel_equivalence(case: Case, folder: Path, ep: int = 2, atol: float = PARALLEL_ATOL) -> float:
@@ -47,7 +46,7 @@ def check_expert_parallel_equivalence(case: Case, folder: Path, ep: int = 2, ato
     ids = torch.randint(0, vocab, (2, 12), generator=torch.Generator().manual_seed(98))
     torch.save(ids, folder / "ids.pt")
     reference = pai_zoo.load(folder / "mcore", backend="mcore").logits(ids)
-    got = expert_parallel_logits(folder / "mcore", folder / "ids.pt", folder / f"logits-ep{ep}.pt", ep)[..., :vocab]
+    got = expert_parallel_logits(folder / "mcore", folder / "ids.pt", ep)[..., :vocab]
     if got.shape != reference.shape:
         _fail("expert parallel", f"ep={ep}: logits shape {tuple(got.shape)} != {tuple(reference.shape)}")
     delta = (got - reference).abs().max().item()

@@ -1,10 +1,33 @@
-"""Run under ``torchrun``: load a Megatron-Core checkpoint with a tensor/pipeline-parallel layout,
-save the logits of given token ids (from rank 0) and, with ``--save``, write the model back with
-megatron-core's own ``dist_checkpointing.save`` (sharded as a training run with that layout
-would). Used by the parallel checks of the conformance suite and the conversion tests."""
+"""On every rank of a worker group (:mod:`pai_zoo_conformance.workers`): load a Megatron-Core checkpoint with
+tensor/pipeline-parallel layouts, return the logits of given token ids (rank 0's) and, with ``save``, write the
+model back with megatron-core's own ``dist_checkpointing.save`` (sharded as a training run with that layout would).
+Used by the parallel checks of the conformance suite and the conversion tests. Under ``torchrun``, ``python -m
+pai_zoo_conformance.parallel_worker`` does the same from the command line."""
 from __future__ import annotations
 
 import argparse
+
+
+def layout_logits(checkpoint, layouts, ids, save=None) -> dict | None:
+    """Load ``checkpoint`` with each ``(tp, pp)`` of ``layouts`` in turn (in this process group) and take the logits
+    of ``ids`` (a LongTensor [batch, seq]); with ``save``, write the last layout's model there. Returns
+    ``{(tp, pp): logits}`` on rank 0, None on the other ranks."""
+    import torch
+    from megatron.core import parallel_state
+
+    import pai_zoo
+
+    torch.set_num_threads(1)
+    logits = {}
+    for tp, pp in layouts:
+        if parallel_state.model_parallel_is_initialized():
+            parallel_state.destroy_model_parallel()  # the next layout's groups, in the same process group
+        handle = pai_zoo.load(checkpoint, backend="mcore", tensor_parallel_size=tp, pipeline_parallel_size=pp)
+        logits[(tp, pp)] = handle.logits(ids)
+    if save:
+        _save_like_megatron(handle.model, checkpoint, save)
+    torch.distributed.barrier()
+    return logits if torch.distributed.get_rank() == 0 else None
 
 
 def main(argv=None) -> None:
@@ -12,41 +35,18 @@ def main(argv=None) -> None:
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--tp", type=int, default=1)
     parser.add_argument("--pp", type=int, default=1)
-    parser.add_argument("--layouts", help="several TPxPP layouts, comma-separated (e.g. 2x1,1x2), one after the "
-                                          "other in this launch; --out is then a folder of logits-tpT-ppP.pt")
     parser.add_argument("--ids", required=True, help="torch.save'd LongTensor [batch, seq]")
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out", required=True, help="where rank 0 saves the logits")
     parser.add_argument("--save", help="write the loaded model here with megatron-core's dist_checkpointing.save")
     args = parser.parse_args(argv)
 
     import torch
-    from megatron.core import parallel_state
 
-    import pai_zoo
-
-    torch.set_num_threads(1)
-    ids = torch.load(args.ids)
-    if args.layouts:
-        layouts = [tuple(int(n) for n in layout.split("x")) for layout in args.layouts.split(",")]
-        outs = [f"{args.out}/{layout_file(tp, pp)}" for tp, pp in layouts]
-    else:
-        layouts, outs = [(args.tp, args.pp)], [args.out]
-    for (tp, pp), out in zip(layouts, outs):
-        if parallel_state.model_parallel_is_initialized():
-            parallel_state.destroy_model_parallel()  # the next layout's groups, in the same process group
-        handle = pai_zoo.load(args.checkpoint, backend="mcore", tensor_parallel_size=tp, pipeline_parallel_size=pp)
-        logits = handle.logits(ids)
-        if torch.distributed.get_rank() == 0:
-            torch.save(logits, out)
-    if args.save:
-        _save_like_megatron(handle.model, args.checkpoint, args.save)
-    torch.distributed.barrier()
+    torch.distributed.init_process_group("gloo")
+    logits = layout_logits(args.checkpoint, [(args.tp, args.pp)], torch.load(args.ids), args.save)
+    if logits is not None:
+        torch.save(logits[(args.tp, args.pp)], args.out)
     torch.distributed.destroy_process_group()
-
-
-def layout_file(tp: int, pp: int) -> str:
-    """The file ``--layouts`` writes one layout's logits to."""
-    return f"logits-tp{tp}-pp{pp}.pt"
 
 
 def _save_like_megatron(model, source, target) -> None:

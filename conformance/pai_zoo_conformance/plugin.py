@@ -5,6 +5,9 @@ Every run of a :class:`~pai_zoo_conformance.ConformanceSuite` test is recorded: 
 session each family's outcomes (check -> passed / failed / skipped) go to
 ``$PAI_ZOO_CACHE/conformance/FAMILY.json`` (:mod:`pai_zoo.conformance_record`), which
 ``pai-zoo info FAMILY`` shows.
+
+The session-scoped fixture ``pai_zoo_workers`` is the session's :class:`~pai_zoo_conformance.workers.WorkerGroup`
+of 2 gloo ranks, started once and shared by every multi-process check (the suite's own and a plugin's tests).
 """
 from __future__ import annotations
 
@@ -19,6 +22,16 @@ def pytest_addoption(parser):
         "--pai-zoo-family", action="append", default=[], metavar="NAME",
         help="run the pai-zoo conformance suite on this installed family (repeatable)",
     )
+
+
+@pytest.fixture(scope="session")
+def pai_zoo_workers():
+    """The session's 2 worker ranks (:func:`pai_zoo_conformance.workers.shared_workers`), stopped at its end."""
+    from .workers import shared_workers
+
+    workers = shared_workers()
+    yield workers
+    workers.close()
 
 
 def pytest_generate_tests(metafunc):
