@@ -1,11 +1,8 @@
 """On every rank of a worker group (:mod:`pai_zoo_conformance.workers`): load a Megatron-Core checkpoint with
 tensor/pipeline-parallel layouts, return the logits of given token ids (rank 0's) and, with ``save``, write the
 model back with megatron-core's own ``dist_checkpointing.save`` (sharded as a training run with that layout would).
-Used by the parallel checks of the conformance suite and the conversion tests. Under ``torchrun``, ``python -m
-pai_zoo_conformance.parallel_worker`` does the same from the command line."""
+Used by the parallel checks of the conformance suite and the conversion tests."""
 from __future__ import annotations
-
-import argparse
 
 
 def layout_logits(checkpoint, layouts, ids, save=None) -> dict | None:
@@ -30,25 +27,6 @@ def layout_logits(checkpoint, layouts, ids, save=None) -> dict | None:
     return logits if torch.distributed.get_rank() == 0 else None
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--checkpoint", required=True)
-    parser.add_argument("--tp", type=int, default=1)
-    parser.add_argument("--pp", type=int, default=1)
-    parser.add_argument("--ids", required=True, help="torch.save'd LongTensor [batch, seq]")
-    parser.add_argument("--out", required=True, help="where rank 0 saves the logits")
-    parser.add_argument("--save", help="write the loaded model here with megatron-core's dist_checkpointing.save")
-    args = parser.parse_args(argv)
-
-    import torch
-
-    torch.distributed.init_process_group("gloo")
-    logits = layout_logits(args.checkpoint, [(args.tp, args.pp)], torch.load(args.ids), args.save)
-    if logits is not None:
-        torch.save(logits[(args.tp, args.pp)], args.out)
-    torch.distributed.destroy_process_group()
-
-
 def _save_like_megatron(model, source, target) -> None:
     import shutil
     from pathlib import Path
@@ -67,6 +45,3 @@ def _save_like_megatron(model, source, target) -> None:
     torch.distributed.barrier()
     dist_checkpointing.save(model.sharded_state_dict(), str(target / dist_ckpt.RELEASE))
 
-
-if __name__ == "__main__":
-    main()
