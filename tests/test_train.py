@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from pai_zoo.testing.torchrun import torchrun
 from pai_zoo.training.config import TrainConfig, TrainConfigError
+from pai_zoo_conformance.cli_runs import run_cli, run_cli_on_ranks
 
 REPO = Path(__file__).resolve().parents[1]
 #: Loss-curve tolerance of a TP/PP/DP run against one process (float32, 8 Adam steps).
@@ -333,15 +333,19 @@ def train_args(setup, save, *extra):
             "--min-lr", "3e-4", "--save-interval", "2", "--no-progress", *extra]
 
 
-def run(args, *, launcher=(), nproc=1, wrapper=None, check=True, timeout=600):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    if nproc > 1:
-        head = [*torchrun(nproc), "-m", "pai_zoo.cli", "train"]
-    elif wrapper is not None:
+def run(args, *, nproc=1, wrapper=None, check=True, timeout=600):
+    """``pai-zoo train ARGS``: in this process (on one thread, as ``OMP_NUM_THREADS=1`` runs it), on the 2 ranks of the
+    session's worker group (``nproc=2``, as under torchrun), or, where the process is what is tested, in a
+    subprocess that ``tests/train_interrupt.py`` signals or kills at a chosen moment (``wrapper``)."""
+    if wrapper is not None:
         head = [sys.executable, str(REPO / "tests" / "train_interrupt.py"), *wrapper, "--"]
+        proc = subprocess.run([*head, *args], capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+    elif nproc == 2:
+        proc = run_cli_on_ranks(["train", *args], timeout=timeout)
     else:
-        head = [sys.executable, "-m", "pai_zoo.cli", "train"]
-    proc = subprocess.run([*head, *args], capture_output=True, text=True, timeout=timeout, env=env)
+        assert nproc == 1, nproc
+        proc = run_cli(["train", *args])
     if check and proc.returncode != 0:
         raise AssertionError(f"train failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
     return proc

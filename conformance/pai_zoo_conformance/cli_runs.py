@@ -1,0 +1,51 @@
+"""``pai-zoo ARGV`` run inside the calling process, or on each rank of the worker group, with its output captured.
+
+A test of what a command does (the files it writes, the lines it prints, its exit code) need not pay for a fresh
+Python that imports torch, megatron-core and transformers again: :func:`run_cli` calls the CLI's ``main()`` here and
+answers as ``subprocess.run(..., capture_output=True, text=True)`` would. Tests of the process itself (signals,
+SIGKILL, torchrun, the console script) still start one. :func:`run_cli_on_ranks` is the multi-process form: the
+command runs on every rank of the session's :class:`~pai_zoo_conformance.workers.WorkerGroup`, as under
+``torchrun --nproc-per-node 2``.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import subprocess
+
+#: torch's intra-op threads for a run: what ``OMP_NUM_THREADS=1`` gives a subprocess, so that a run's floats do not
+#: depend on the machine's cores, and a run here equals the same run in a subprocess bit for bit.
+THREADS = 1
+
+
+def run_cli(argv: list[str], threads: int = THREADS) -> subprocess.CompletedProcess:
+    """``pai-zoo ARGV`` in this process on ``threads`` torch threads: its exit code (argparse's ``SystemExit``
+    included) and what it wrote to ``sys.stdout`` and ``sys.stderr``."""
+    import torch
+
+    from pai_zoo.cli import main
+
+    argv = [str(a) for a in argv]
+    out, err = io.StringIO(), io.StringIO()
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(argv)
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        torch.set_num_threads(before)
+    return subprocess.CompletedProcess(["pai-zoo", *argv], code, out.getvalue(), err.getvalue())
+
+
+def run_cli_on_ranks(argv: list[str], workers=None, timeout: float | None = None) -> subprocess.CompletedProcess:
+    """``pai-zoo ARGV`` on every rank of ``workers`` (default: the session's group): the first non-zero exit code
+    (else 0) and the ranks' output one after the other, as ``torchrun`` would merge it."""
+    from .workers import shared_workers
+
+    ranks = (workers or shared_workers()).run(run_cli, argv, timeout=timeout)
+    code = next((r.returncode for r in ranks if r.returncode), 0)
+    return subprocess.CompletedProcess(["torchrun", "pai-zoo", *map(str, argv)], code,
+                                       "".join(r.stdout for r in ranks), "".join(r.stderr for r in ranks))
