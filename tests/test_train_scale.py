@@ -8,12 +8,12 @@ The model has unusual shapes: 6 heads of head_dim 16 over a hidden size of 72 (h
 key/value groups (GQA ratio 3), a vocabulary of 300 (not a multiple of 128), 4 layers (PP 2 x VPP 2)."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -22,6 +22,7 @@ import torch
 
 from pai_zoo.testing.torchrun import torchrun
 from pai_zoo.training.config import TrainConfig, TrainConfigError
+from pai_zoo_conformance.cli_runs import run_cli, run_cli_on_ranks
 
 REPO = Path(__file__).resolve().parents[1]
 #: the issue's tolerance for a loss series against one process (float32, 8 Adam steps)
@@ -85,16 +86,13 @@ def _launch(*args) -> list[str]:
     return [*torchrun(2), *args]
 
 
-def run(command, check=True):
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=600, env=_env())
+def train(values: dict, nproc: int = 1, check=True):
+    """``pai-zoo train`` in this process, or on the session's 2 worker ranks (``nproc=2``, as under torchrun)."""
+    argv = ["train", *flags(values)]
+    proc = run_cli_on_ranks(argv, timeout=600) if nproc == 2 else run_cli(argv)
     if check and proc.returncode != 0:
         raise AssertionError(f"failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
     return proc
-
-
-def train(values: dict, nproc: int = 1, check=True):
-    head = _launch("-m", "pai_zoo.cli") if nproc > 1 else [sys.executable, "-m", "pai_zoo.cli"]
-    return run([*head, "train", *flags(values)], check=check)
 
 
 def losses(save) -> list[float]:
@@ -114,12 +112,16 @@ def baseline(setup):
 
 
 @pytest.fixture(scope="module")
-def scaled(setup):
-    """Every case of :data:`CASES` in one 2-process torchrun launch (tests/train_scale_worker.py)."""
+def scaled(setup, pai_zoo_workers):
+    """Every case of :data:`CASES`, one after the other on the session's 2 worker ranks
+    (tests/train_scale_worker.py)."""
     cases = {name: settings(setup, setup / name, **extra) for name, extra in CASES.items()}
     file = setup / "cases.json"
     file.write_text(json.dumps(cases))
-    run(_launch(str(REPO / "tests" / "train_scale_worker.py"), str(file)))
+    spec = importlib.util.spec_from_file_location("train_scale_worker", REPO / "tests" / "train_scale_worker.py")
+    worker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(worker)
+    pai_zoo_workers.run(worker.train_cases, str(file), timeout=900)
     return {name: setup / name for name in CASES}
 
 
