@@ -41,14 +41,24 @@ setup: $(STAMP)
 demo: $(STAMP)
 	$(PY) -m pai_zoo.demo
 
-# Lint (ruff, configured in pyproject.toml), then the suite, in one venv ($(VENV) on $(PYTHON)). pytest's last
-# lines say where the time went: the ten slowest tests, then the pass's total.
+# Lint (ruff, configured in pyproject.toml), then the suite, in one venv ($(VENV) on $(PYTHON)), on one torch thread
+# per process (OMP_NUM_THREADS=1: the floats do not depend on the machine's cores). The tests marked no_megatron
+# (they never import megatron-core, which --pai-zoo-megatron-free checks by forbidding it) run first, then the rest;
+# MEGATRON_ONLY=1 runs the rest alone: the second megatron-core version's pass. pytest's last lines say where the
+# time went: the ten slowest tests, then the total.
+MEGATRON_ONLY ?=
 test-one: $(STAMP)
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q --durations=10 $(PYTEST_ARGS)
+	@export OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1}; rc=0; \
+	$(if $(MEGATRON_ONLY),,echo "== the tests that never import megatron-core (once) =="; \
+	  $(PY) -m pytest -q --durations=10 --pai-zoo-megatron-free $(PYTEST_ARGS) || rc=1;) \
+	echo "== the tests of megatron-core $$($(PY) -c 'import importlib.metadata as m; print(m.version("megatron-core"))') =="; \
+	$(PY) -m pytest -q --durations=10 --pai-zoo-megatron-only $(PYTEST_ARGS) || rc=1; \
+	exit $$rc
 
 # The two passes run at the same time (the 0.19 pass's output is printed when it ends): on 2 cores that takes
-# about as long as the slower pass alone, where one after the other took the sum.
+# about as long as the slower pass alone, where one after the other took the sum. The tests that never import
+# megatron-core run in the first pass only.
 test:
 	@py312="$(call find_python312)"; \
 	if [ -z "$$py312" ]; then \
@@ -57,7 +67,7 @@ test:
 	fi; \
 	log=$$(mktemp); \
 	echo "make test: megatron-core 0.19 pass on $$py312 in $(VENV312), alongside the first (output at the end)"; \
-	$(MAKE) --no-print-directory test-one PYTHON="$$py312" VENV=$(VENV312) >"$$log" 2>&1 & pid=$$!; \
+	$(MAKE) --no-print-directory test-one PYTHON="$$py312" VENV=$(VENV312) MEGATRON_ONLY=1 >"$$log" 2>&1 & pid=$$!; \
 	$(MAKE) --no-print-directory test-one; rc1=$$?; \
 	wait $$pid; rc2=$$?; \
 	echo "== make test: the megatron-core 0.19 pass ($(VENV312)) =="; cat "$$log"; rm -f "$$log"; \

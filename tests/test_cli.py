@@ -22,7 +22,7 @@ from pai_zoo.registry import PLUGINS_ENV, Registry, get_registry, reset_registry
 from pai_zoo_llama import CONFIG, weights
 
 # every test sees the registry of the really installed plugins, built afresh (tests/conftest.py)
-pytestmark = pytest.mark.usefixtures("fresh_registry")
+pytestmark = [pytest.mark.usefixtures("fresh_registry"), pytest.mark.no_megatron]
 
 
 def _env(pythonpath: Path | None = None) -> dict:
@@ -213,6 +213,7 @@ def test_python_dash_m_entry():
     assert any(line.split()[:2] == ["llama", "pai-zoo-llama"] for line in proc.stdout.splitlines())
 
 
+@pytest.mark.megatron
 def test_conformance_runs_the_suite_on_an_installed_family(run_script):
     proc = run_script("conformance", "mistral", "-p", "no:warnings")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -257,6 +258,7 @@ def test_family_rejects_a_bad_version_specifier_or_backend():
         _toy_family(backends=("te",))
 
 
+@pytest.mark.megatron
 def test_building_under_an_unsupported_megatron_core_fails_clearly():
     from pai_zoo import PaiZooError
     from pai_zoo.mcore.build import build_gpt_model

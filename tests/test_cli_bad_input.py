@@ -17,7 +17,7 @@ import pytest
 from pai_zoo.cli import main
 from pai_zoo.data.indexed import IndexedDatasetWriter
 
-pytestmark = pytest.mark.usefixtures("fresh_registry")  # tests/conftest.py
+pytestmark = [pytest.mark.usefixtures("fresh_registry"), pytest.mark.no_megatron]  # tests/conftest.py
 
 
 @pytest.fixture
@@ -178,6 +178,7 @@ CASES = {
 }
 
 
+@pytest.mark.megatron
 @pytest.mark.parametrize("case", list(CASES))
 def test_bad_input(case, files, capsys):
     argv, expected, named, outputs = CASES[case]

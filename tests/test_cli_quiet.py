@@ -11,7 +11,7 @@ import pytest
 import pai_zoo
 from pai_zoo.util.quiet import quiet_run
 
-pytestmark = pytest.mark.usefixtures("fresh_registry")
+pytestmark = [pytest.mark.usefixtures("fresh_registry"), pytest.mark.no_megatron]
 
 
 def test_quiet_run_hides_future_warnings_and_progress_bars_and_restores_both():
@@ -53,6 +53,7 @@ def mcore_folder(tmp_path_factory):
     return root / "mcore"
 
 
+@pytest.mark.megatron
 def test_convert_verify_is_quiet_unless_verbose(mcore_folder, tmp_path, pai_zoo_script):
     quiet = subprocess.run([pai_zoo_script, "convert", str(mcore_folder), str(tmp_path / "a"), "--to", "hf",
                             "--verify"], capture_output=True, text=True, timeout=600)

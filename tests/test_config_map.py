@@ -4,6 +4,8 @@ import pytest
 from pai_zoo import ConfigMap, ConfigTranslationError, Field, Fixed, McoreConfig, Require, Rope
 from pai_zoo.config_map import sliding_window
 
+pytestmark = pytest.mark.no_megatron  # runs once (pai_zoo_conformance.megatron_free)
+
 TABLE = ConfigMap(
     Field("hidden_size", "hidden_size"),
     Field("num_key_value_heads", "num_query_groups"),
@@ -178,6 +180,7 @@ def test_fixed_if_present_keeps_presence_and_refuses_other_values():
         table.to_mcore("fam", {"hidden_size": 64, "scale_embeddings": True})
 
 
+@pytest.mark.megatron
 def test_family_keys_reach_neither_transformer_config_nor_gpt_model():
     from pai_zoo.mcore.build import transformer_config
 

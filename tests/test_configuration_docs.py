@@ -12,6 +12,8 @@ from pai_zoo.cli import _docs
 from pai_zoo.generation import SamplingParams
 from pai_zoo.training.config import SETTINGS, TrainConfig, aliases
 
+pytestmark = pytest.mark.no_megatron  # runs once (pai_zoo_conformance.megatron_free)
+
 DOC = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 
 

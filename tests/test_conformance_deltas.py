@@ -8,6 +8,10 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
+pytestmark = pytest.mark.no_megatron  # runs once (pai_zoo_conformance.megatron_free)
+
 
 def test_record_keeps_the_deltas_and_info_shows_them(capsys, monkeypatch, tmp_path):
     from pai_zoo import conformance_record
@@ -29,6 +33,7 @@ def test_record_keeps_the_deltas_and_info_shows_them(capsys, monkeypatch, tmp_pa
     assert "max |delta|: forward 3.1e-06\n" in out and "max |delta|: tp=2 pp=1 1.5e-07, tp=1 pp=2 0\n" in out
 
 
+@pytest.mark.megatron
 def test_a_suite_run_records_forward_and_round_trip_deltas(tmp_path):
     tests = tmp_path / "test_suite.py"
     tests.write_text(textwrap.dedent("""

@@ -14,7 +14,7 @@ from pai_zoo.errors import DataError, NoSuchPathError
 from pai_zoo.training.config import TrainConfig
 from pai_zoo.training.data import check_data, resolved_prefixes
 
-pytestmark = pytest.mark.usefixtures("fresh_registry")  # tests/conftest.py
+pytestmark = [pytest.mark.usefixtures("fresh_registry"), pytest.mark.no_megatron]  # tests/conftest.py
 
 
 def _write(prefix: Path, documents=([1, 2, 3], [4, 5])) -> Path:
@@ -130,6 +130,7 @@ def test_dataset_inspect_of_a_missing_prefix_is_one_line_with_the_pairs(data, ca
                         "them as dataset (PREFIX or PREFIX_text_document)")
 
 
+@pytest.mark.megatron
 def test_the_dataset_builders_read_either_form(data, tmp_path):
     from pai_zoo.training.data import build_pretraining_datasets, build_sft_datasets
 

@@ -14,6 +14,8 @@ from pai_zoo.data.sources import BadRecord
 from pai_zoo.errors import PaiZooError
 from pai_zoo.tokenizers import load_tokenizer
 
+pytestmark = pytest.mark.no_megatron  # runs once (pai_zoo_conformance.megatron_free)
+
 PAI_ZOO = str(Path(sys.executable).parent / "pai-zoo")
 WORDS = "the of and to in is was for on that with as by at from his an were are which this be or has".split()
 
@@ -58,6 +60,7 @@ def megatron_read(prefix: str) -> list[list[int]]:
     return [ds[i].tolist() for i in range(len(ds))], ds.document_indices.tolist()
 
 
+@pytest.mark.megatron
 def test_jsonl_gz_zst_and_text_read_back_by_megatron(tmp_path, bpe):
     import zstandard
 
@@ -86,6 +89,7 @@ def test_output_is_identical_whatever_the_number_of_workers(tmp_path, bpe):
         assert one == Path(output_prefix(tmp_path / "two", "text") + suffix).read_bytes()
 
 
+@pytest.mark.megatron
 def test_several_json_keys_and_globs(tmp_path, bpe):
     for i in range(3):
         with open(tmp_path / f"part{i}.jsonl", "w") as f:
@@ -99,6 +103,7 @@ def test_several_json_keys_and_globs(tmp_path, bpe):
     assert titles == [tok.encode(d[:10]) for _ in range(3) for d in documents(5)]
 
 
+@pytest.mark.megatron
 def test_large_vocabulary_uses_int32(tmp_path):
     from tokenizers import Tokenizer, models, pre_tokenizers
 
@@ -145,6 +150,7 @@ def test_bad_record_stops_with_file_and_line_and_writes_nothing(tmp_path, bpe, c
     assert outputs_present(tmp_path / "out") == []
 
 
+@pytest.mark.megatron
 def test_skip_bad_counts_and_skips(tmp_path, bpe):
     src = tmp_path / "bad.jsonl"
     lines = [json.dumps({"text": d}).encode() for d in documents(6)]
@@ -215,6 +221,7 @@ def test_a_worker_that_cannot_load_the_tokenizer_fails_the_run(tmp_path, bpe):
                                          [[("x:1", {"text": "a"})]], 2, module._init_worker, real))
 
 
+@pytest.mark.megatron
 def test_family_tokenizer_and_cli(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     src = write_jsonl(tmp_path / "in.jsonl", ["Hello world", "你好，世界 🙂", "The end."])
@@ -258,6 +265,7 @@ SFT_RECORDS = [
 ] * 7
 
 
+@pytest.mark.megatron
 def test_sft_packs_tokens_and_loss_mask_with_record_boundaries(tmp_path, bpe):
     from pai_zoo.data import sft
     from pai_zoo.data.preprocess import preprocess_sft

@@ -29,6 +29,8 @@ from pai_zoo.data.sft import (
 )
 from pai_zoo.tokenizers import load_tokenizer
 
+pytestmark = pytest.mark.no_megatron  # runs once (pai_zoo_conformance.megatron_free)
+
 REPO = Path(__file__).resolve().parents[1]
 TOKENIZER_FILES = REPO / "plugins" / "pai-zoo-llama" / "pai_zoo_llama" / "tokenizer_files.py"
 WHERE = "data.jsonl:17"

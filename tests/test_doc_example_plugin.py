@@ -23,6 +23,8 @@ import pytest
 
 from pai_zoo_conformance import ConformanceFailure, checks
 
+pytestmark = pytest.mark.no_megatron  # runs once (pai_zoo_conformance.megatron_free)
+
 DOC = Path(__file__).resolve().parents[1] / "docs" / "writing-a-plugin.md"
 
 
@@ -83,6 +85,7 @@ def test_the_written_package_is_the_guide_layout(phi3):
         "tokenizer.json", "tokenizer_config.json"]
 
 
+@pytest.mark.megatron
 def test_the_example_passes_the_quick_checks(phi3, tmp_path):
     family = phi3[1].PHI3
     for preset in family.presets:
@@ -97,6 +100,7 @@ def test_the_example_passes_the_quick_checks(phi3, tmp_path):
     checks.check_generation(case)
 
 
+@pytest.mark.megatron
 def test_the_example_row_is_measured(phi3):
     """The guide's ``FusedQKV`` row matters: a plain ``Copy`` of ``qkv_proj`` (all query heads, then all keys,
     then all values, not megatron's per-group layout) loads the same shapes and fails the forward check."""
@@ -110,6 +114,7 @@ def test_the_example_row_is_measured(phi3):
         checks.check_forward_equivalence(checks.build_case(broken))
 
 
+@pytest.mark.megatron
 def test_the_guide_layer_spec_is_gemma():
     """The guide's ``OffsetRMSNorm`` layer spec (norms and, through ``block_spec``, the final norm) on a
     Gemma-shaped family without the core's zero-centred option matches ``GemmaForCausalLM``."""
@@ -128,6 +133,7 @@ def test_the_guide_layer_spec_is_gemma():
     assert checks.check_forward_equivalence(case) <= 1e-4
 
 
+@pytest.mark.megatron
 def test_the_guide_model_class_scales_the_embeddings():
     """The guide's embedding-level ``model_class`` (a learnt per-channel gain on the embeddings) builds on a
     family and multiplies the embedding output by ``embedding.gain``."""

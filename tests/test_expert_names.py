@@ -10,6 +10,8 @@ import torch
 from pai_zoo.expert_names import grouped_name, sequential_name
 from pai_zoo.registry import get_registry
 
+pytestmark = pytest.mark.no_megatron  # runs once (pai_zoo_conformance.megatron_free)
+
 L = "decoder.layers.3.mlp.experts."
 PAIRS = [
     (L + "local_experts.12.linear_fc1.weight", L + "linear_fc1.weight12"),
@@ -44,6 +46,7 @@ class _GroupedView(torch.nn.Module):
         return {grouped_name(k): v for k, v in self.inner.state_dict(*args, **kwargs).items()}
 
 
+@pytest.mark.megatron
 def test_a_model_with_grouped_expert_names_loads_and_exports_with_the_same_table():
     from pai_zoo.mcore.build import build_gpt_model
     from pai_zoo.weights import hf_model_to_mcore, hf_state_dict, mcore_tensors, mcore_to_hf

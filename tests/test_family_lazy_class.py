@@ -10,6 +10,8 @@ import pytest
 from pai_zoo.errors import PluginError
 from pai_zoo.family import LazyClass
 
+pytestmark = pytest.mark.no_megatron  # runs once (pai_zoo_conformance.megatron_free)
+
 
 def test_lazy_class_imports_on_call_and_ignores_the_model_type():
     from collections import OrderedDict

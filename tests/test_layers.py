@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.no_megatron  # runs once (pai_zoo_conformance.megatron_free)
+
 PACKAGE = Path(__file__).resolve().parents[1] / "pai_zoo"
 
 # Layers, bottom (0) to top (5). A module's layer is that of the longest name here that it equals or lies under.

@@ -5,6 +5,8 @@ import torch
 from pai_zoo import QKV, Copy, GateUp, MappingContext, MappingError, Output, Vocab, WeightMap
 from pai_zoo.mapping import TO_HF, TO_MCORE
 
+pytestmark = pytest.mark.no_megatron  # runs once (pai_zoo_conformance.megatron_free)
+
 
 def ctx(heads=4, groups=2, d=3, layers=2, vocab=10, padded=16, tied=False):
     return MappingContext(layers, heads, groups, d, vocab, padded, tied)

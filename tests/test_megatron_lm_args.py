@@ -19,6 +19,8 @@ from pai_zoo import hf, megatron_args
 from pai_zoo.mcore import megatron_lm_args as mla
 from pai_zoo.registry import get_registry
 
+pytestmark = pytest.mark.no_megatron  # runs once (pai_zoo_conformance.megatron_free)
+
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "megatron-lm-fixtures"
 TOKENIZER_DIR = "/ckpt/hf"
 
@@ -128,6 +130,7 @@ def test_round_trip_through_arch_from_args(preset):
     assert megatron_args.differences(back, config.arch) == []
 
 
+@pytest.mark.megatron
 @pytest.mark.parametrize("preset", ["llama3-tiny", "qwen2-tiny"])
 def test_args_survive_the_safe_unpickle_of_common_pt(preset):
     """What convert --to mcore writes as common.pt ({"args": ..., "checkpoint_version": 3.0, "iteration": 0}) reads
@@ -225,6 +228,7 @@ def test_readme_says_how_to_load(tmp_path):
 _CONVERTER_CHOICES = {"attention_dropout", "hidden_dropout", "tokenizer_model"}
 
 
+@pytest.mark.megatron
 def test_same_names_and_values_as_megatron_lm_writes():
     common = FIXTURES / "llama-dist-tp2" / "iter_0000001" / "common.pt"
     if not common.is_file():
@@ -318,6 +322,7 @@ def test_without_the_flags_a_run_differs():
     assert run["attention_dropout"] == 0.0  # restored (force=True) by the Megatron-LM this list was read from
 
 
+@pytest.mark.megatron
 @pytest.mark.parametrize("preset,tp,pp", [("llama3-tiny", 2, 2), ("qwen2-tiny", 1, 1)])
 def test_convert_to_mcore_writes_them_in_common_pt(preset, tp, pp, tmp_path):
     """End to end: ``pai_zoo.convert(hf, dst, to="mcore")``'s ``release/common.pt`` carries every restored field

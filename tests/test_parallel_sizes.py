@@ -9,7 +9,7 @@ from pai_zoo.cli import main
 from pai_zoo.errors import PaiZooError
 from pai_zoo.mcore.parallel_sizes import check_tp, check_world, torchrun_command, valid_pp_sizes, valid_tp_sizes
 
-pytestmark = pytest.mark.usefixtures("fresh_registry")
+pytestmark = [pytest.mark.usefixtures("fresh_registry"), pytest.mark.no_megatron]
 
 
 @pytest.fixture(autouse=True)
@@ -65,6 +65,7 @@ def hf_and_data(tmp_path_factory):
     return root
 
 
+@pytest.mark.megatron
 def test_convert_invalid_tp_lists_the_valid_ones(hf_and_data, tmp_path, capsys):
     assert main(["convert", str(hf_and_data / "hf"), str(tmp_path / "m"), "--to", "mcore", "--tp", "3"]) == 1
     assert "--tp 3 does not fit the model's 2 key/value head groups (4 attention heads); valid --tp: 1, 2, 4" \
@@ -74,6 +75,7 @@ def test_convert_invalid_tp_lists_the_valid_ones(hf_and_data, tmp_path, capsys):
     assert not (tmp_path / "m").exists()
 
 
+@pytest.mark.megatron
 def test_load_invalid_tp_lists_the_valid_ones():
     with pytest.raises(PaiZooError, match="valid --tp: 1, 2, 4"):
         pai_zoo.load("llama3-tiny", tensor_parallel_size=3)
@@ -85,6 +87,7 @@ def _train(root, save, *extra):
             "--warmup-tokens", "16", "--no-progress", *extra]
 
 
+@pytest.mark.megatron
 def test_train_tp(hf_and_data, tmp_path, capsys):
     assert main(_train(hf_and_data, tmp_path / "a", "--tp", "3")) == 1
     assert "valid --tp: 1, 2, 4" in capsys.readouterr().err

@@ -17,6 +17,8 @@ from pai_zoo.testing.tokenizers import SAMPLE_TEXT, ByteLevelBPE
 from pai_zoo.tokenizers import fast as fast_module
 from pai_zoo.tokenizers.fast import FastEngineMismatch, FastEngineUnavailable, fast_tokenizer
 
+pytestmark = pytest.mark.no_megatron  # runs once (pai_zoo_conformance.megatron_free)
+
 
 def _corpus(specials) -> list[str]:
     """Texts unlike the engine check's own: random words, digits, CJK, emoji, whitespace, special tokens inside."""
@@ -217,6 +219,7 @@ def test_without_gigatoken_auto_is_the_exact_engine_and_fast_says_how_to_install
         preprocess([src], tmp_path / "fast", "tok", engine="fast")
 
 
+@pytest.mark.megatron
 def test_fast_output_is_megatron_builder_bytes_for_every_worker_count_and_compression(tmp_path, qwen2):
     import zstandard
     from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.no_megatron  # runs once (pai_zoo_conformance.megatron_free)
+
 DOC = Path(__file__).resolve().parents[1] / "docs" / "writing-a-plugin.md"
 
 #: Capitalised names in the guide's backticks that are not pai-zoo's: other libraries', Python's, an
@@ -107,6 +109,7 @@ def test_the_guide_mentions_what_this_test_reads():
     assert "OffsetRMSNorm" in defined_by_the_doc()
 
 
+@pytest.mark.megatron
 @pytest.mark.parametrize("module,name", imports())
 def test_every_import_in_the_guide_works_and_is_exported(module, name):
     mod = importlib.import_module(module)
@@ -122,6 +125,7 @@ def test_every_import_in_the_guide_works_and_is_exported(module, name):
     assert _exported(mod, name), f"{module}.{name} is used by the guide but not in {module}.__all__"
 
 
+@pytest.mark.megatron
 @pytest.mark.parametrize("name", dotted())
 def test_every_dotted_name_in_the_guide_resolves(name):
     module, attr = _resolve(name)
@@ -129,6 +133,7 @@ def test_every_dotted_name_in_the_guide_resolves(name):
         assert _exported(module, attr), f"the guide names {name}, which is not in {module.__name__}.__all__"
 
 
+@pytest.mark.megatron
 @pytest.mark.parametrize("name", bare())
 def test_every_bare_name_in_the_guide_is_exported(name):
     """A bare ``Name`` is in ``pai_zoo.__all__``, or in the ``__all__`` of a pai-zoo module the guide names

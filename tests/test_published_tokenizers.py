@@ -18,6 +18,8 @@ from pai_zoo.tokenizers.names import (
     resolve_tokenizer,
 )
 
+pytestmark = pytest.mark.no_megatron  # runs once (pai_zoo_conformance.megatron_free)
+
 TEXTS = ["Hello world", "Hello  world, the quick brown fox.", "def f(x):\n    return x + 12345", "你好，世界 🙂",
          " leading space", "a</s>  b"]
 

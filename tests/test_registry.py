@@ -25,6 +25,8 @@ from pai_zoo.rl import RLTrainer, get_trainer, list_trainers
 from pai_zoo_llama import CONFIG, weights
 from pai_zoo_llama.presets import PRESETS
 
+pytestmark = pytest.mark.no_megatron  # runs once (pai_zoo_conformance.megatron_free)
+
 BIN = Path(sys.executable).parent
 PAI_ZOO = str(BIN / "pai-zoo") if (BIN / "pai-zoo").exists() else shutil.which("pai-zoo")
 

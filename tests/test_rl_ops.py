@@ -9,6 +9,8 @@ import torch
 from pai_zoo.errors import SettingError
 from pai_zoo.rl import ops
 
+pytestmark = pytest.mark.no_megatron  # runs once (pai_zoo_conformance.megatron_free)
+
 
 def close(actual, expected, atol=1e-5):
     torch.testing.assert_close(torch.as_tensor(actual, dtype=torch.float32),

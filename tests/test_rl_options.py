@@ -17,7 +17,7 @@ from pai_zoo.rl.data import read_pairs, read_prompts
 from pai_zoo.rl.ppo import PPOTrainer
 from pai_zoo.rl.reward import RewardTrainer
 
-pytestmark = pytest.mark.usefixtures("fresh_registry")  # tests/conftest.py
+pytestmark = [pytest.mark.usefixtures("fresh_registry"), pytest.mark.no_megatron]  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,8 @@ import pytest
 from pai_zoo.testing.tokenizers import SAMPLE_TEXT, ByteLevelBPE, SentencePieceBPE, TiktokenBPE, write_json
 from pai_zoo.tokenizers import QWEN_PAT_STR, read_tiktoken_ranks
 
+pytestmark = pytest.mark.no_megatron  # runs once (pai_zoo_conformance.megatron_free)
+
 SPECIALS = ("<|endoftext|>", "<a>", "<b>")
 CONFIG = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>", "chat_template": "{{ 1 }}"}
 

@@ -9,6 +9,8 @@ import pytest
 from pai_zoo.training.config import TrainConfig
 from pai_zoo.training.plan import GIB, make_plan, stage_parameters
 
+pytestmark = pytest.mark.no_megatron  # runs once (pai_zoo_conformance.megatron_free)
+
 #: a Qwen2-style model with unusual shapes: QKV biases, 6 heads of head_dim 16 over 72, GQA ratio 3, vocab 300
 ODD = dict(vocab_size=300, num_hidden_layers=4, hidden_size=72, num_attention_heads=6, num_key_value_heads=2,
            head_dim=16, intermediate_size=160)
@@ -23,6 +25,7 @@ def _config(preset: str, **overrides):
     return family, family.to_mcore_config(hf.config_dict(hf.hf_config(family, values)))
 
 
+@pytest.mark.megatron
 @pytest.mark.parametrize("preset", ["qwen2-tiny", "llama3-tiny"])
 def test_counts_equal_megatron_cores_meta_device_build(preset):
     import torch
@@ -51,6 +54,7 @@ def test_the_distributed_optimizer_divides_the_adam_state_and_recompute_the_acti
     assert full.activations < selective.activations < plain.activations == full.activations_no_recompute
 
 
+@pytest.mark.megatron
 def test_cli_plan_prints_the_memory_and_trains_nothing(tmp_path, capsys):
     from pai_zoo.cli import main
 

@@ -11,6 +11,8 @@ from pai_zoo.util import dist
 from pai_zoo.util.cache import cache_dir
 from pai_zoo.util.files import AtomicFiles, atomic_folder, atomic_path, publish, write_text_atomic
 
+pytestmark = pytest.mark.no_megatron  # runs once (pai_zoo_conformance.megatron_free)
+
 
 def test_write_text_atomic_replaces_the_file_and_leaves_no_temporary(tmp_path):
     target = tmp_path / "out.json"

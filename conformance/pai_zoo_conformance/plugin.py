@@ -8,10 +8,15 @@ session each family's outcomes (check -> passed / failed / skipped) go to
 
 The session-scoped fixture ``pai_zoo_workers`` is the session's :class:`~pai_zoo_conformance.workers.WorkerGroup`
 of 2 gloo ranks, started once and shared by every multi-process check (the suite's own and a plugin's tests).
+
+The marker ``no_megatron`` and the options ``--pai-zoo-megatron-free`` / ``--pai-zoo-megatron-only`` run a test
+that never imports megatron-core once rather than once per megatron-core version (:mod:`.megatron_free`).
 """
 from __future__ import annotations
 
 import pytest
+
+from . import megatron_free
 
 _RESULTS = pytest.StashKey[dict]()
 _DELTAS = pytest.StashKey[dict]()
@@ -22,6 +27,23 @@ def pytest_addoption(parser):
         "--pai-zoo-family", action="append", default=[], metavar="NAME",
         help="run the pai-zoo conformance suite on this installed family (repeatable)",
     )
+    megatron_free.addoption(parser)
+
+
+def pytest_configure(config):
+    megatron_free.configure(config)
+
+
+def pytest_ignore_collect(collection_path, config):
+    return megatron_free.ignore_collect(collection_path, config)
+
+
+def pytest_collection_modifyitems(config, items):
+    megatron_free.modify_items(config, items)
+
+
+def pytest_runtest_protocol(item, nextitem):
+    megatron_free.runtest_protocol(item)
 
 
 @pytest.fixture(scope="session")
@@ -81,6 +103,7 @@ def pytest_runtest_makereport(item, call):
 
 
 def pytest_sessionfinish(session):
+    megatron_free.session_finish(session)
     results = session.config.stash.get(_RESULTS, {})
     if not results:
         return

@@ -9,6 +9,8 @@ from pai_zoo.registry import get_registry
 from pai_zoo.testing.tokenizers import SentencePieceBPE
 from pai_zoo_conformance import ConformanceFailure, ConformanceSuite, checks
 
+pytestmark = pytest.mark.no_megatron  # runs once (pai_zoo_conformance.megatron_free)
+
 LLAMA = get_registry().family("llama")  # tiny preset: bos_token_id 1, eos_token_id 2
 CONFIG = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
           "unk_token": "<unk>", "add_bos_token": True, "clean_up_tokenization_spaces": False}

@@ -11,6 +11,8 @@ import pytest
 
 from pai_zoo_conformance.workers import WorkerError, WorkerGroup
 
+pytestmark = pytest.mark.no_megatron  # runs once (pai_zoo_conformance.megatron_free)
+
 
 def rank_sum():
     """Every rank's rank + 1, summed by a real all_reduce."""
@@ -145,6 +147,7 @@ def count_groups_and_threads():
     return len(_world.pg_map), threading.active_count()
 
 
+@pytest.mark.megatron
 def test_the_groups_a_call_makes_go_with_it(pai_zoo_workers):
     """Each call's megatron-core groups (and their gloo threads) are destroyed after it: many calls do not pile
     them up in the ranks."""

@@ -1,0 +1,73 @@
+"""The once-only tests (``no_megatron``, :mod:`pai_zoo_conformance.megatron_free`): a wrongly marked test fails the
+guarded run, wherever it imports megatron-core (behind a broad ``except`` or in a child process), and the two
+selections together hold every test once."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from pai_zoo_conformance.no_megatron_guard import FORBID_ENV, TEST_ENV
+
+MARKED = '''
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.no_megatron
+
+
+def test_free():
+    assert sum([1, 2]) == 3
+
+
+def test_swallowed_import():
+    try:
+        import megatron.core  # noqa: F401
+    except Exception:
+        pass
+
+
+def test_child_import():
+    subprocess.run([sys.executable, "-c", "import megatron.core"], check=False)
+
+
+@pytest.mark.megatron
+def test_needs():
+    import megatron.core  # noqa: F401
+'''
+
+UNMARKED = '''
+import megatron.core  # noqa: F401
+
+
+def test_plain():
+    assert True
+'''
+
+
+def _pytest(folder, *args) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in (FORBID_ENV, TEST_ENV)}
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA", "--rootdir",
+                           str(folder), str(folder), *args], capture_output=True, text=True, timeout=300, env=env,
+                          cwd=folder)
+
+
+def test_a_wrong_mark_fails_and_the_selections_are_complements(tmp_path):
+    (tmp_path / "test_marked.py").write_text(MARKED)
+    (tmp_path / "test_unmarked.py").write_text(UNMARKED)
+    free = _pytest(tmp_path, "--pai-zoo-megatron-free")
+    out = free.stdout
+    assert free.returncode == 1, out
+    assert "PASSED test_marked.py::test_free" in out and "FAILED test_marked.py::test_swallowed_import" in out, out
+    # the child's import does not fail its test (check=False), but it is logged and fails the session
+    assert "PASSED test_marked.py::test_child_import" in out, out
+    assert "test_marked.py::test_child_import: imported megatron" in out, out
+    assert "test_unmarked" not in out, out  # a file without the mark is not even imported
+    only = _pytest(tmp_path, "--pai-zoo-megatron-only")
+    assert only.returncode == 0, only.stdout
+    assert "PASSED test_marked.py::test_needs" in only.stdout and "PASSED test_unmarked.py::test_plain" in only.stdout
+    assert "2 passed, 3 deselected" in only.stdout, only.stdout  # the guarded run's 3, and nothing else
+    both = _pytest(tmp_path, "--pai-zoo-megatron-free", "--pai-zoo-megatron-only")
+    assert both.returncode == 4 and "give one" in both.stderr, both.stderr
