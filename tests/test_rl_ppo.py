@@ -46,24 +46,15 @@ SMALL = {
 }
 
 
-@pytest.fixture
-def two_threads():
-    """torch on 2 CPU threads for the test, whatever $OMP_NUM_THREADS and the machine's cores say: the thread count
-    changes the float rounding of the reductions, so the samples and the whole PPO trajectory."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(before)
-
-
-def test_ppo_raises_the_reward_with_bounded_kl(tmp_path, capsys, two_threads):
+def test_ppo_raises_the_reward_with_bounded_kl(tmp_path, capsys):
+    """On any torch thread count (the thread count changes the reductions' rounding, so the samples and the whole
+    trajectory): a KL target of 4 nats leaves the policy room to reach the target tokens (at 3 the controller's
+    penalty held the reward near 0.38 on one thread), and the KL still exceeds it, so the coefficient rises."""
     data = write_prompts(tmp_path / "prompts.jsonl")
     rc = cli(["rl", "ppo", "--actor", "llama3-tiny", "--reward", f"rule:fraction={TARGET}", "--prompts", str(data),
               "--save", str(tmp_path / "run"), "--steps", "30", "--rollout-batch-size", "16", "--mini-batch-size", "8",
               "--ppo-epochs", "2", "--max-new-tokens", "8", "--actor-lr", "1e-2", "--critic-lr", "1e-3",
-              "--kl-coef", "0.02", "--kl-target", "3.0", "--kl-horizon", "50", "--temperature", "1.0"])
+              "--kl-coef", "0.02", "--kl-target", "4.0", "--kl-horizon", "50", "--temperature", "1.0"])
     assert rc == 0
     out = capsys.readouterr().out
     assert re.search(r"^\[ppo\] step 30/30 \| lr 0.01 \| grad norm [\d.e+-]+ \| [\d,]+ tokens/s \| step time [\d.]+ \| "
@@ -76,13 +67,13 @@ def test_ppo_raises_the_reward_with_bounded_kl(tmp_path, capsys, two_threads):
     rewards = [r["reward"] for r in log]
     first, second_half, last = sum(rewards[:5]) / 5, sum(rewards[15:]) / 15, sum(rewards[-5:]) / 5
     assert first < 0.3  # about 20% of random tokens hit the target set
-    # The reward rises clearly and stays up: about 0.5 over the second half (0.45 to 0.65 on 1 or 2 threads and
-    # other seeds; the last five steps alone swing by 0.1 between them, as the KL controller pulls the policy back).
+    # The reward rises clearly and stays up: 0.55 to 0.65 over the second half on 1 or 2 threads and seeds 0 to 2
+    # (the last five steps alone swing by 0.1 between them, as the KL controller pulls the policy back).
     assert second_half > first + 0.2, (first, second_half, rewards)
     assert last > first + 0.15, (first, last, rewards)
     assert log[0]["kl"] == 0.0  # the policy starts as the reference
-    # KL (nats per 8-token response) stays bounded: about 20 at most, against 8 ln 1000 = 55 for a
-    # policy collapsed onto single tokens; above the target of 3 the controller raises the coefficient
+    # KL (nats per 8-token response) stays bounded: about 22 at most, against 8 ln 1000 = 55 for a
+    # policy collapsed onto single tokens; above the target of 4 the controller raises the coefficient
     assert max(r["kl"] for r in log) < 30.0, [r["kl"] for r in log]
     assert log[-1]["kl_coef"] > 1.5 * log[0]["kl_coef"]
     assert log[-1]["entropy"] < log[0]["entropy"]  # the policy concentrates on the target tokens
