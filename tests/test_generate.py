@@ -5,8 +5,6 @@ template) or from a second, independent run (full recompute, another seed, anoth
 """
 import json
 import math
-import os
-import subprocess
 
 import pytest
 import torch
@@ -17,8 +15,8 @@ from pai_zoo.cli import main
 from pai_zoo.generation import Finisher, GenerationError, SamplingParams, filter_logits, generate
 from pai_zoo.mcore import forward
 from pai_zoo.registry import get_registry
-from pai_zoo.testing.torchrun import torchrun
 from pai_zoo_conformance import checks
+from pai_zoo_conformance.cli_runs import run_cli_on_ranks
 
 LLAMA = get_registry().family("llama")
 CONTEXT = 64  # max_position_embeddings of the test checkpoint
@@ -370,11 +368,8 @@ def test_tensor_parallel_2_generates_the_same_tokens_as_one_process(folder, tmp_
     convert(folder, ckpt, "mcore", tp=2, progress=False)
     prompts = _write(tmp_path / "in.jsonl", [{"prompt": p} for p in PROMPTS])
     out = tmp_path / "out.jsonl"
-    command = [*torchrun(2), "-m", "pai_zoo.cli", "generate", "--model", str(ckpt), "--tp", "2",
-               "--prompts", str(prompts), "--output", str(out), "--max-new-tokens", "10", "--threads", "1"]
-    proc = subprocess.run(
-        command, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"}
-    )
+    proc = run_cli_on_ranks(["generate", "--model", str(ckpt), "--tp", "2", "--prompts", str(prompts), "--output",
+                             str(out), "--max-new-tokens", "10", "--threads", "1"], timeout=300)  # as under torchrun
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     single = generate(pai_zoo.load(ckpt), PROMPTS, max_new_tokens=10)

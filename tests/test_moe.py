@@ -14,7 +14,7 @@ import pytest
 from pai_zoo import ConfigTranslationError, Copy, GateUp, MappingError, WeightMap
 from pai_zoo.mapping import TO_HF, TO_MCORE, MappingContext
 from pai_zoo.registry import get_registry
-from pai_zoo.testing.torchrun import torchrun
+from pai_zoo_conformance.cli_runs import run_cli, run_cli_on_ranks
 
 
 def _ctx(experts: int, layers: int = 2) -> MappingContext:
@@ -475,12 +475,9 @@ def test_greedy_generation_equals_transformers_token_for_token(name):
 
 # -- training with expert parallelism ----------------------------------------------------------------------------
 def test_training_with_expert_parallel_2_repeats_the_one_process_losses(tmp_path):
-    """``pai-zoo train --expert-model-parallel-size 2`` (torchrun, 2 gloo processes, each holding half the experts,
+    """``pai-zoo train --expert-model-parallel-size 2`` (the 2 gloo worker ranks, each holding half the experts,
     data parallel 2 for the rest) from a Hugging Face folder: the same loss curve as one process, within 1e-4."""
     import json
-    import os
-    import subprocess
-    import sys
 
     import pai_zoo
     from pai_zoo.data import toy
@@ -492,15 +489,12 @@ def test_training_with_expert_parallel_2_repeats_the_one_process_losses(tmp_path
     preprocess([corpus], tmp_path / "toy", str(tmp_path / "hf"), append_eod=True, progress=False)
 
     def train(save, *extra, nproc=1):
-        head = [sys.executable, "-m", "pai_zoo.cli"]
-        if nproc > 1:
-            head = [*torchrun(nproc), "-m", "pai_zoo.cli"]
-        command = [*head, "train", "--model", str(tmp_path / "hf"), "--data", str(tmp_path / "toy_text_document"),
-                   "--save", str(save), "--global-batch-size", "4", "--batch-size", "1", "--seq-length", "32",
-                   "--train-iters", "6", "--warmup-iters", "1", "--lr", "3e-3", "--min-lr", "3e-4",
-                   "--save-interval", "6", "--no-progress", *extra]
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=600,
-                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+        """In this process, or on the session's 2 worker ranks (``nproc=2``), as under torchrun."""
+        argv = ["train", "--model", str(tmp_path / "hf"), "--data", str(tmp_path / "toy_text_document"),
+                "--save", str(save), "--global-batch-size", "4", "--batch-size", "1", "--seq-length", "32",
+                "--train-iters", "6", "--warmup-iters", "1", "--lr", "3e-3", "--min-lr", "3e-4",
+                "--save-interval", "6", "--no-progress", *extra]
+        proc = run_cli_on_ranks(argv, timeout=600) if nproc == 2 else run_cli(argv)
         assert proc.returncode == 0, proc.stderr[-4000:]
         return [json.loads(line)["loss"] for line in (save / "metrics.jsonl").read_text().splitlines()]
 

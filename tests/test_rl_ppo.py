@@ -3,10 +3,8 @@ tensor parallelism under torchrun, and the errors that stop a run before trainin
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -16,7 +14,7 @@ from pai_zoo.cli import main as cli
 from pai_zoo.errors import PaiZooError
 from pai_zoo.mcore import dist_ckpt
 from pai_zoo.rl.ppo import PPOTrainer
-from pai_zoo.testing.torchrun import torchrun
+from pai_zoo_conformance.cli_runs import run_cli_on_ranks
 
 TARGET = "10-209"  # the rule rewards the share of response tokens among these 200 of 1000 ids (20% at random)
 
@@ -133,14 +131,13 @@ def test_checkpoints_convert_to_hf(tmp_path):
     assert config["architectures"] == ["LlamaForSequenceClassification"]
 
 
-def test_tensor_parallel_under_torchrun(tmp_path):
+def test_tensor_parallel_on_two_ranks(tmp_path):
+    """``pai-zoo rl ppo --tp 2`` on the session's 2 gloo worker ranks, as under torchrun."""
     data = write_prompts(tmp_path / "prompts.jsonl", 8)
-    cmd = [*torchrun(2), "-m", "pai_zoo.cli", "rl", "ppo", "--actor", "llama3-tiny", "--reward",
-           f"rule:fraction={TARGET}", "--prompts", str(data), "--save", str(tmp_path / "run"), "--steps", "2",
-           "--rollout-batch-size", "4", "--mini-batch-size", "2", "--ppo-epochs", "1", "--max-new-tokens", "4",
-           "--actor-lr", "1e-3", "--tp", "2"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = run_cli_on_ranks(["rl", "ppo", "--actor", "llama3-tiny", "--reward", f"rule:fraction={TARGET}", "--prompts",
+                             str(data), "--save", str(tmp_path / "run"), "--steps", "2", "--rollout-batch-size", "4",
+                             "--mini-batch-size", "2", "--ppo-epochs", "1", "--max-new-tokens", "4", "--actor-lr",
+                             "1e-3", "--tp", "2"], timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert [r["step"] for r in read_log(tmp_path / "run")] == [1, 2]  # rank 0 logs once per step
     record = json.loads((tmp_path / "run" / "actor" / dist_ckpt.PAI_ZOO_CONFIG).read_text())
