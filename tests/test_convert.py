@@ -2,8 +2,6 @@
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,9 +14,8 @@ from pai_zoo.conversion import convert
 from pai_zoo.errors import MappingError, PaiZooError, UnknownModelError
 from pai_zoo.mcore import dist_ckpt
 from pai_zoo.util.progress import Progress
+from pai_zoo_conformance.cli_runs import run_cli
 from pai_zoo_conformance.parallel_worker import layout_logits
-
-PAI_ZOO = str(Path(sys.executable).parent / "pai-zoo")
 
 
 def tensors(folder) -> dict:
@@ -129,18 +126,14 @@ def test_checkpoint_saved_by_megatron_with_any_layout_converts_back_bit_identica
 
 def test_cli_convert_verify_and_force(hf_folder, tmp_path):
     dst = tmp_path / "m"
-    proc = subprocess.run([PAI_ZOO, "convert", str(hf_folder), str(dst), "--to", "mcore", "--verify"],
-                          capture_output=True, text=True, timeout=600)
+    proc = run_cli(["convert", str(hf_folder), str(dst), "--to", "mcore", "--verify"])
     assert proc.returncode == 0, proc.stderr
     assert "15 tensors" in proc.stdout and "next-token agreement = 100.0% (" in proc.stdout
     assert proc.stdout.rstrip().endswith(": OK")
     assert "\r" not in proc.stderr  # no progress bar in a pipe
-    proc = subprocess.run(
-        [PAI_ZOO, "convert", str(hf_folder), str(dst), "--to", "mcore"], capture_output=True, text=True
-    )
+    proc = run_cli(["convert", str(hf_folder), str(dst), "--to", "mcore"])
     assert proc.returncode == 1 and "exists; pass --force" in proc.stderr
-    proc = subprocess.run([PAI_ZOO, "convert", str(dst), str(tmp_path / "h"), "--to", "hf", "--verify"],
-                          capture_output=True, text=True, timeout=600)
+    proc = run_cli(["convert", str(dst), str(tmp_path / "h"), "--to", "hf", "--verify"])
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr
 
 

@@ -10,7 +10,6 @@ error naming the file and write nothing.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -101,10 +100,9 @@ def test_inspect_describes_a_megatron_lm_checkpoint(capsys):
 @needs_fixtures
 def test_train_starts_from_a_megatron_lm_checkpoint(tmp_path):
     """One step from llama-legacy-tp1 has the loss of one step from llama-hf: the same weights were loaded."""
-    import subprocess
-
     from pai_zoo.data import toy
     from pai_zoo.data.preprocess import preprocess
+    from pai_zoo_conformance.cli_runs import run_cli
 
     corpus = toy.write_corpus(tmp_path / "corpus.jsonl", documents=20)
     preprocess([corpus], tmp_path / "toy", str(FIXTURES / "llama-hf"), append_eod=True, progress=False)
@@ -113,8 +111,7 @@ def test_train_starts_from_a_megatron_lm_checkpoint(tmp_path):
         args = ["--model", str(model), "--data", str(tmp_path / "toy_text_document"), "--save", str(tmp_path / name),
                 "--global-batch-size", "1", "--batch-size", "1", "--seq-length", "16", "--train-tokens", "32",
                 "--warmup-tokens", "16", "--no-progress"]
-        proc = subprocess.run([sys.executable, "-m", "pai_zoo.cli", "train", *args], capture_output=True, text=True,
-                              timeout=600, env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+        proc = run_cli(["train", *args])
         assert proc.returncode == 0, proc.stderr[-3000:]
         losses.append(json.loads((tmp_path / name / "metrics.jsonl").read_text().splitlines()[0])["loss"])
     assert losses[0] == pytest.approx(losses[1], abs=1e-5)
