@@ -18,6 +18,7 @@ unmarked one runs in every pass. ``make test`` runs the first once and the secon
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -110,6 +111,7 @@ def session_finish(session) -> None:
     if log is None:
         return
     lines = [line for line in log.read_text(encoding="utf-8").splitlines() if line]
+    shutil.rmtree(log.parent, ignore_errors=True)  # the guard's sitecustomize folder
     if lines:
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         say = reporter.write_line if reporter is not None else print
