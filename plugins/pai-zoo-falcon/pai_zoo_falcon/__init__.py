@@ -33,6 +33,8 @@ LAYERNORMS = "family.parallel_layernorms"
 #: ``McoreConfig.arch`` key holding the HF layout flags as the config had them (for the way back).
 HF_LAYOUT = "family.hf_layout"
 _LAYOUT_KEYS = ("new_decoder_architecture", "multi_query", "parallel_attn", "num_kv_heads", "num_ln_in_parallel_attn")
+#: The key/value head count transformers >= 5.25 derives from the layout flags (checked, never written).
+DERIVED_KV_HEADS = "num_key_value_heads"
 #: ``McoreConfig.arch`` key: ALiBi with Falcon's scaling (:func:`.modules.falcon_alibi_attention`) instead of RoPE.
 ALIBI_KEY = "family.alibi"
 ACTIVATIONS = ("gelu", "relu")
@@ -65,9 +67,13 @@ def _layout(hf: dict) -> tuple[int, int]:
 class FalconLayout(Rule):
     """``new_decoder_architecture``, ``multi_query``, ``parallel_attn``, ``num_kv_heads`` and
     ``num_ln_in_parallel_attn`` -> ``num_query_groups`` and the layer structure (:data:`LAYERNORMS`).
-    The flags are kept as given (:data:`HF_LAYOUT`), so the way back restores them exactly."""
+    The flags are kept as given (:data:`HF_LAYOUT`), so the way back restores them exactly.
 
-    hf_keys = _LAYOUT_KEYS
+    ``num_key_value_heads`` is derived from the flags: transformers >= 5.25 sets it in ``FalconConfig`` and writes
+    it to ``config.json``. It is read only to check that it agrees, and never written back (transformers derives it
+    again; an older transformers would keep it as an unknown key)."""
+
+    hf_keys = (*_LAYOUT_KEYS, DERIVED_KV_HEADS)
 
     def describe(self) -> str:
         return (
@@ -78,6 +84,14 @@ class FalconLayout(Rule):
 
     def to_mcore(self, hf: dict, arch: dict) -> None:
         arch["num_query_groups"], arch[LAYERNORMS] = _layout(hf)
+        derived = hf.get(DERIVED_KV_HEADS)
+        if derived is not None and derived != arch["num_query_groups"]:
+            raise ConfigTranslationError(
+                f"{DERIVED_KV_HEADS}={derived} contradicts the layout flags, which give {arch['num_query_groups']} "
+                f"key/value head(s) (new_decoder_architecture={hf.get('new_decoder_architecture', False)}, "
+                f"multi_query={hf.get('multi_query', True)}, num_kv_heads={hf.get('num_kv_heads')}): "
+                f"remove {DERIVED_KV_HEADS} or make it {arch['num_query_groups']}"
+            )
         arch[HF_LAYOUT] = {k: hf[k] for k in _LAYOUT_KEYS if k in hf}
 
     def to_hf(self, arch: dict, hf: dict) -> None:

@@ -147,3 +147,20 @@ def test_unsupported_configs_are_refused_with_the_reason(overrides, message):
 
     with pytest.raises(ConfigTranslationError, match=message):
         FALCON.to_mcore_config(hf.config_dict(hf.hf_config(FALCON, {**FALCON.presets["falcon-tiny"], **overrides})))
+
+
+@pytest.mark.parametrize("overrides, derived", [({}, 2), (_7B, 1), ({**_7B, **_MHA}, 4), (_RW, 4)])
+def test_num_key_value_heads_that_new_transformers_writes_is_checked_and_not_written_back(overrides, derived):
+    """transformers >= 5.25 derives ``num_key_value_heads`` from the layout flags and saves it in config.json;
+    Falcon's published config.json files lack it. Both read the same, and the way back leaves it to transformers."""
+    from pai_zoo import hf
+
+    plain = hf.config_dict(hf.hf_config(FALCON, {**FALCON.presets["falcon-tiny"], **overrides}))
+    plain.pop("num_key_value_heads", None)  # as the published config.json files (and transformers < 5.25) have it
+    with_key = FALCON.to_mcore_config({**plain, "num_key_value_heads": derived})
+    assert with_key.arch == FALCON.to_mcore_config(plain).arch
+    assert with_key.num_query_groups == derived
+    assert "num_key_value_heads" not in FALCON.to_hf_config_dict(with_key)
+    with pytest.raises(ConfigTranslationError, match=f"num_key_value_heads={derived + 1} contradicts the layout "
+                                                     f"flags, which give {derived} key/value head"):
+        FALCON.to_mcore_config({**plain, "num_key_value_heads": derived + 1})
