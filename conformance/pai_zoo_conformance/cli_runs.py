@@ -45,7 +45,7 @@ def run_cli_on_ranks(argv: list[str], workers=None, timeout: float | None = None
     (else 0) and the ranks' output one after the other, as ``torchrun`` would merge it."""
     from .workers import shared_workers
 
-    ranks = (workers or shared_workers()).run(run_cli, argv, timeout=timeout)
+    ranks = (workers or shared_workers()).run(run_cli, argv, timeout=timeout, failed=lambda r: r.returncode != 0)
     code = next((r.returncode for r in ranks if r.returncode), 0)
     return subprocess.CompletedProcess(["torchrun", "pai-zoo", *map(str, argv)], code,
                                        "".join(r.stdout for r in ranks), "".join(r.stderr for r in ranks))

@@ -66,13 +66,16 @@ class WorkerGroup:
         self.starts = 0  # how many times the ranks were started (a restart after a failure counts)
         self._proc: subprocess.Popen | None = None
         self._conns: list[Connection] = []
+        self._pids: dict[int, int] = {}
         self._folder: Path | None = None
 
     # -- the caller's side ------------------------------------------------------------------------------------
-    def run(self, fn, *args, timeout: float | None = None, **kwargs) -> list:
+    def run(self, fn, *args, timeout: float | None = None, failed=None, **kwargs) -> list:
         """Call ``fn(*args, **kwargs)`` on every rank, with this process's environment and working directory;
         returns the results by rank. Raises :class:`WorkerError` when a rank raises, dies or takes longer than
-        ``timeout`` seconds (default :attr:`timeout`)."""
+        ``timeout`` seconds (default :attr:`timeout`). ``failed(result)``, when given, says that a rank's result
+        is a failure (a non-zero exit code): the other ranks then get :data:`GRACE` seconds, as after a raise.
+        A rank that does not answer has its Python stack written to the error before the group is stopped."""
         task = {"module": fn.__module__, "name": fn.__qualname__, "file": _file_of(fn), "args": args,
                 "kwargs": kwargs, "env": dict(os.environ), "cwd": os.getcwd()}
         self._ensure_started()
@@ -83,11 +86,12 @@ class WorkerGroup:
         except (OSError, EOFError) as exc:
             self._stop()
             raise WorkerError(f"{what}: the worker ranks could not be reached ({exc}):\n{self._log_tail()}") from None
-        return self._collect(what, time.monotonic() + (self.timeout if timeout is None else timeout))
+        return self._collect(what, time.monotonic() + (self.timeout if timeout is None else timeout), failed)
 
-    def _collect(self, what: str, deadline: float) -> list:
+    def _collect(self, what: str, deadline: float, failed=None) -> list:
         results: dict[int, object] = {}
         errors: dict[int, str] = {}
+        failures: list[int] = []  # ranks whose result ``failed`` calls a failure
         pending = dict(enumerate(self._conns))
         died = False
         while pending:
@@ -103,17 +107,23 @@ class WorkerGroup:
                 except (EOFError, OSError):
                     errors[rank], died = f"rank {rank} died (exit status {self._proc.poll()})", True
                     continue
-                if status == "ok":
-                    results[rank] = value
-                else:
+                if status != "ok":
                     errors[rank] = f"rank {rank} raised:\n{value}"
-            if errors:  # the others may wait in a collective the failed rank never reached: not for long
+                    continue
+                results[rank] = value
+                if failed is not None and failed(value):
+                    failures.append(rank)
+            if errors or failures:  # the others may wait in a collective the failed rank never reached
                 deadline = min(deadline, time.monotonic() + GRACE)
         if pending or died:
             if pending:
                 late = ", ".join(map(str, pending))
-                errors[min(pending)] = (f"rank(s) {late} did not finish after rank {min(errors)} failed" if errors
+                first = min([*errors, *failures], default=None)
+                errors[min(pending)] = (f"rank(s) {late} did not finish after rank {first} failed" if first is not None
                                         else f"rank(s) {late} did not answer within the timeout")
+                for rank in sorted(set(results) - set(errors)):
+                    errors[rank] = f"rank {rank} returned:\n{_summary(results[rank])}"
+                self._dump_stacks(pending)
             tail = self._log_tail()
             self._stop()  # the next call starts fresh ranks
             raise WorkerError(f"{what}: " + "\n".join(errors[r] for r in sorted(errors)) + f"\n{tail}")
@@ -170,7 +180,8 @@ class WorkerGroup:
                     continue
                 sock.settimeout(None)
                 conn = Connection(sock.detach())
-                conns[_recv(conn)] = conn
+                rank, pid = _recv(conn)
+                conns[rank], self._pids[rank] = conn, pid
         except BaseException:
             for conn in conns.values():
                 conn.close()
@@ -195,7 +206,16 @@ class WorkerGroup:
             shutil.rmtree(self._folder, ignore_errors=True)
             self._folder = None
 
-    def _log_tail(self, chars: int = 4000) -> str:
+    def _dump_stacks(self, ranks) -> None:
+        """Each of ``ranks`` writes every thread's Python stack to the log (its ``faulthandler`` on SIGUSR1)."""
+        for rank in ranks:
+            try:
+                os.kill(self._pids[rank], signal.SIGUSR1)
+            except (KeyError, ProcessLookupError):
+                pass
+        time.sleep(2.0)
+
+    def _log_tail(self, chars: int = 6000) -> str:
         try:
             text = (self._folder / "log").read_text(errors="replace")
         except (OSError, TypeError):
@@ -211,6 +231,15 @@ def _send(conn: Connection, obj) -> None:
 
 def _recv(conn: Connection):
     return pickle.loads(conn.recv_bytes())
+
+
+def _summary(value, chars: int = 3000) -> str:
+    """A rank's result for an error message: a completed process as its exit code and output's ends."""
+    if all(hasattr(value, a) for a in ("returncode", "stdout", "stderr")):
+        return (f"exit code {value.returncode}\nstdout (end): {value.stdout[-chars:]}\n"
+                f"stderr (end): {value.stderr[-chars:]}")
+    text = repr(value)
+    return text if len(text) <= chars else text[:chars] + " ..."
 
 
 def _file_of(fn) -> str | None:
@@ -284,15 +313,18 @@ def _clean_up() -> None:
 
 def serve() -> None:
     """A rank's loop: join the gloo group, connect to the caller, run each task sent until told to stop."""
+    import faulthandler
+
     import torch
 
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the caller's way to see where a late rank is
     torch.set_num_threads(1)
     torch.distributed.init_process_group("gloo")
     rank = torch.distributed.get_rank()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(os.environ[ADDRESS_ENV])
     conn = Connection(sock.detach())
-    _send(conn, rank)
+    _send(conn, (rank, os.getpid()))
     while True:
         try:
             task = _recv(conn)

@@ -110,9 +110,11 @@ def test_a_hung_rank_fails_its_call_within_the_timeout(group):
     group.run(rank_sum)
     starts = group.starts
     began = time.monotonic()
-    with pytest.raises(WorkerError, match=r"rank\(s\) 1 did not answer within the timeout"):
+    with pytest.raises(WorkerError, match=r"rank\(s\) 1 did not answer within the timeout") as info:
         group.run(hang_on_rank_1, 120, timeout=3)
     assert time.monotonic() - began < 30
+    assert "rank 0 returned:\n'fine'" in str(info.value)  # what the rank that did answer said
+    assert 'in hang_on_rank_1' in str(info.value)  # where the late rank was: its stack, from the log
     assert group.run(rank_sum)[0][2] == 3.0 and group.starts == starts + 1
 
 
@@ -124,6 +126,36 @@ def test_a_rank_left_waiting_in_a_collective_does_not_hold_the_call(group):
     assert "rank(s) 1 did not finish after rank 0 failed" in str(info.value)
     assert time.monotonic() - began < 40  # the grace period, not the call's 60 s timeout
     assert group.run(rank_sum)[0][2] == 3.0
+
+
+def exit_code_on_rank_0():
+    """Rank 0 returns a failed run (as ``run_cli`` does for ``pai-zoo`` exiting 1); rank 1 waits in an all_reduce."""
+    import subprocess
+
+    import torch
+
+    if torch.distributed.get_rank() == 0:
+        return subprocess.CompletedProcess(["pai-zoo"], 1, "", "pai-zoo: error: the checkpoint is incomplete")
+    torch.distributed.all_reduce(torch.ones(1))
+    return subprocess.CompletedProcess(["pai-zoo"], 0, "", "")
+
+
+def test_a_failed_result_gives_the_others_only_the_grace_period(group):
+    began = time.monotonic()
+    with pytest.raises(WorkerError) as info:
+        group.run(exit_code_on_rank_0, failed=lambda r: r.returncode != 0)
+    message = str(info.value)
+    assert time.monotonic() - began < 40  # the grace period, not the call's 60 s timeout
+    assert "rank(s) 1 did not finish after rank 0 failed" in message
+    assert "rank 0 returned:\nexit code 1" in message and "the checkpoint is incomplete" in message
+    assert "in exit_code_on_rank_0" in message  # rank 1's stack: where it waited
+    assert group.run(rank_sum)[0][2] == 3.0
+
+
+def test_failed_results_from_every_rank_are_returned(group):
+    """``failed`` only shortens the wait: when every rank answers, the results come back as they are."""
+    results = group.run(seen_by_rank, "HOME", failed=lambda r: True)
+    assert [r[1] for r in results] == [os.getcwd()] * 2
 
 
 def make_groups_and_count_threads():
