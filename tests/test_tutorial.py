@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from pai_zoo_conformance.cli_server import CliServer
+
 TUTORIAL = Path(__file__).resolve().parents[1] / "docs" / "tutorial.md"
 
 
@@ -29,16 +31,21 @@ def test_the_tutorial_has_the_whole_workflow():
 
 @pytest.fixture(scope="module")
 def walkthrough(tmp_path_factory):
+    """Every block in bash, in order. Its ``pai-zoo`` commands are forked by a server that imported pai-zoo, torch,
+    megatron-core and transformers once (:mod:`pai_zoo_conformance.cli_server`: a command's exit code, output,
+    files and signals are the console script's); test_cli checks the console script itself."""
     folder = tmp_path_factory.mktemp("tutorial")
-    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PATH": path}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     outputs = []
-    for i, block in enumerate(blocks()):
-        proc = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=folder, env=env, capture_output=True,
-                              text=True, timeout=900)
-        assert proc.returncode == 0, f"tutorial block {i} failed ({proc.returncode}):\n{block}\n{proc.stderr[-3000:]}"
-        assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-        outputs.append(proc.stdout + proc.stderr)
+    with CliServer(env=env) as server:
+        env["PATH"] = os.pathsep.join([str(server.bin), str(Path(sys.executable).parent), os.environ["PATH"]])
+        for i, block in enumerate(blocks()):
+            proc = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=folder, env=env,
+                                  capture_output=True, text=True, timeout=900)
+            assert proc.returncode == 0, (f"tutorial block {i} failed ({proc.returncode}):\n{block}\n"
+                                          f"{proc.stderr[-3000:]}\n{server.log()[-2000:]}")
+            assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+            outputs.append(proc.stdout + proc.stderr)
     return folder, "\n".join(outputs)
 
 
