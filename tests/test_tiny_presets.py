@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import warnings
 from pathlib import Path
 
@@ -198,9 +197,10 @@ def test_train_refuses_data_from_a_bigger_tokenizer_with_or_without_the_sidecar(
     assert not (tmp_path / "out").exists()
 
 
-def test_preprocess_then_train_a_tiny_preset_end_to_end(home, corpus, tmp_path):
+def test_preprocess_then_train_a_tiny_preset_end_to_end(home, corpus, tmp_path, pai_zoo_cli_server):
+    """Two commands as a shell runs them (through the session's command server), in a fresh HOME."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HOME": str(home)}
-    pz = [sys.executable, "-m", "pai_zoo.cli"]
+    pz = [str(pai_zoo_cli_server.bin / "pai-zoo")]
     proc = subprocess.run([*pz, "preprocess", "--input", str(corpus), "--output-prefix", str(tmp_path / "ds"),
                            "--tokenizer", "llama3-tiny", "--append-eod"], capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr

@@ -13,8 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from pai_zoo_conformance.cli_server import CliServer
-
 TUTORIAL = Path(__file__).resolve().parents[1] / "docs" / "tutorial.md"
 
 
@@ -30,22 +28,22 @@ def test_the_tutorial_has_the_whole_workflow():
 
 
 @pytest.fixture(scope="module")
-def walkthrough(tmp_path_factory):
+def walkthrough(tmp_path_factory, pai_zoo_cli_server):
     """Every block in bash, in order. Its ``pai-zoo`` commands are forked by a server that imported pai-zoo, torch,
-    megatron-core and transformers once (:mod:`pai_zoo_conformance.cli_server`: a command's exit code, output,
+    megatron-core and transformers once (the session's ``pai_zoo_cli_server``: a command's exit code, output,
     files and signals are the console script's); test_cli checks the console script itself."""
     folder = tmp_path_factory.mktemp("tutorial")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     outputs = []
-    with CliServer(env=env) as server:
-        env["PATH"] = os.pathsep.join([str(server.bin), str(Path(sys.executable).parent), os.environ["PATH"]])
-        for i, block in enumerate(blocks()):
-            proc = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=folder, env=env,
-                                  capture_output=True, text=True, timeout=900)
-            assert proc.returncode == 0, (f"tutorial block {i} failed ({proc.returncode}):\n{block}\n"
-                                          f"{proc.stderr[-3000:]}\n{server.log()[-2000:]}")
-            assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-            outputs.append(proc.stdout + proc.stderr)
+    server = pai_zoo_cli_server
+    env["PATH"] = os.pathsep.join([str(server.bin), str(Path(sys.executable).parent), os.environ["PATH"]])
+    for i, block in enumerate(blocks()):
+        proc = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=folder, env=env, capture_output=True,
+                              text=True, timeout=900)
+        assert proc.returncode == 0, (f"tutorial block {i} failed ({proc.returncode}):\n{block}\n"
+                                      f"{proc.stderr[-3000:]}\n{server.log()[-2000:]}")
+        assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+        outputs.append(proc.stdout + proc.stderr)
     return folder, "\n".join(outputs)
 
 

@@ -7,7 +7,8 @@ session each family's outcomes (check -> passed / failed / skipped) go to
 ``pai-zoo info FAMILY`` shows.
 
 The session-scoped fixture ``pai_zoo_workers`` is the session's :class:`~pai_zoo_conformance.workers.WorkerGroup`
-of 2 gloo ranks, started once and shared by every multi-process check (the suite's own and a plugin's tests).
+of 2 gloo ranks, started once and shared by every multi-process check (the suite's own and a plugin's tests);
+``pai_zoo_cli_server`` forks ``pai-zoo`` commands for shell scripts from one Python that imported everything once.
 
 The marker ``no_megatron`` and the options ``--pai-zoo-megatron-free`` / ``--pai-zoo-megatron-only`` run a test
 that never imports megatron-core once rather than once per megatron-core version (:mod:`.megatron_free`).
@@ -54,6 +55,18 @@ def pai_zoo_workers():
     workers = shared_workers()
     yield workers
     workers.close()
+
+
+@pytest.fixture(scope="session")
+def pai_zoo_cli_server():
+    """The session's :class:`~pai_zoo_conformance.cli_server.CliServer` (one thread per torch op, as the suite
+    runs): a shell script with ``server.bin`` first on ``PATH`` runs ``pai-zoo`` without a Python start each."""
+    import os
+
+    from .cli_server import CliServer
+
+    with CliServer(env={**os.environ, "OMP_NUM_THREADS": "1"}) as server:
+        yield server
 
 
 def pytest_generate_tests(metafunc):
