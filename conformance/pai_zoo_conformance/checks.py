@@ -74,6 +74,36 @@ def build_case(family: Family, preset: str | None = None, seed: int = 0, **overr
     return Case(family, preset, hf_config, mcore_config, hf_model, mcore_model)
 
 
+#: The cases :func:`shared_case` built in this process: (id(family), preset, seed) -> (family, case).
+_SHARED_CASES: dict[tuple, tuple[Family, Case]] = {}
+
+
+def shared_case(family: Family, preset: str | None = None, seed: int = 0) -> Case:
+    """:func:`build_case` of ``family``'s ``preset`` and ``seed``, built once per process and shared by every test
+    that only reads it (the conformance suite's checks copy a model before they train or change it). A test that
+    changes a model takes :func:`copy_case` of it, or builds its own. The key is the family object itself: a family
+    registered afresh, or a deliberately broken copy, gets a case of its own."""
+    key = (id(family), preset or family.tiny, seed)
+    hit = _SHARED_CASES.get(key)
+    if hit is None or hit[0] is not family:
+        hit = _SHARED_CASES[key] = (family, build_case(family, preset, seed))
+    return hit[1]
+
+
+def copy_case(case: Case) -> Case:
+    """A copy of ``case`` that a test may change: the transformers model and the configs deep-copied, the
+    megatron-core model built afresh with the same weights (its modules hold process groups, which do not copy)."""
+    import copy
+    import dataclasses
+
+    from pai_zoo.mcore.build import build_gpt_model
+
+    mcore_model = build_gpt_model(case.family, case.mcore_config).eval()
+    mcore_model.load_state_dict(case.mcore_model.state_dict())
+    return dataclasses.replace(case, hf_config=copy.deepcopy(case.hf_config), mcore_config=copy.deepcopy(
+        case.mcore_config), hf_model=copy.deepcopy(case.hf_model), mcore_model=mcore_model)
+
+
 def zero_centered_norms(family: Family, mcore_config) -> bool:
     """Whether the family's norms scale by ``1 + weight``: :attr:`Family.zero_centered_norms`, else the arch's
     ``layernorm_zero_centered_gamma``."""

@@ -53,12 +53,12 @@ class ConformanceSuite:
     @pytest.fixture(scope="class")
     @classmethod
     def case(cls, fam):
-        return checks.build_case(fam)
+        return checks.shared_case(fam)
 
     @pytest.fixture(scope="class")
     @classmethod
     def odd_case(cls, fam):
-        return checks.build_case(fam, checks.odd_preset(fam))
+        return checks.shared_case(fam, checks.odd_preset(fam))
 
     def test_registration(self, fam):
         checks.check_registration(fam)
