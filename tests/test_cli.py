@@ -19,6 +19,7 @@ import pai_zoo_llama
 from pai_zoo import Family, hookimpl
 from pai_zoo.cli import main
 from pai_zoo.registry import PLUGINS_ENV, Registry, get_registry, reset_registry
+from pai_zoo_conformance.cli_runs import run_cli
 from pai_zoo_llama import CONFIG, weights
 
 # every test sees the registry of the really installed plugins, built afresh (tests/conftest.py)
@@ -214,8 +215,10 @@ def test_python_dash_m_entry():
 
 
 @pytest.mark.megatron
-def test_conformance_runs_the_suite_on_an_installed_family(run_script):
-    proc = run_script("conformance", "mistral", "-p", "no:warnings")
+def test_conformance_runs_the_suite_on_an_installed_family():
+    """In this process (``pai-zoo conformance`` runs pytest in its own): the session's worker ranks serve its
+    tensor-parallel check, and test_console_script_info_and_errors covers the console script."""
+    proc = run_cli(["conformance", "mistral", "-p", "no:warnings"])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     # The alias resolves to the llama family and every check of the suite runs and passes.
     from pai_zoo_conformance import ConformanceSuite
@@ -316,10 +319,12 @@ def test_suite_runs_are_recorded_and_shown_by_info(capsys, monkeypatch, tmp_path
     """))
     cache = tmp_path / "cache"
 
-    def pytest_run(*args):
-        env = {**_env(), "PAI_ZOO_CACHE": str(cache)}
-        return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tests), *args],
-                              env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    def pytest_run(*args):  # a pytest session in this process, as `pai-zoo conformance` runs one
+        with monkeypatch.context() as patch:
+            patch.setenv("PAI_ZOO_CACHE", str(cache))
+            patch.chdir(tmp_path)
+            code = pytest.main(["-q", "-p", "no:cacheprovider", str(tests), *args])
+        return subprocess.CompletedProcess(["pytest", *args], int(code), capsys.readouterr().out, "")
 
     proc = pytest_run("-k", "registration")
     assert proc.returncode == 1, proc.stdout[-3000:]  # TestMissing fails

@@ -49,12 +49,11 @@ def pytest_runtest_protocol(item, nextitem):
 
 @pytest.fixture(scope="session")
 def pai_zoo_workers():
-    """The session's 2 worker ranks (:func:`pai_zoo_conformance.workers.shared_workers`), stopped at its end."""
+    """The process's 2 worker ranks (:func:`pai_zoo_conformance.workers.shared_workers`), stopped when it exits
+    (not at the session's end: ``pai-zoo conformance`` runs a session inside a test, which the ranks outlive)."""
     from .workers import shared_workers
 
-    workers = shared_workers()
-    yield workers
-    workers.close()
+    return shared_workers()
 
 
 @pytest.fixture(scope="session")
