@@ -32,6 +32,7 @@ TOKENIZER_PATTERNS = ("*.tiktoken",)
 _DTYPES = {
     "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
     "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool",
+    "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
 }
 
 
@@ -123,6 +124,10 @@ class HFCheckpoint:
 
     def names(self) -> list[str]:
         return list(self._headers)
+
+    def file_of(self, name: str) -> Path:
+        """The file that holds tensor ``name``."""
+        return self._headers[name][0]
 
     def close(self) -> None:
         for f in self._handles.values():

@@ -30,9 +30,10 @@ from .checkpoint import (
     tokenizer_files,
 )
 from .config_map import McoreConfig
-from .convert_settings import DEFAULTS
+from .convert_settings import DEFAULTS, QUANTIZE_CHOICES
 from .errors import PaiZooError, no_such_path
 from .family import Family
+from .fp8_blocks import SCALES_FILE, DequantizedCheckpoint, open_weights, writer_for
 from .handle import load
 from .mapping import TO_MCORE, MappingContext
 from .mcore import dist_ckpt
@@ -79,15 +80,18 @@ def parse_dtype(value) -> torch.dtype | None:
 def convert(src, dst, to: str, *, family: str | None = None, tp: int = DEFAULTS.tp, pp: int = DEFAULTS.pp,
             dtype=None, force: bool = False, max_shard_size: str | int = DEFAULTS.max_shard_size, verify: bool = False,
             progress: bool | None = None, tokenizer=None, iteration=None, verify_tolerance=None,
-            ep: int = DEFAULTS.ep, etp: int | None = None) -> ConversionReport:
+            ep: int = DEFAULTS.ep, etp: int | None = None, quantize: str | None = None) -> ConversionReport:
     """Convert ``src`` to ``dst``: ``to="mcore"`` (HF folder, or a Megatron-LM checkpoint -> pai-zoo's
     Megatron-Core checkpoint with a ``tp``/``pp`` layout) or ``to="hf"`` (Megatron-Core checkpoint, pai-zoo's or
     Megatron-LM's -> HF folder). ``ep``/``etp``: the expert-parallel and expert-tensor-parallel sizes a
     mixture-of-experts checkpoint is laid out for (:func:`check_expert_layout`; ``etp`` defaults to ``tp``).
     For a Megatron-LM source, ``tokenizer`` is a folder whose tokenizer files are
     copied and whose ``config.json`` (the original HF model's) supplies what the args lack; ``iteration`` picks
-    a saved iteration. ``verify`` compares the logits of both sides on a sample prompt (see
-    :func:`verify_conversion`; ``verify_tolerance``, ``(atol, rtol)`` or ``"ATOL[,RTOL]"``, overrides its rule)."""
+    a saved iteration. ``quantize="fp8-block"`` (``--to hf``) writes FP8 block-scaled weights as DeepSeek-V3 and
+    Qwen3-FP8 publish them (:mod:`pai_zoo.fp8_blocks`), reusing an FP8 source's scales where they still fit; without
+    it the weights are written in ``dtype`` (default: the stored one, bf16 for an FP8 source). ``verify``
+    compares the logits of both sides on a sample prompt (see :func:`verify_conversion`; ``verify_tolerance``,
+    ``(atol, rtol)`` or ``"ATOL[,RTOL]"``, overrides its rule)."""
     import time
 
     src, dst = Path(src), Path(dst)
@@ -109,6 +113,11 @@ def convert(src, dst, to: str, *, family: str | None = None, tp: int = DEFAULTS.
         raise PaiZooError("--ep/--etp lay out a Megatron-Core checkpoint (--to mcore); a Hugging Face folder has "
                           "no layout, and a Megatron-Core source is read whatever EP/TP/PP layout saved it")
     experts = (ep, tp if etp is None else etp)
+    if quantize is not None and quantize not in QUANTIZE_CHOICES:
+        raise PaiZooError(f"--quantize {quantize!r} is not known; use one of {', '.join(QUANTIZE_CHOICES)}")
+    if quantize is not None and to != "hf":
+        raise PaiZooError("--quantize writes a quantized Hugging Face folder (--to hf); a Megatron-Core checkpoint "
+                          "holds the dequantized weights (an FP8 source's scales are kept in its hf/ folder)")
     if verify_tolerance is not None:
         verify_tolerance = parse_tolerance(verify_tolerance)  # a bad --verify-tolerance fails before any work
     if tokenizer is not None and not Path(tokenizer).is_dir():
@@ -135,7 +144,7 @@ def convert(src, dst, to: str, *, family: str | None = None, tp: int = DEFAULTS.
             report = _hf_to_mcore(src, tmp, family, tp, pp, parse_dtype(dtype), progress, final=dst, experts=experts)
         else:
             report = _mcore_to_hf(src, tmp, family, parse_dtype(dtype), max_shard_size, progress, tokenizer,
-                                  iteration)
+                                  iteration, quantize)
         _move_into_place(tmp, dst)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -194,7 +203,7 @@ def _hf_to_mcore(src: Path, out: Path, family_name, tp: int, pp: int, dtype, pro
     config = family.to_mcore_config(hf.config_dict(hf.hf_config(family, raw_config)))
     check_layout(config, tp, pp)  # an invalid --tp/--pp names the valid ones
     check_expert_layout(config, *experts)
-    source = HFCheckpoint(src)
+    source = open_weights(src, dtype)
     try:
         return _write_mcore(src, out, family, config, source, tp, pp, dtype, progress, final, experts)
     finally:
@@ -244,6 +253,13 @@ def _write_mcore(
     (out / dist_ckpt.TRACKER).write_text(dist_ckpt.RELEASE)
     dist_ckpt.write_pai_zoo_config(out, config, tp, pp, dtype, padded, experts=experts)
     _copy_hf_side(src, out / dist_ckpt.HF_DIR)
+    if isinstance(source, DequantizedCheckpoint):
+        from safetensors.torch import save_file
+
+        save_file(source.scales(), str(out / dist_ckpt.HF_DIR / SCALES_FILE))
+        report.notes.append(f"FP8 block-scaled source: {len(source.quantized)} weights dequantized to "
+                            f"{str(dtype).removeprefix('torch.')}; their scales are kept in "
+                            f"{dist_ckpt.HF_DIR}/{SCALES_FILE} (convert --to hf --quantize fp8-block writes them back)")
     mla.write_readme(out, config, args, load_dir=final)
     report.notes.append("Megatron-LM: add " + mla.load_command(final, config, dtype))
     return report
@@ -267,13 +283,14 @@ def _copy_hf_side(src: Path, dst: Path) -> None:
 
 # -- Megatron-Core -> HF ------------------------------------------------------------------------
 def _mcore_to_hf(src: Path, out: Path, family_name, dtype, max_shard_size, progress, tokenizer=None,
-                 iteration=None) -> ConversionReport:
+                 iteration=None, quantize: str | None = None) -> ConversionReport:
     if not is_megatron_checkpoint(src):
         hint = " (it is a Hugging Face folder: use --to mcore)" if is_hf_checkpoint(src) else ""
         raise PaiZooError(f"{src}: not a Megatron-Core checkpoint folder (no {dist_ckpt.TRACKER}, no release/ or "
                           f"iter_*/ folder){hint}")
     with open_checkpoint(src, family_name, reference=tokenizer, iteration=iteration) as checkpoint:
-        return _write_hf(checkpoint, out, dtype or checkpoint.stored_dtype, max_shard_size, progress, tokenizer)
+        return _write_hf(checkpoint, out, dtype or checkpoint.stored_dtype, max_shard_size, progress, tokenizer,
+                         quantize)
 
 
 def _megatron_lm_to_mcore(src: Path, out: Path, family_name, tp, pp, dtype, progress, tokenizer,
@@ -288,9 +305,12 @@ def _megatron_lm_to_mcore(src: Path, out: Path, family_name, tp, pp, dtype, prog
 
 
 def _write_hf(checkpoint: dist_ckpt.MegatronCheckpoint, out: Path, dtype, max_shard_size, progress,
-              tokenizer=None) -> ConversionReport:
+              tokenizer=None, quantize: str | None = None) -> ConversionReport:
     tied = set(checkpoint.table.tied_outputs(checkpoint.ctx))
+    fp8 = _fp8_writer(checkpoint) if quantize == "fp8-block" else None
     plan = [(n, tuple(t.shape), dtype) for n, t in checkpoint.hf_tensors(meta=True) if n not in tied]
+    if fp8 is not None:
+        plan = [entry for n, shape, d in plan for entry in fp8.plan(n, shape, d)]
     out.mkdir(parents=True)
     writer = SafetensorsWriter(out, plan, max_shard_size)
     bar = Progress("mcore -> hf", writer.total_size, totals={"tensors": len(plan)}, enabled=progress)
@@ -300,16 +320,39 @@ def _write_hf(checkpoint: dist_ckpt.MegatronCheckpoint, out: Path, dtype, max_sh
             if name in tied:
                 continue
             tensor = tensor.to(dtype)
-            background.submit(writer.write, name, tensor)
-            nbytes = tensor.numel() * tensor.element_size()
-            report.tensors, report.bytes = report.tensors + 1, report.bytes + nbytes
-            bar.update(nbytes)
+            for part, data in fp8.encode(name, tensor) if fp8 is not None else ((name, tensor),):
+                background.submit(writer.write, part, data)
+                nbytes = data.numel() * data.element_size()
+                report.tensors, report.bytes = report.tensors + 1, report.bytes + nbytes
+                bar.update(nbytes)
             del tensor
     writer.close()
     bar.close()
     hf_side = _hf_side(checkpoint, tokenizer, report)
-    _write_hf_configs(hf_side, out, checkpoint.family, checkpoint.config, dtype, checkpoint.head)
+    if fp8 is not None:
+        report.notes.append(f"FP8 block-scaled: {sum(1 for n, _, d in plan if d == torch.float8_e4m3fn)} weights in "
+                            f"float8_e4m3fn with {fp8.scheme.block[0]}x{fp8.scheme.block[1]} block scales"
+                            + (" (the source's scales where the weights are unchanged)" if fp8.recorded else ""))
+    elif _recorded_fp8(checkpoint):
+        report.notes.append(f"the checkpoint came from an FP8 block-scaled folder; written in "
+                            f"{str(dtype).removeprefix('torch.')} (--quantize fp8-block writes FP8)")
+    _write_hf_configs(hf_side, out, checkpoint.family, checkpoint.config, dtype, checkpoint.head,
+                      fp8.scheme.config if fp8 is not None else None)
     return report
+
+
+def _recorded_fp8(checkpoint) -> bool:
+    return (checkpoint.path / dist_ckpt.HF_DIR / SCALES_FILE).is_file()
+
+
+def _fp8_writer(checkpoint):
+    """What ``--quantize fp8-block`` stores as FP8: the source's FP8 weights (and scales) when the checkpoint came
+    from an FP8 folder, else every linear weight transformers' FP8 quantizer would convert."""
+    with torch.device("meta"):
+        skeleton = hf.build_hf_model(checkpoint.family, hf.hf_config_from_mcore(checkpoint.family, checkpoint.config))
+    own = checkpoint.path / dist_ckpt.HF_DIR
+    names = [n for n, _ in checkpoint.hf_tensors(meta=True)]
+    return writer_for(own if own.is_dir() else None, skeleton, names)
 
 
 def _hf_side(checkpoint: dist_ckpt.MegatronCheckpoint, tokenizer, report: ConversionReport) -> Path | None:
@@ -330,9 +373,13 @@ def _hf_side(checkpoint: dist_ckpt.MegatronCheckpoint, tokenizer, report: Conver
 
 
 def _write_hf_configs(hf_side: Path | None, out: Path, family: Family, config: McoreConfig, dtype: torch.dtype,
-                      head: dict | None = None) -> None:
+                      head: dict | None = None, quantization: dict | None = None) -> None:
     hf_config = hf.hf_config_from_mcore(family, config)
     hf_config.dtype = dtype
+    if quantization is not None:
+        hf_config.quantization_config = dict(quantization)
+    elif hasattr(hf_config, "quantization_config"):  # an FP8 source's, carried in hf_extra: not these weights'
+        del hf_config.quantization_config
     if not getattr(hf_config, "architectures", None):
         hf_config.architectures = [family.hf_architectures[0]] if family.hf_architectures else None
     if head:  # a reward model: *ForSequenceClassification with score.weight
@@ -359,7 +406,7 @@ _COARSEST = ("bf16", "fp16", "fp32")
 
 def _stored_dtype(path: Path, tokenizer=None, iteration=None) -> torch.dtype:
     if is_hf_checkpoint(path):
-        source = HFCheckpoint(path)
+        source = open_weights(path)
         try:
             return _floating_dtype(source)
         finally:

@@ -16,3 +16,6 @@ class ConvertSettings:
 
 
 DEFAULTS = ConvertSettings()
+
+#: ``convert --quantize`` choices (:mod:`pai_zoo.fp8_blocks`).
+QUANTIZE_CHOICES = ("fp8-block",)

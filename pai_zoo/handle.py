@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from . import hf
-from .checkpoint import HFCheckpoint, is_hf_checkpoint, read_config
+from .checkpoint import is_hf_checkpoint, read_config
 from .config_map import McoreConfig
 from .errors import PaiZooError, PaiZooWarning, SettingError, UnknownModelError
 from .family import Family
@@ -207,6 +207,23 @@ def load(
 def _load_hf(source: Source, hf_config, dtype, mcore_config: McoreConfig):
     if source.kind == "hf":
         cls = hf.model_class(source.family, hf_config.model_type)
+        if getattr(hf_config, "quantization_config", None):  # FP8 blocks: dequantized by pai-zoo, on any device
+            import copy
+
+            import torch
+
+            plain = copy.deepcopy(hf_config)
+            del plain.quantization_config
+            with torch.device("meta"):  # the concrete class (from_pretrained with a state dict needs it)
+                cls = type(hf.build_hf_model(source.family, plain, dtype))
+            from .fp8_blocks import open_weights
+
+            weights = open_weights(source.path, dtype)
+            try:
+                state = dict(weights.items())
+            finally:
+                weights.close()
+            return load_hf_checkpoint_state(cls, plain, state, dtype, f"{source.path} -> transformers")
         return cls.from_pretrained(source.path, config=hf_config, dtype=dtype).eval()
     if source.kind not in ("mcore", "megatron-lm"):
         return hf.build_hf_model(source.family, hf_config, dtype)
@@ -283,7 +300,9 @@ def load_mcore_weights(model, source: Source, config: McoreConfig, dtype, scratc
             state = dict(checkpoint.mcore_tensors())
         load_into(model, {k: v.to(dtype) for k, v in state.items()}, f"{source.path} -> megatron-core")
     elif source.kind == "hf" and single:
-        checkpoint = HFCheckpoint(source.path)
+        from .fp8_blocks import open_weights
+
+        checkpoint = open_weights(source.path, dtype)
         table = get_registry().weight_map(source.family, config)
         ctx = MappingContext.from_config(config, padded_vocab_size=model_vocab_rows(model))
         target = mcore_tensors(model)

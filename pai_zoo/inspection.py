@@ -9,6 +9,7 @@ from pathlib import Path
 from . import hf
 from .checkpoint import CONFIG, HFCheckpoint, is_hf_checkpoint, read_config, tokenizer_files
 from .errors import PaiZooError, no_such_path
+from .fp8_blocks import DequantizedCheckpoint, scheme_of
 from .megatron_args import shown
 from .megatron_lm import is_megatron_checkpoint, open_checkpoint
 from .registry import get_registry
@@ -38,6 +39,7 @@ class Inspection:
     layout: dict = field(default_factory=dict)
     architecture: dict = field(default_factory=dict)
     needs: list[str] = field(default_factory=list)  # what a conversion needs, or has to assume
+    quantization: str | None = None  # how the stored weights are quantized (an FP8 block-scaled HF folder)
 
     def lines(self) -> list[str]:
         out = [f"checkpoint:   {self.path}", f"format:       {self.format}"]
@@ -46,7 +48,10 @@ class Inspection:
         if self.layout:
             out.append("layout:       " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in self.layout.items()
                                                      if v is not None))
-        out += [f"family:       {self.family}", f"parameters:   {self.parameters:,} ({self.dtype})", "architecture:"]
+        out += [f"family:       {self.family}", f"parameters:   {self.parameters:,} ({self.dtype})"]
+        if self.quantization:
+            out.append(f"quantization: {self.quantization}")
+        out.append("architecture:")
         out += [f"  {k:<36} {v}" for k, v in self.architecture.items()]
         out += ["conversion:"] + [f"  {n}" for n in (self.needs or ["needs nothing more"])]
         return out
@@ -76,15 +81,26 @@ def _hf(path: Path, family_name: str | None) -> Inspection:
     family = registry.family(family_name) if family_name else registry.family_for_hf_config(raw, str(path / CONFIG))
     config = family.to_mcore_config(hf.config_dict(hf.hf_config(family, raw)))
     weights = HFCheckpoint(path)
+    scheme = scheme_of(raw, str(path / CONFIG))
+    quantization = None
     try:
-        metas = [weights.meta(n) for n in weights.names()]
+        if scheme is not None:
+            fp8 = DequantizedCheckpoint(weights, scheme)  # checks every weight's scales, reading headers only
+            scales = set(fp8.quantized.values())
+            quantization = (f"FP8 block-scaled: {len(fp8.quantized)} weights float8_e4m3fn with "
+                            f"{scheme.block[0]}x{scheme.block[1]} blocks of float32 weight_scale_inv "
+                            f"(quant_method fp8); they read as {str(fp8.dtype).removeprefix('torch.')}")
+        else:
+            scales = set()
+        metas = [weights.meta(n) for n in weights.names() if n not in scales]
     finally:
         weights.close()
     dtypes = sorted({str(m.dtype).removeprefix("torch.") for m in metas})
     needs = [] if tokenizer_files(path) else ["the folder has no tokenizer files: `preprocess` and `generate` "
                                               "need --tokenizer DIR"]
     return Inspection(path, f"Hugging Face ({weights.format})", family.name, sum(m.numel() for m in metas),
-                      "/".join(dtypes), architecture=_architecture(config.arch), needs=needs)
+                      "/".join(dtypes), architecture=_architecture(config.arch), needs=needs,
+                      quantization=quantization)
 
 
 def _megatron(path: Path, family: str | None, tokenizer, iteration) -> Inspection:

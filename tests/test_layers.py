@@ -35,6 +35,7 @@ LAYERS = {
         "hf_reference",
         "weights",
         "checkpoint",
+        "fp8_blocks",
         "mcore",
         "megatron_lm",
         "conformance_record",

@@ -1,7 +1,7 @@
 """``pai-zoo convert SRC DST --to mcore|hf``: Hugging Face folder <-> Megatron-Core checkpoint."""
 from __future__ import annotations
 
-from ..convert_settings import DEFAULTS
+from ..convert_settings import DEFAULTS, QUANTIZE_CHOICES
 from ..verification import VERIFY_TOLERANCES
 from ._common import add_command
 
@@ -29,6 +29,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--etp", type=int, help="expert-tensor-parallel size (default: --tp)")
     p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"),
                    help="store tensors in this dtype (default: as the source)")
+    p.add_argument("--quantize", choices=QUANTIZE_CHOICES,
+                   help="--to hf: write FP8 block-scaled weights (float8_e4m3fn with 128x128 weight_scale_inv, as "
+                        "DeepSeek-V3 and Qwen3-FP8 publish them), reusing an FP8 source's scales where the weights "
+                        "are unchanged (default: plain weights, --dtype)")
     p.add_argument("--max-shard-size", default=DEFAULTS.max_shard_size,
                    help="largest safetensors shard (--to hf), e.g. 5GB, 500MB")
     p.add_argument("--force", action="store_true", help="replace DST if it exists")
@@ -51,6 +55,7 @@ def run(args) -> int:
         args.src, args.dst, args.to, family=args.family, tp=args.tp, pp=args.pp, dtype=args.dtype,
         force=args.force, max_shard_size=args.max_shard_size, verify=args.verify or args.verify_tolerance is not None,
         progress=None, tokenizer=args.tokenizer, iteration=args.iteration, verify_tolerance=args.verify_tolerance,
+        quantize=args.quantize,
         ep=args.ep, etp=args.etp,
     )
     for note in report.notes:
