@@ -111,6 +111,7 @@ def test_generated_code_uses_only_the_public_api(generated):
     assert lint.returncode == 0, lint.stdout  # the generated code is clean: no unused import, no long line
 
 
+@pytest.mark.megatron_once  # checks the generated code; the suite itself runs on every family in every pass
 def test_generated_plugins_install_and_pass_the_suite_unedited(generated, tmp_path):
     """pip installs the three distributions into a folder; the suite runs on each (every check but the torchrun
     ones; those on Helium's tiny preset), its results recorded with their deltas."""

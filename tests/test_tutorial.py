@@ -51,6 +51,7 @@ def _losses(folder: Path) -> list[float]:
     return [json.loads(line)["loss"] for line in (folder / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.megatron_once  # what it runs of megatron-core, test_train/convert/generate/rl_* test in every pass
 def test_tutorial_runs_and_keeps_its_promises(walkthrough):
     folder, output = walkthrough
     assert output.count(": OK") >= 2  # convert --verify, both directions

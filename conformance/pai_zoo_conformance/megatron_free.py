@@ -12,6 +12,12 @@ imports megatron-core, in its process or in a process it starts. The claim is ch
 
 One test of a marked file that needs megatron-core is marked ``megatron`` and runs in every pass.
 
+A test marked ``megatron_once`` needs megatron-core but checks pai-zoo's own material, not a megatron-core version:
+docs/tutorial.md run as written, the plugins ``pai-zoo plugin new`` generates. What they run of megatron-core is
+tested in every pass by tests of their own. ``--pai-zoo-without-megatron-once`` leaves them out of a pass; ``make
+test`` gives it to the first pass when the megatron-core 0.19 pass runs too, so they run once, on the newest
+megatron-core (with one pass only, they run in it).
+
 The two selections are complements, so a test is never dropped: a wrongly marked test fails the first run, an
 unmarked one runs in every pass. ``make test`` runs the first once and the second once per megatron-core version.
 """
@@ -30,6 +36,9 @@ from .no_megatron_guard import FORBID_ENV, MARKER, TEST_ENV
 
 #: The marker that keeps one test of a ``no_megatron`` file in every megatron-core pass: it needs megatron-core.
 NEEDS = "megatron"
+
+#: The marker of a test that needs megatron-core but not a particular version: it runs in one pass.
+ONCE = "megatron_once"
 
 #: The ``sitecustomize`` that forbids megatron-core in the subprocesses a guarded test starts.
 _SITECUSTOMIZE = """\
@@ -53,12 +62,16 @@ def addoption(parser) -> None:
                     help=f"run only the tests marked {MARKER}, with megatron-core forbidden (a check of the mark)")
     group.addoption("--pai-zoo-megatron-only", action="store_true",
                     help=f"run only the tests not marked {MARKER} (the pass of one megatron-core version)")
+    group.addoption("--pai-zoo-without-megatron-once", action="store_true",
+                    help=f"leave out the tests marked {ONCE} (they run in another megatron-core version's pass)")
 
 
 def configure(config) -> None:
     config.addinivalue_line("markers", f"{MARKER}: never imports megatron-core; runs once, not in every "
                                        "megatron-core pass (checked by --pai-zoo-megatron-free)")
     config.addinivalue_line("markers", f"{NEEDS}: needs megatron-core although its file is marked {MARKER}")
+    config.addinivalue_line("markers", f"{ONCE}: needs megatron-core, not a particular version: runs in one "
+                                       "megatron-core pass (left out by --pai-zoo-without-megatron-once)")
     if config.getoption("--pai-zoo-megatron-free") and config.getoption("--pai-zoo-megatron-only"):
         raise pytest.UsageError("--pai-zoo-megatron-free and --pai-zoo-megatron-only select disjoint tests: "
                                 "give one")
@@ -90,11 +103,15 @@ def ignore_collect(collection_path: Path, config) -> bool | None:
 
 def modify_items(config, items) -> None:
     free = config.getoption("--pai-zoo-megatron-free")
-    if not free and not config.getoption("--pai-zoo-megatron-only"):
+    without_once = config.getoption("--pai-zoo-without-megatron-once")
+    if not free and not config.getoption("--pai-zoo-megatron-only") and not without_once:
         return
+    selecting = free or config.getoption("--pai-zoo-megatron-only")
     keep, drop = [], []
     for item in items:
-        (keep if is_free(item) == free else drop).append(item)
+        kept = (is_free(item) == free if selecting else True) and not (
+            without_once and item.get_closest_marker(ONCE) is not None)
+        (keep if kept else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep

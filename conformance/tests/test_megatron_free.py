@@ -38,6 +38,19 @@ def test_needs():
     import megatron.core  # noqa: F401
 '''
 
+ONCE = '''
+import pytest
+
+
+@pytest.mark.megatron_once
+def test_version_independent():
+    import megatron.core  # noqa: F401
+
+
+def test_every_pass():
+    import megatron.core  # noqa: F401
+'''
+
 UNMARKED = '''
 import megatron.core
 
@@ -71,3 +84,17 @@ def test_a_wrong_mark_fails_and_the_selections_are_complements(tmp_path):
     assert "2 passed, 3 deselected" in only.stdout, only.stdout  # the guarded run's 3, and nothing else
     both = _pytest(tmp_path, "--pai-zoo-megatron-free", "--pai-zoo-megatron-only")
     assert both.returncode == 4 and "give one" in both.stderr, both.stderr
+
+
+def test_a_megatron_once_test_is_left_out_of_the_pass_told_so(tmp_path):
+    (tmp_path / "test_once.py").write_text(ONCE)
+    (tmp_path / "test_marked.py").write_text(MARKED)
+    every = _pytest(tmp_path, "--pai-zoo-megatron-only")
+    assert "PASSED test_once.py::test_version_independent" in every.stdout and "3 deselected" in every.stdout
+    other = _pytest(tmp_path, "--pai-zoo-megatron-only", "--pai-zoo-without-megatron-once")
+    assert other.returncode == 0, other.stdout
+    assert "PASSED test_once.py::test_every_pass" in other.stdout and "test_version_independent" not in other.stdout
+    assert "2 passed, 4 deselected" in other.stdout, other.stdout  # the once-only 3 and the megatron_once one
+    alone = _pytest(tmp_path, "--pai-zoo-without-megatron-once")  # without a pass selection: every other test
+    assert "PASSED test_once.py::test_every_pass" in alone.stdout and "5 passed, 1 deselected" in alone.stdout, \
+        alone.stdout
