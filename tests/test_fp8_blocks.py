@@ -10,12 +10,19 @@ safetensors in two shards with an index, ``quantization_config`` in config.json.
 from __future__ import annotations
 
 import json
-import math
 import types
 from pathlib import Path
 
 import pytest
 import torch
+from fp8_reference import (  # noqa: E402 - registered by conftest.py
+    QUANT,
+    bytes_of,
+    is_quantized,
+    reference_dequantize,
+    reference_quantize,
+    write_fp8_folder,
+)
 from safetensors.torch import load_file, save_file
 
 import pai_zoo
@@ -23,7 +30,6 @@ from pai_zoo import fp8_blocks
 from pai_zoo.conversion import convert
 from pai_zoo_conformance.cli_runs import run_cli
 
-QUANT = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]}
 MODELS = {
     # dense: 6 heads of 20 in 2 KV groups, hidden 200, FFN 300 (grids 1x2, 3x2, 2x3), vocabulary 997
     "qwen3": ("qwen3-odd", {"hidden_size": 200, "intermediate_size": 300}),
@@ -31,76 +37,6 @@ MODELS = {
     "deepseek-v3": ("deepseek-v3-tiny", {"hidden_size": 200, "intermediate_size": 300, "moe_intermediate_size": 136}),
 }
 IDS = torch.tensor([[1, 5, 9, 77, 300, 2, 8, 41, 123, 7, 250, 19]])
-
-
-def reference_quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Block by block, as DeepSeek's recipe says: scale_inv = amax / 448 (1 for an all-zero block)."""
-    rows, cols = w.shape
-    q = torch.empty(rows, cols, dtype=torch.float8_e4m3fn)
-    inv = torch.empty(math.ceil(rows / 128), math.ceil(cols / 128))
-    for i in range(inv.shape[0]):
-        for j in range(inv.shape[1]):
-            block = w[i * 128:(i + 1) * 128, j * 128:(j + 1) * 128].float()
-            amax = block.abs().max()
-            scale = 448.0 / amax if amax > 0 else torch.tensor(1.0)
-            q[i * 128:(i + 1) * 128, j * 128:(j + 1) * 128] = (block * scale).clamp(-448, 448).to(q.dtype)
-            inv[i, j] = 1.0 / scale
-    return q, inv
-
-
-def reference_dequantize(q: torch.Tensor, inv: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
-    out = torch.empty(q.shape, dtype=torch.float32)
-    for i in range(inv.shape[0]):
-        for j in range(inv.shape[1]):
-            rows, cols = slice(i * 128, (i + 1) * 128), slice(j * 128, (j + 1) * 128)
-            out[rows, cols] = q[rows, cols].float() * inv[i, j]
-    return out.to(dtype)
-
-
-def is_quantized(name: str, tensor: torch.Tensor) -> bool:
-    """What the published checkpoints store in FP8: the decoder layers' projections, experts' included."""
-    return (tensor.dim() == 2 and name.startswith("model.layers.") and name.endswith(".weight")
-            and "norm" not in name and not name.endswith("mlp.gate.weight"))
-
-
-def write_fp8_folder(plain: Path, out: Path, edge_cases: bool = True) -> dict[str, torch.Tensor]:
-    """``plain`` (a bf16 folder) as an FP8 block-scaled folder in ``out``; returns what was written."""
-    state = load_file(plain / "model.safetensors")
-    written = {}
-    for i, (name, tensor) in enumerate(sorted(state.items())):
-        if not is_quantized(name, tensor):
-            written[name] = tensor
-            continue
-        q, inv = reference_quantize(tensor)
-        scaled = sum(1 for n in written if n.endswith("weight_scale_inv"))
-        if edge_cases and scaled == 1:  # scales wider than amax / 448 (no block reaches 448): only reuse keeps them
-            inv = inv * 1.5
-            q = torch.cat([(tensor[i:i + 128].float() / inv[i // 128].repeat_interleave(128)[:tensor.shape[1]])
-                           .clamp(-448, 448).to(torch.float8_e4m3fn) for i in range(0, tensor.shape[0], 128)])
-        if edge_cases and scaled == 0:
-            raw = q.view(torch.uint8)
-            raw[0, :5] = 0  # zeros
-            raw[1, :3] = torch.tensor([0x80, 0x01, 0x87], dtype=torch.uint8)  # -0.0, e4m3 subnormals (+ and -)
-            raw[2, :2] = torch.tensor([0x7E, 0xFE], dtype=torch.uint8)  # +-448, the largest
-        written[name], written[name[: -len("weight")] + "weight_scale_inv"] = q, inv
-    out.mkdir()
-    names = sorted(written)
-    half = {n for n in names[: len(names) // 2]}
-    half |= {n[: -len("weight_scale_inv")] + "weight" for n in half if n.endswith("weight_scale_inv")}
-    half |= {n[: -len("weight")] + "weight_scale_inv" for n in half if n[: -len("weight")] + "weight_scale_inv"
-             in written}  # a weight and its scales share a shard
-    shards = {"model-00001-of-00002.safetensors": {n: written[n] for n in names if n in half},
-              "model-00002-of-00002.safetensors": {n: written[n] for n in names if n not in half}}
-    for file, tensors in shards.items():
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / file), metadata={"format": "pt"})
-    weight_map = {n: file for file, tensors in shards.items() for n in tensors}
-    (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    config = json.loads((plain / "config.json").read_text())
-    (out / "config.json").write_text(json.dumps({**config, "quantization_config": QUANT}, indent=2))
-    for extra in plain.iterdir():
-        if extra.name not in ("config.json", "model.safetensors") and extra.is_file():
-            (out / extra.name).write_bytes(extra.read_bytes())
-    return written
 
 
 @pytest.fixture(scope="module", params=list(MODELS))
@@ -162,14 +98,6 @@ def test_logits_equal_transformers_on_the_dequantized_model(fp8):
     for backend in ("mcore", "hf"):
         got = pai_zoo.load(fp8.folder, backend=backend, dtype=torch.float32).logits(IDS)
         assert (got - expected).abs().max().item() <= 1e-4, backend
-
-
-def bytes_of(folder: Path) -> dict[str, tuple[str, bytes]]:
-    out = {}
-    for file in sorted(folder.glob("*.safetensors")):
-        for name, tensor in load_file(file).items():
-            out[name] = (str(tensor.dtype), tensor.contiguous().view(torch.uint8).numpy().tobytes())
-    return out
 
 
 def test_fp8_to_mcore_to_fp8_gives_the_same_bytes_and_scales(fp8, tmp_path):
