@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from .errors import ConfigTranslationError
@@ -116,6 +116,10 @@ class McoreConfig:
     @property
     def tied_embeddings(self) -> bool:
         return bool(self.arch.get("share_embeddings_and_output_weights", False))
+
+    def without_mtp(self) -> "McoreConfig":
+        """This config without multi-token-prediction layers (``mtp_num_layers`` left out: megatron-core's none)."""
+        return replace(self, arch={k: v for k, v in self.arch.items() if k != "mtp_num_layers"})
 
     def to_json(self) -> str:
         return json.dumps(

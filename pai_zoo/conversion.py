@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -80,7 +80,8 @@ def parse_dtype(value) -> torch.dtype | None:
 def convert(src, dst, to: str, *, family: str | None = None, tp: int = DEFAULTS.tp, pp: int = DEFAULTS.pp,
             dtype=None, force: bool = False, max_shard_size: str | int = DEFAULTS.max_shard_size, verify: bool = False,
             progress: bool | None = None, tokenizer=None, iteration=None, verify_tolerance=None,
-            ep: int = DEFAULTS.ep, etp: int | None = None, quantize: str | None = None) -> ConversionReport:
+            ep: int = DEFAULTS.ep, etp: int | None = None, quantize: str | None = None,
+            no_mtp: bool = False) -> ConversionReport:
     """Convert ``src`` to ``dst``: ``to="mcore"`` (HF folder, or a Megatron-LM checkpoint -> pai-zoo's
     Megatron-Core checkpoint with a ``tp``/``pp`` layout) or ``to="hf"`` (Megatron-Core checkpoint, pai-zoo's or
     Megatron-LM's -> HF folder). ``ep``/``etp``: the expert-parallel and expert-tensor-parallel sizes a
@@ -91,7 +92,9 @@ def convert(src, dst, to: str, *, family: str | None = None, tp: int = DEFAULTS.
     Qwen3-FP8 publish them (:mod:`pai_zoo.fp8_blocks`), reusing an FP8 source's scales where they still fit; without
     it the weights are written in ``dtype`` (default: the stored one, bf16 for an FP8 source). ``verify``
     compares the logits of both sides on a sample prompt (see :func:`verify_conversion`; ``verify_tolerance``,
-    ``(atol, rtol)`` or ``"ATOL[,RTOL]"``, overrides its rule)."""
+    ``(atol, rtol)`` or ``"ATOL[,RTOL]"``, overrides its rule). Multi-token-prediction layers (DeepSeek-V3's and
+    GLM-4.5's ``num_nextn_predict_layers``) convert with the rest; ``no_mtp`` leaves them out (a note says what was
+    dropped), as does an HF folder whose config counts them but whose files hold none (transformers saves none)."""
     import time
 
     src, dst = Path(src), Path(dst)
@@ -139,12 +142,13 @@ def convert(src, dst, to: str, *, family: str | None = None, tp: int = DEFAULTS.
     try:
         if to == "mcore" and is_megatron_lm_checkpoint(src):
             report = _megatron_lm_to_mcore(src, tmp, family, tp, pp, parse_dtype(dtype), progress, tokenizer,
-                                           iteration, final=dst, experts=experts)
+                                           iteration, final=dst, experts=experts, no_mtp=no_mtp)
         elif to == "mcore":
-            report = _hf_to_mcore(src, tmp, family, tp, pp, parse_dtype(dtype), progress, final=dst, experts=experts)
+            report = _hf_to_mcore(src, tmp, family, tp, pp, parse_dtype(dtype), progress, final=dst, experts=experts,
+                                  no_mtp=no_mtp)
         else:
             report = _mcore_to_hf(src, tmp, family, parse_dtype(dtype), max_shard_size, progress, tokenizer,
-                                  iteration, quantize)
+                                  iteration, quantize, no_mtp)
         _move_into_place(tmp, dst)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -195,7 +199,8 @@ def check_expert_layout(config: McoreConfig, ep: int, etp: int) -> None:
 
 
 def _hf_to_mcore(src: Path, out: Path, family_name, tp: int, pp: int, dtype, progress,
-                 final: Path | None = None, experts: tuple[int, int] = (1, 1)) -> ConversionReport:
+                 final: Path | None = None, experts: tuple[int, int] = (1, 1),
+                 no_mtp: bool = False) -> ConversionReport:
     if not is_hf_checkpoint(src):
         raise PaiZooError(f"{src}: not a Hugging Face checkpoint folder (no {CONFIG})")
     raw_config = read_config(src)
@@ -205,14 +210,41 @@ def _hf_to_mcore(src: Path, out: Path, family_name, tp: int, pp: int, dtype, pro
     check_expert_layout(config, *experts)
     source = open_weights(src, dtype)
     try:
-        return _write_mcore(src, out, family, config, source, tp, pp, dtype, progress, final, experts)
+        config, dropped, note = mtp_choice(src, family, config, source.names(), no_mtp)
+        report = _write_mcore(src, out, family, config, source, tp, pp, dtype, progress, final, experts, dropped)
     finally:
         source.close()
+    if note:
+        report.notes.insert(0, note)
+    return report
+
+
+def mtp_choice(src: Path, family: Family, config: McoreConfig, names, no_mtp: bool):
+    """``(config, dropped MTP layers, note)``: the config's multi-token-prediction layers are converted unless
+    ``no_mtp`` or the folder holds none of their tensors; then the config loses them and the note says so."""
+    layers = int(config.get("mtp_num_layers") or 0)
+    if not layers:
+        return config, 0, None
+    table = get_registry().weight_map(family, config)
+    ctx = MappingContext.from_config(config)
+    names = list(names)
+    if table.mtp_layers_held(ctx, names) and not no_mtp:
+        return config, 0, None
+    held = table.mtp_names(ctx, range(layers)) & set(names)
+    first, last = table.mtp.hf_prefix(ctx, 0), table.mtp.hf_prefix(ctx, layers - 1)
+    where = f"{first}*" if layers == 1 else f"{first}* .. {last}*"
+    if no_mtp:
+        note = (f"--no-mtp: left out {layers} multi-token-prediction layer(s) ({where}: {len(held)} tensors); "
+                "the checkpoint has no MTP layers and converts back with num_nextn_predict_layers 0")
+    else:
+        note = (f"note: config.json counts {layers} multi-token-prediction layer(s) (num_nextn_predict_layers) but "
+                f"{src} holds no {where} tensors (transformers saves none): converted without them")
+    return config.without_mtp(), layers, note
 
 
 def _write_mcore(
     src: Path, out: Path, family: Family, config: McoreConfig, source: HFCheckpoint, tp, pp, dtype, progress,
-    final: Path | None = None, experts: tuple[int, int] = (1, 1),
+    final: Path | None = None, experts: tuple[int, int] = (1, 1), dropped_mtp: int = 0,
 ):
     """Write ``out`` (renamed to ``final`` afterwards: the folder Megatron-LM's ``--load`` is given).
 
@@ -224,7 +256,8 @@ def _write_mcore(
     padded = config.padded_vocab_size(tp)
     layout = dist_ckpt.layout_of(family, config, dtype, padded)
     table = get_registry().weight_map(family, config)
-    ctx = MappingContext.from_config(config, padded_vocab_size=padded)
+    ctx = replace(MappingContext.from_config(config, padded_vocab_size=padded).named_as(layout.local_shapes),
+                  dropped_mtp_layers=dropped_mtp)
     # Rehearse on meta tensors: names, coverage and shapes are checked before writing.
     for _ in table.iter_convert(TO_MCORE, ctx, source.meta, source.names(), layout.local_shapes):
         pass
@@ -283,21 +316,25 @@ def _copy_hf_side(src: Path, dst: Path) -> None:
 
 # -- Megatron-Core -> HF ------------------------------------------------------------------------
 def _mcore_to_hf(src: Path, out: Path, family_name, dtype, max_shard_size, progress, tokenizer=None,
-                 iteration=None, quantize: str | None = None) -> ConversionReport:
+                 iteration=None, quantize: str | None = None, no_mtp: bool = False) -> ConversionReport:
     if not is_megatron_checkpoint(src):
         hint = " (it is a Hugging Face folder: use --to mcore)" if is_hf_checkpoint(src) else ""
         raise PaiZooError(f"{src}: not a Megatron-Core checkpoint folder (no {dist_ckpt.TRACKER}, no release/ or "
                           f"iter_*/ folder){hint}")
     with open_checkpoint(src, family_name, reference=tokenizer, iteration=iteration) as checkpoint:
+        if no_mtp:
+            checkpoint.drop_mtp()
         return _write_hf(checkpoint, out, dtype or checkpoint.stored_dtype, max_shard_size, progress, tokenizer,
                          quantize)
 
 
 def _megatron_lm_to_mcore(src: Path, out: Path, family_name, tp, pp, dtype, progress, tokenizer,
-                          iteration, final: Path | None = None, experts: tuple[int, int] = (1, 1)) -> ConversionReport:
+                          iteration, final: Path | None = None, experts: tuple[int, int] = (1, 1),
+                          no_mtp: bool = False) -> ConversionReport:
     """A Megatron-LM checkpoint re-laid out as pai-zoo's: through a Hugging Face folder inside ``out``."""
     staging = out / ".hf-staging"
-    first = _mcore_to_hf(src, staging, family_name, dtype, DEFAULTS.max_shard_size, progress, tokenizer, iteration)
+    first = _mcore_to_hf(src, staging, family_name, dtype, DEFAULTS.max_shard_size, progress, tokenizer, iteration,
+                         no_mtp=no_mtp)
     report = _hf_to_mcore(staging, out, first.family, tp, pp, dtype, progress, final, experts)
     shutil.rmtree(staging)
     report.notes = first.notes + report.notes

@@ -19,6 +19,7 @@ FP8 -> megatron-core -> FP8 gives the source's bytes back.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping
@@ -252,12 +253,23 @@ def open_weights(path, dtype: torch.dtype | None = None) -> HFCheckpoint | Dequa
 def quantizable_weights(hf_model, names: Iterable[str]) -> set[str]:
     """Of a model's checkpoint tensor ``names``, the weights the published FP8 checkpoints store in FP8: those of
     every ``nn.Linear`` and every routed expert's projections (transformers 5 fuses them in memory), but not the
-    output head's nor a router's (``mlp.gate``), which stay unquantized. ``hf_model`` may be on the meta device."""
+    output head's nor a router's (``mlp.gate``), which stay unquantized. ``hf_model`` may be on the meta device.
+    A multi-token-prediction layer's transformer layer (``model.layers.{num_hidden_layers + i}``, which transformers'
+    model leaves out) is quantized as the last decoder layer is; its ``eh_proj`` and ``shared_head.head`` stay
+    unquantized, as DeepSeek-V3 publishes them (vLLM and SGLang build them as plain linears)."""
     output = hf_model.get_output_embeddings() if hasattr(hf_model, "get_output_embeddings") else None
     linear = {f"{name}.weight" for name, module in hf_model.named_modules()
               if isinstance(module, torch.nn.Linear) and module is not output}
+    layers = getattr(getattr(hf_model, "config", None), "num_hidden_layers", None)
+
+    def as_decoder(name: str) -> str:  # an MTP layer's tensor under the last decoder layer's name
+        found = re.match(r"model\.layers\.(\d+)\.(.*)", name)
+        if layers and found and int(found[1]) >= layers:
+            return f"model.layers.{layers - 1}.{found[2]}"
+        return name
+
     return {n for n in names if n.endswith(".weight") and not n.endswith("mlp.gate.weight")
-            and (n in linear or ".experts." in n)}
+            and (as_decoder(n) in linear or ".experts." in n)}
 
 
 @dataclass

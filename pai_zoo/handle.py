@@ -1,7 +1,7 @@
 """``pai_zoo.load``: one entry point for presets, families and checkpoint folders, in both backends."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -163,6 +163,7 @@ def load(
     pipeline_parallel_size: int | None = None,
     tokenizer=None,
     iteration=None,
+    mtp: bool = False,
     **overrides,
 ) -> ModelHandle:
     """Load a model as a :class:`ModelHandle`.
@@ -177,7 +178,9 @@ def load(
     checkpoint the weights are random (seeded by ``seed``). ``overrides`` replace HF config
     fields (``num_hidden_layers=4``). ``backend="mcore"`` gives a megatron-core ``GPTModel``,
     ``backend="hf"`` a transformers model. Under ``torchrun``, ``tensor_parallel_size`` and
-    ``pipeline_parallel_size`` shard the megatron-core model (from a Megatron-Core checkpoint).
+    ``pipeline_parallel_size`` shard the megatron-core model (from a Megatron-Core checkpoint). ``mtp=True``
+    builds the megatron-core model with its multi-token-prediction layers (``model.mtp``, as training does) and
+    loads them; by default they are left out, as transformers leaves them out.
     """
     import torch
 
@@ -194,11 +197,15 @@ def load(
     hf_config = hf.hf_config(family, config)
     mcore_config = source.mcore_config or family.to_mcore_config(hf.config_dict(hf_config))
     dtype = dtype or torch.float32
+    if mtp and (backend == "hf" or not mcore_config.get("mtp_num_layers")):
+        why = "transformers' models have none" if backend == "hf" else "its config counts none"
+        raise SettingError(f"{source.path}: mtp=True needs a megatron-core model with multi-token-prediction layers "
+                           f"({why}); load it with mtp=False")
     torch.manual_seed(seed)
     if backend == "hf":
         model = _load_hf(source, hf_config, dtype, mcore_config)
     else:
-        model = _load_mcore(source, mcore_config, dtype, seed, tensor_parallel_size, pipeline_parallel_size)
+        model = _load_mcore(source, mcore_config, dtype, seed, tensor_parallel_size, pipeline_parallel_size, mtp)
 
     tokenizer = model_tokenizer(source, mcore_config["vocab_size"])
     return ModelHandle(model, family, backend, hf_config, mcore_config, tokenizer, source.path)
@@ -233,11 +240,12 @@ def _load_hf(source: Source, hf_config, dtype, mcore_config: McoreConfig):
         skeleton = hf.build_hf_model(source.family, hf_config, dtype)
     names = hf_state_dict(skeleton, mcore_config).keys()
     with source.open_megatron() as checkpoint:
-        state = {k: v.to(dtype) for k, v in checkpoint.hf_tensors(expected=names)}
+        state = {k: v.to(dtype) for k, v in checkpoint.hf_tensors(expected=names, mtp=False)}
     return load_hf_checkpoint_state(type(skeleton), hf_config, state, dtype, f"{source.path} -> transformers")
 
 
-def _load_mcore(source: Source, config: McoreConfig, dtype, seed: int, tp: int | None, pp: int | None):
+def _load_mcore(source: Source, config: McoreConfig, dtype, seed: int, tp: int | None, pp: int | None,
+                mtp: bool = False):
     import_megatron()  # megatron-core's CPU notices silenced
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
@@ -260,6 +268,7 @@ def _load_mcore(source: Source, config: McoreConfig, dtype, seed: int, tp: int |
     model = build_gpt_model(
         source.family, config, dtype, padded_vocab_size=padded, parallel_output=False,
         pre_process=parallel_state.is_pipeline_first_stage(), post_process=parallel_state.is_pipeline_last_stage(),
+        mtp=mtp,
     )
     if source.record and source.record.get("head"):  # a reward model / critic (pai_zoo.mcore.heads)
         from .mcore.heads import attach_score_head
@@ -289,6 +298,7 @@ def load_mcore_weights(model, source: Source, config: McoreConfig, dtype, scratc
     from megatron.core import parallel_state
 
     from .mcore.dist_ckpt import load_model_weights
+    from .mcore.mtp import has_mtp
 
     # one process holds the whole model: no TP/PP and no expert parallelism (EP ranks hold a share of the experts)
     single = (parallel_state.get_model_parallel_group().size() == 1
@@ -297,15 +307,19 @@ def load_mcore_weights(model, source: Source, config: McoreConfig, dtype, scratc
         load_model_weights(model, source.path)
     elif source.kind == "megatron-lm" and single:
         with source.open_megatron() as checkpoint:
-            state = dict(checkpoint.mcore_tensors())
+            state = {k: v for k, v in checkpoint.mcore_tensors() if has_mtp(model) or not k.startswith("mtp.")}
         load_into(model, {k: v.to(dtype) for k, v in state.items()}, f"{source.path} -> megatron-core")
     elif source.kind == "hf" and single:
         from .fp8_blocks import open_weights
 
         checkpoint = open_weights(source.path, dtype)
         table = get_registry().weight_map(source.family, config)
-        ctx = MappingContext.from_config(config, padded_vocab_size=model_vocab_rows(model))
         target = mcore_tensors(model)
+        ctx = MappingContext.from_config(config, padded_vocab_size=model_vocab_rows(model), mtp=has_mtp(model))
+        ctx = ctx.named_as(target)
+        held = table.mtp_layers_held(ctx, checkpoint.names())
+        if held and not ctx.mtp_layers:  # MTP layers the model leaves out (inference, or training without them)
+            ctx = replace(ctx, dropped_mtp_layers=held)
         state = dict(table.iter_convert(TO_MCORE, ctx, checkpoint.get, checkpoint.names(), target.keys()))
         load_into(model, {k: v.to(dtype) for k, v in state.items()}, f"{source.path} -> megatron-core")
     elif source.kind in ("hf", "megatron-lm"):

@@ -10,6 +10,7 @@ from . import hf
 from .checkpoint import CONFIG, HFCheckpoint, is_hf_checkpoint, read_config, tokenizer_files
 from .errors import PaiZooError, no_such_path
 from .fp8_blocks import DequantizedCheckpoint, scheme_of
+from .mapping import MappingContext
 from .megatron_args import shown
 from .megatron_lm import is_megatron_checkpoint, open_checkpoint
 from .registry import get_registry
@@ -23,7 +24,9 @@ SHOWN = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", 
          "num_moe_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_router_score_function",
          "moe_router_pre_softmax", "moe_router_num_groups", "moe_router_group_topk", "moe_router_topk_scaling_factor",
          "moe_router_enable_expert_bias", "moe_shared_expert_intermediate_size", "moe_shared_expert_gate",
-         "moe_layer_freq")
+         "moe_layer_freq",
+         # multi-token prediction
+         "mtp_num_layers")
 
 
 @dataclass
@@ -40,6 +43,7 @@ class Inspection:
     architecture: dict = field(default_factory=dict)
     needs: list[str] = field(default_factory=list)  # what a conversion needs, or has to assume
     quantization: str | None = None  # how the stored weights are quantized (an FP8 block-scaled HF folder)
+    mtp: str | None = None  # the multi-token-prediction layers the folder holds
 
     def lines(self) -> list[str]:
         out = [f"checkpoint:   {self.path}", f"format:       {self.format}"]
@@ -51,6 +55,8 @@ class Inspection:
         out += [f"family:       {self.family}", f"parameters:   {self.parameters:,} ({self.dtype})"]
         if self.quantization:
             out.append(f"quantization: {self.quantization}")
+        if self.mtp:
+            out.append(f"MTP layers:   {self.mtp}")
         out.append("architecture:")
         out += [f"  {k:<36} {v}" for k, v in self.architecture.items()]
         out += ["conversion:"] + [f"  {n}" for n in (self.needs or ["needs nothing more"])]
@@ -93,14 +99,33 @@ def _hf(path: Path, family_name: str | None) -> Inspection:
         else:
             scales = set()
         metas = [weights.meta(n) for n in weights.names() if n not in scales]
+        names = list(weights.names())
     finally:
         weights.close()
     dtypes = sorted({str(m.dtype).removeprefix("torch.") for m in metas})
     needs = [] if tokenizer_files(path) else ["the folder has no tokenizer files: `preprocess` and `generate` "
                                               "need --tokenizer DIR"]
+    mtp = _hf_mtp(family, config, names, needs)
     return Inspection(path, f"Hugging Face ({weights.format})", family.name, sum(m.numel() for m in metas),
                       "/".join(dtypes), architecture=_architecture(config.arch), needs=needs,
-                      quantization=quantization)
+                      quantization=quantization, mtp=mtp)
+
+
+def _hf_mtp(family, config, names, needs: list[str]) -> str | None:
+    """What the HF folder holds of the config's multi-token-prediction layers (a conversion need if none)."""
+    layers = int(config.get("mtp_num_layers") or 0)
+    if not layers:
+        return None
+    table = get_registry().weight_map(family, config)
+    ctx = MappingContext.from_config(config)
+    held = table.mtp_layers_held(ctx, names)
+    first = table.mtp.hf_prefix(ctx, 0)
+    if not held:
+        needs.append(f"config.json counts {layers} MTP layer(s) but the folder holds no {first}* tensors: convert "
+                     "leaves them out")
+        return f"{layers} in config.json, none in the files"
+    count = sum(1 for n in names if n.startswith(tuple(table.mtp.hf_prefix(ctx, i) for i in range(held))))
+    return f"{held} ({first}*{'' if held == 1 else ' ...'}: {count} tensors -> mtp.layers.*)"
 
 
 def _megatron(path: Path, family: str | None, tokenizer, iteration) -> Inspection:
@@ -120,6 +145,11 @@ def _megatron(path: Path, family: str | None, tokenizer, iteration) -> Inspectio
         if description is not None and tokenizer is None and description.derived.reference is None:
             needs.append("the checkpoint records no tokenizer folder: pass --tokenizer DIR (the original HF folder) "
                          "to copy its tokenizer and take the fields Megatron does not store")
+        layers = int(checkpoint.config.get("mtp_num_layers") or 0)
+        mtp = None
+        if layers:
+            count = sum(1 for n in layout.local_shapes if n.startswith("mtp."))
+            mtp = f"{layers} (mtp.layers.*: {count} tensors)"
         return Inspection(path, fmt, checkpoint.family.name, parameters,
                           str(checkpoint.stored_dtype).removeprefix("torch."), it, shape,
-                          _architecture(checkpoint.config.arch), needs)
+                          _architecture(checkpoint.config.arch), needs, mtp=mtp)

@@ -537,3 +537,35 @@ def llama_shape_rules(
         Field("rms_norm_eps", "layernorm_epsilon"),
         Field("tie_word_embeddings", "share_embeddings_and_output_weights", default=tie_default),
     ]
+
+
+class MtpLayers(Rule):
+    """Multi-token-prediction layers: ``num_nextn_predict_layers`` (DeepSeek-V3, GLM-4.5; transformers' GLM-4.5
+    config also reads ``num_mtp_layers``) -> megatron's ``mtp_num_layers`` (absent when 0, megatron-core's "no MTP").
+    The weights of layer ``num_hidden_layers + i`` map to ``mtp.layers.{i}`` (:class:`~pai_zoo.mapping.MtpLayout`).
+    Back: ``num_nextn_predict_layers`` always (``default_absent``: the value transformers' config assumes when the
+    key is absent, so 0 must be written), and ``num_mtp_layers`` where the source had it."""
+
+    hf_keys = ("num_nextn_predict_layers", "num_mtp_layers")
+
+    def to_mcore(self, hf: dict, arch: dict) -> None:
+        counts = {k: hf[k] for k in self.hf_keys if hf.get(k) is not None}
+        if len(set(counts.values())) > 1:
+            raise ConfigTranslationError(f"num_nextn_predict_layers={counts['num_nextn_predict_layers']} and "
+                                         f"num_mtp_layers={counts['num_mtp_layers']} disagree; keep one of them")
+        layers = next(iter(counts.values()), 0)
+        if not isinstance(layers, int) or layers < 0:
+            raise ConfigTranslationError(f"num_nextn_predict_layers={layers!r}: a count of layers (0 or more)")
+        if layers:
+            arch["mtp_num_layers"] = layers
+        if "num_mtp_layers" in hf:
+            arch[FAMILY_KEY_PREFIX + "num_mtp_layers"] = True  # present
+
+    def to_hf(self, arch: dict, hf: dict) -> None:
+        layers = int(arch.get("mtp_num_layers") or 0)
+        hf["num_nextn_predict_layers"] = layers
+        if _remembered(arch, "num_mtp_layers"):
+            hf["num_mtp_layers"] = layers
+
+    def describe(self) -> str:
+        return "num_nextn_predict_layers -> mtp_num_layers (model.layers.{num_hidden_layers + i} -> mtp.layers.{i})"

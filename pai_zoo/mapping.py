@@ -22,6 +22,13 @@ tied or not), :class:`FusedQKV` (one HF ``[q; k; v]`` tensor, all heads of each 
 (checkpoint tensors no model holds that must not be dropped: the coverage error says why). A family
 needing another layout subclasses :class:`Row`.
 
+Multi-token-prediction layers (``MappingContext.mtp_layers``, megatron-core's ``mtp.layers.{i}``) need no rows of
+a family's own: the engine maps each as DeepSeek-V3 and GLM-4.5 publish it (:class:`MtpLayout`): HF layer
+``num_layers + i`` holds ``enorm``, ``hnorm``, ``eh_proj``, ``shared_head.norm`` and a whole decoder layer, named as
+the table's ``{layer}`` rows name one (``model.layers.{layer}.`` <-> ``mtp.layers.{i}.transformer_layer.``), with
+the kind of the last decoder layer (MoE or dense). Its ``embed_tokens`` and ``shared_head.head`` are the model's
+embedding and head, which megatron-core shares: checked equal and left out on the way in, written back as copies.
+
 The engine checks coverage: every source tensor is consumed exactly once and every target
 tensor is filled exactly once, otherwise :class:`~pai_zoo.errors.MappingError` lists the
 missing and unexpected names. Tensors are produced row by row (:meth:`WeightMap.iter_convert`),
@@ -31,7 +38,7 @@ from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Iterator, Mapping
 
 from .errors import MappingError
@@ -54,6 +61,20 @@ class MappingContext:
     tied_embeddings: bool
     num_experts: int = 0  # routed experts per MoE layer (megatron's num_moe_experts); 0 without MoE
     moe_layers: tuple[int, ...] | None = None  # the MoE layers' indices; None: every layer (with experts)
+    mtp_layers: int = 0  # multi-token-prediction layers the megatron-core model holds (megatron's mtp_num_layers)
+    dropped_mtp_layers: int = 0  # MTP layers an HF folder holds that the model leaves out (--no-mtp)
+    # an MTP layer's transformer layer: mtp.layers.{i}.transformer_layer (megatron-core 0.16), mtp_model_layer (0.19)
+    mtp_inner: str = "transformer_layer"
+
+    def named_as(self, mcore_names: Iterable[str]) -> "MappingContext":
+        """This context with the MTP layers' inner name that ``mcore_names`` (a megatron-core model's or
+        checkpoint's tensor names) use."""
+        for name in mcore_names:
+            if name.startswith("mtp.layers."):
+                inner = name.split(".")[3]
+                if inner in MTP_INNER_NAMES:
+                    return replace(self, mtp_inner=inner)
+        return self
 
     def is_moe_layer(self, layer: int) -> bool:
         return self.num_experts > 0 and (self.moe_layers is None or layer in self.moe_layers)
@@ -68,10 +89,13 @@ class MappingContext:
 
     @classmethod
     def from_config(
-        cls, config, tensor_parallel_size: int = 1, padded_vocab_size: int | None = None
+        cls, config, tensor_parallel_size: int = 1, padded_vocab_size: int | None = None, mtp: bool = True
     ) -> "MappingContext":
         """Build from a :class:`~pai_zoo.config_map.McoreConfig`; the padded vocabulary follows
-        Megatron's rule for ``tensor_parallel_size`` unless given (a checkpoint's own)."""
+        Megatron's rule for ``tensor_parallel_size`` unless given (a checkpoint's own). ``mtp=False``: the model
+        holds none of the config's multi-token-prediction layers (built without them), whose tensors the
+        checkpoint may hold (:attr:`dropped_mtp_layers`)."""
+        layers = int(config.get("mtp_num_layers") or 0)
         return cls(
             num_layers=config.num_layers,
             num_attention_heads=config.num_attention_heads,
@@ -82,7 +106,15 @@ class MappingContext:
             tied_embeddings=config.tied_embeddings,
             num_experts=int(config.get("num_moe_experts") or 0),
             moe_layers=moe_layer_indices(config.get("moe_layer_freq", 1), config.num_layers),
+            mtp_layers=layers if mtp else 0,
+            dropped_mtp_layers=0 if mtp else layers,
         )
+
+    @property
+    def mtp_kind(self) -> str:
+        """The layer kind of an MTP layer's transformer layer: that of the last decoder layer, as megatron-core's
+        ``get_gpt_mtp_block_spec`` builds it."""
+        return "moe" if self.is_moe_layer(self.num_layers - 1) else "dense"
 
 
 #: :attr:`Row.layer_kind` values: rows of the mixture-of-experts layers only, or of the dense layers only.
@@ -189,6 +221,9 @@ class Copy(Row):
         return list(tensors)
 
     to_hf = to_mcore
+
+
+_COPY = Copy("", "")  # the transform of an MTP module's own tensors (names come from MtpLayout)
 
 
 class Vocab(Row):
@@ -359,6 +394,48 @@ class Refused(Row):
 
 
 @dataclass(frozen=True)
+class MtpLayout:
+    """Where an HF folder keeps its multi-token-prediction layers (DeepSeek-V3's layer 61, GLM-4.5's layer after
+    the last): HF layer ``num_layers + i`` is megatron-core's ``mtp.layers.{i}``. ``rows``: (HF suffix, megatron-core
+    suffix) of the MTP module's own tensors; ``shared``: (HF suffix, the HF name of the main tensor it copies:
+    ``"embedding"`` or ``"output"``, found from the table's :class:`Vocab` and :class:`Output` rows)."""
+
+    hf_layer: str = "model.layers.{layer}."
+    mcore_layer: str = "decoder.layers.{layer}."
+    rows: tuple[tuple[str, str], ...] = (
+        ("enorm.weight", "enorm.weight"),
+        ("hnorm.weight", "hnorm.weight"),
+        ("eh_proj.weight", "eh_proj.weight"),
+        ("shared_head.norm.weight", "final_layernorm.weight"),
+    )
+    shared: tuple[tuple[str, str], ...] = (("embed_tokens.weight", "embedding"), ("shared_head.head.weight", "output"))
+
+    def hf_prefix(self, ctx: MappingContext, i: int) -> str:
+        return self.hf_layer.replace("{layer}", str(ctx.num_layers + i))
+
+    @staticmethod
+    def mcore_prefix(i: int) -> str:
+        return f"mtp.layers.{i}."
+
+    def rename(self, name: str, ctx: MappingContext, i: int) -> str:
+        """A ``{layer}`` row's name for MTP layer ``i``: its HF layer ``num_layers + i``, its megatron-core
+        transformer layer ``mtp.layers.{i}.transformer_layer``."""
+        if name.startswith(self.hf_layer):
+            return self.hf_prefix(ctx, i) + name[len(self.hf_layer):]
+        if name.startswith(self.mcore_layer):
+            return f"{self.mcore_prefix(i)}{ctx.mtp_inner}." + name[len(self.mcore_layer):]
+        raise MappingError(f"table error: {name!r} is a {{layer}} name outside {self.hf_layer!r} and "
+                           f"{self.mcore_layer!r}, so the multi-token-prediction layers cannot reuse it")
+
+
+#: The names megatron-core gives an MTP layer's transformer layer: 0.16's, then 0.19's.
+MTP_INNER_NAMES = ("transformer_layer", "mtp_model_layer")
+
+#: The layout DeepSeek-V3/R1 and GLM-4.5 publish.
+MTP_LAYOUT = MtpLayout()
+
+
+@dataclass(frozen=True)
 class _Step:
     """One expanded row: concrete source and target names for one direction."""
 
@@ -368,10 +445,66 @@ class _Step:
 
 
 class WeightMap:
-    """A family's table. Run it with :meth:`convert` (a dict) or :meth:`iter_convert` (a stream)."""
+    """A family's table. Run it with :meth:`convert` (a dict) or :meth:`iter_convert` (a stream). ``mtp``: where
+    the HF side keeps multi-token-prediction layers (:class:`MtpLayout`; DeepSeek-V3's layout by default)."""
 
-    def __init__(self, *rows: Row):
+    def __init__(self, *rows: Row, mtp: MtpLayout = MTP_LAYOUT):
         self.rows = rows
+        self.mtp = mtp
+
+    def _mtp_steps(self, direction: str, ctx: MappingContext, layers: range) -> list[_Step]:
+        """The steps of MTP layers ``layers``: the table's ``{layer}`` rows of the MTP layer's kind, renamed
+        (:meth:`MtpLayout.rename`), and the MTP module's own tensors."""
+        steps = []
+        for i in layers:
+            for row in self.rows:
+                if not row.per_layer or row.layer_kind not in (None, ctx.mtp_kind):
+                    continue
+                experts = range(ctx.num_experts) if row.per_expert else [None]
+                for expert in experts:
+                    if not row.active(ctx):
+                        continue
+                    src, dst = row.names(direction)
+                    fill = functools.partial(lambda n, e: _fill(self.mtp.rename(n, ctx, i), None, e), e=expert)
+                    steps.append(_Step(row, tuple(map(fill, src)), tuple(map(fill, dst))))
+            hf, mcore = self.mtp.hf_prefix(ctx, i), self.mtp.mcore_prefix(i)
+            for hf_suffix, mcore_suffix in self.mtp.rows:
+                pair = (hf + hf_suffix,), (mcore + mcore_suffix,)
+                src, dst = pair if direction == TO_MCORE else pair[::-1]
+                steps.append(_Step(_COPY, src, dst))
+        return steps
+
+    def mtp_shared(self, ctx: MappingContext) -> list[tuple[str, str]]:
+        """(HF name of an MTP layer's copy, HF name of the main tensor it copies) for every MTP layer the model
+        holds: its ``embed_tokens`` (the embedding) and ``shared_head.head`` (the output head, which is the
+        embedding when tied)."""
+        embedding = next((r.hf[0] for r in self.rows if type(r) is Vocab
+                          and r.mcore == ("embedding.word_embeddings.weight",)), None)
+        output = next((r.hf[0] for r in self.rows if isinstance(r, Output)), None)
+        main = {"embedding": embedding, "output": output if output and not ctx.tied_embeddings else embedding}
+        pairs = []
+        for i in range(ctx.mtp_layers):
+            for suffix, of in self.mtp.shared:
+                if main[of] is None:
+                    raise MappingError(f"table error: the MTP layers share the {of}, which no row of the table maps")
+                pairs.append((self.mtp.hf_prefix(ctx, i) + suffix, main[of]))
+        return pairs
+
+    def mtp_names(self, ctx: MappingContext, layers: range, direction: str = TO_MCORE) -> set[str]:
+        """Every source name of MTP layers ``layers`` in ``direction``: their own tensors and transformer layer, and
+        on the HF side the copies of the embedding and head."""
+        names = {n for s in self._mtp_steps(direction, ctx, layers) for n in s.sources}
+        if direction == TO_MCORE:
+            names |= {self.mtp.hf_prefix(ctx, i) + suffix for i in layers for suffix, _ in self.mtp.shared}
+        return names
+
+    def mtp_layers_held(self, ctx: MappingContext, names: Iterable[str]) -> int:
+        """How many MTP layers an HF checkpoint's ``names`` hold tensors of (HF layers ``num_layers``, ``+ 1`` ...)."""
+        names = list(names)
+        held = 0
+        while any(n.startswith(self.mtp.hf_prefix(ctx, held)) for n in names):
+            held += 1
+        return held
 
     def plan(self, direction: str, ctx: MappingContext) -> tuple[list[_Step], set[str]]:
         """Expand the table for one model: the steps and the optional (droppable) source names."""
@@ -392,6 +525,12 @@ class WeightMap:
                         continue
                     src, dst = row.names(direction)
                     steps.append(_Step(row, tuple(map(fill, src)), tuple(map(fill, dst))))
+        steps += self._mtp_steps(direction, ctx, range(ctx.mtp_layers))
+        if direction == TO_MCORE:
+            optional.update(a for a, _ in self.mtp_shared(ctx))  # megatron-core shares them (checked equal)
+        if ctx.dropped_mtp_layers:  # the checkpoint may hold them; the model does not
+            dropped = range(ctx.mtp_layers, ctx.mtp_layers + ctx.dropped_mtp_layers)
+            optional.update(self.mtp_names(ctx, dropped, direction))
         seen_src: dict[str, Row] = {}
         seen_dst: dict[str, Row] = {}
         for step in steps:
@@ -412,7 +551,7 @@ class WeightMap:
         """Every target name the table fills, including a rebuilt tied HF output head."""
         steps, _ = self.plan(direction, ctx)
         names = [n for s in steps for n in s.targets]
-        return names + [tied for tied, _ in self._tied_outputs(direction, ctx)]
+        return names + [copy for copy, _ in self._copies(direction, ctx)]
 
     def tied_outputs(self, ctx: MappingContext) -> list[str]:
         """HF names that are copies of the embedding when embeddings are tied (``lm_head.weight``);
@@ -434,6 +573,13 @@ class WeightMap:
                 pairs.append((row.hf[0], embedding_row.hf[0]))
         return pairs
 
+    def _copies(self, direction: str, ctx: MappingContext) -> list[tuple[str, str]]:
+        """(HF name, HF name it copies) of the tensors written as copies of another on the way to HF: a tied
+        output head, the MTP layers' embedding and head."""
+        if direction != TO_HF:
+            return []
+        return self._tied_outputs(direction, ctx) + self.mtp_shared(ctx)
+
     def check_coverage(
         self,
         direction: str,
@@ -447,7 +593,16 @@ class WeightMap:
         needed = {n for s in steps for n in s.sources}
         given = set(source_names)
         problems = []
+        if direction == TO_MCORE and ctx.mtp_layers:
+            held = self.mtp_names(ctx, range(ctx.mtp_layers))
+            if not held & given:
+                first = self.mtp.hf_prefix(ctx, 0)
+                raise MappingError(f"the config has {ctx.mtp_layers} multi-token-prediction layer(s) "
+                                   f"(num_nextn_predict_layers), but the checkpoint holds no {first}* tensors "
+                                   "(transformers does not save them); convert with --no-mtp to leave them out")
         missing, unexpected = sorted(needed - given), sorted(given - needed - optional)
+        if direction == TO_MCORE and self.mtp is not None:
+            self._check_mtp_count(ctx, unexpected)
         for row in self.rows:
             hit = [n for n in unexpected if isinstance(row, Refused) and row.match(n, ctx)]
             if hit:
@@ -466,7 +621,18 @@ class WeightMap:
                 problems.append(f"filled tensors the target does not have: {', '.join(sorted(filled - expected))}")
         if problems:
             side = "Hugging Face -> megatron-core" if direction == TO_MCORE else "megatron-core -> Hugging Face"
-            raise MappingError(f"weight map does not cover the model ({side}):\n  " + "\n  ".join(problems))
+            raise MappingError(f"weight map does not cover the model ({side}): " + "; ".join(problems))
+
+    def _check_mtp_count(self, ctx: MappingContext, unexpected: list[str]) -> None:
+        """One line when the files hold MTP layers the config does not count (``num_nextn_predict_layers``)."""
+        counted = ctx.mtp_layers + ctx.dropped_mtp_layers
+        first = self.mtp.hf_prefix(ctx, counted)
+        own = tuple(f"{first}{hf}" for hf, _ in self.mtp.rows)
+        hit = [n for n in unexpected if n in own]
+        if hit:
+            raise MappingError(f"{', '.join(hit)}: multi-token-prediction layer tensors beyond the "
+                               f"{counted} MTP layer(s) the config counts; set num_nextn_predict_layers in "
+                               "config.json to the number of MTP layers the checkpoint holds")
 
     def iter_convert(
         self,
@@ -482,10 +648,21 @@ class WeightMap:
         ``expected_targets`` maps names to shapes, every produced tensor's shape is checked too
         (the error names the source tensors it came from).
         """
+        source_names = list(source_names)
         self.check_coverage(direction, ctx, source_names, expected_targets)
         shapes = expected_targets if isinstance(expected_targets, Mapping) else {}
         steps, _ = self.plan(direction, ctx)
-        tied = dict((emb, out) for out, emb in self._tied_outputs(direction, ctx))
+        copies: dict[str, list[str]] = {}
+        for copy, of in self._copies(direction, ctx):
+            copies.setdefault(of, []).append(copy)
+        if direction == TO_MCORE:
+            self._check_shared(ctx, get, set(source_names))
+
+        def with_copies(name, tensor):
+            yield name, tensor
+            for copy in copies.get(name, ()):
+                yield from with_copies(copy, tensor)
+
         for step in steps:
             inputs = [get(n) for n in step.sources]
             outputs = step.row.apply(direction, inputs, ctx)
@@ -496,9 +673,26 @@ class WeightMap:
                     given = ", ".join(f"{n} {tuple(t.shape)}" for n, t in zip(step.sources, inputs))
                     raise MappingError(f"{name}: made from {given} has shape {tuple(tensor.shape)}, "
                                        f"the model needs {tuple(shapes[name])}")
-                yield name, tensor
-                if name in tied:
-                    yield tied[name], tensor
+                yield from with_copies(name, tensor)
+
+    def _check_shared(self, ctx: MappingContext, get, given: set[str]) -> None:
+        """An MTP layer's ``embed_tokens``/``shared_head.head`` must equal the tensor megatron-core shares with it:
+        a checkpoint in which they differ would lose one of them."""
+        for copy, of in self.mtp_shared(ctx):
+            if copy not in given or of not in given:
+                continue
+            a, b = get(copy), get(of)
+            if getattr(a, "is_meta", False) or getattr(b, "is_meta", False):
+                if tuple(a.shape) != tuple(b.shape):
+                    raise MappingError(f"{copy}: shape {tuple(a.shape)} is not that of {of} {tuple(b.shape)}, "
+                                       "which megatron-core's MTP layer shares")
+                continue
+            import torch
+
+            if a.shape != b.shape or not torch.equal(a, b):
+                raise MappingError(f"{copy} differs from {of}: megatron-core's MTP layer shares the model's "
+                                   f"{'embedding' if 'embed' in copy else 'output head'}, so it cannot hold both; "
+                                   "make them equal or convert with --no-mtp")
 
     def convert(
         self,

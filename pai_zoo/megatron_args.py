@@ -162,6 +162,20 @@ class _Experts(Rule):
             args["moe_layer_freq"] = list(args["moe_layer_freq"])
 
 
+class _MtpLayers(Rule):
+    """``--mtp-num-layers``: megatron-core's multi-token-prediction layers (``mtp_num_layers``; None or 0: none)."""
+
+    hf_keys = ("mtp_num_layers",)
+
+    def to_mcore(self, args: dict, arch: dict) -> None:
+        if args.get("mtp_num_layers"):
+            arch["mtp_num_layers"] = int(args["mtp_num_layers"])
+
+    def to_hf(self, arch: dict, args: dict) -> None:
+        if arch.get("mtp_num_layers"):
+            args["mtp_num_layers"] = int(arch["mtp_num_layers"])
+
+
 def _negate(value: Any) -> bool:
     return not value
 
@@ -196,6 +210,7 @@ MEGATRON_LM_ARGS = ConfigMap(
     Field("window_size", "window_size", default=None,
           encode=lambda w: None if w is None else list(w), decode=lambda w: None if w is None else tuple(w)),
     _Experts(),
+    _MtpLayers(),
 )
 
 #: Architecture features pai-zoo cannot read from Megatron-LM args yet: (args field, value that is fine, why).

@@ -29,7 +29,7 @@ import torch
 from torch import multiprocessing as mp
 
 from .errors import PaiZooError
-from .mcore.dist_ckpt import TRACKER, iteration_dir
+from .mcore.dist_ckpt import TRACKER, iteration_dir, model_sharded_state
 from .util.dist import is_rank0
 from .util.files import publish, write_text_atomic
 
@@ -111,7 +111,7 @@ def _sharded_state(model, optimizer, scheduler, common: dict, loading: bool, wit
     chunks = model if isinstance(model, (list, tuple)) else [model]
     state = dict(common)
     for key, chunk in zip(model_keys(model), chunks):
-        state[key] = chunk.sharded_state_dict()
+        state[key] = model_sharded_state(chunk)
     if with_optimizer:
         model_state = {key: state[key] for key in model_keys(model)}
         model_state = model_state["model"] if len(chunks) == 1 else model_state

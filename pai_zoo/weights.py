@@ -26,7 +26,7 @@ def hf_to_mcore(
     family: Family, config: McoreConfig, hf_state: Mapping, expected=None, tensor_parallel_size: int = 1
 ) -> dict:
     """HF ``{name: tensor}`` -> megatron-core ``{name: tensor}`` (full, unsharded tensors)."""
-    ctx = MappingContext.from_config(config, tensor_parallel_size)
+    ctx = MappingContext.from_config(config, tensor_parallel_size).named_as(expected or ())
     return _table(family, config).convert(TO_MCORE, ctx, hf_state, expected)
 
 
@@ -34,7 +34,7 @@ def mcore_to_hf(
     family: Family, config: McoreConfig, mcore_state: Mapping, expected=None, tensor_parallel_size: int = 1
 ) -> dict:
     """megatron-core ``{name: tensor}`` -> HF ``{name: tensor}`` (vocabulary padding trimmed)."""
-    ctx = MappingContext.from_config(config, tensor_parallel_size)
+    ctx = MappingContext.from_config(config, tensor_parallel_size).named_as(mcore_state)
     return _table(family, config).convert(TO_HF, ctx, mcore_state, expected)
 
 

@@ -504,9 +504,9 @@ def test_training_with_expert_parallel_2_repeats_the_one_process_losses(tmp_path
     assert max(abs(a - b) for a, b in zip(one, ep2)) <= 1e-4
 
 
-def test_glm4_moe_mtp_layer_tensors_are_refused_by_name(tmp_path):
-    """A GLM-4.5 checkpoint holding a multi-token-prediction layer (model.layers.{num_hidden_layers}.*, which
-    transformers' model leaves out too) is refused naming its tensors, not converted without them."""
+def test_glm4_moe_mtp_tensors_the_config_does_not_count_are_refused_by_name(tmp_path):
+    """A GLM-4.5 checkpoint holding a multi-token-prediction layer (model.layers.{num_hidden_layers}.*) that its
+    config does not count (num_nextn_predict_layers 0) is refused naming its tensors, not converted without them."""
     import torch
     from safetensors.torch import load_file, save_file
 
@@ -521,7 +521,7 @@ def test_glm4_moe_mtp_layer_tensors_are_refused_by_name(tmp_path):
     tensors["model.layers.2.eh_proj.weight"] = torch.zeros(64, 128)
     tensors["model.layers.2.enorm.weight"] = torch.ones(64)
     save_file(tensors, file, metadata={"format": "pt"})
-    with pytest.raises(MappingError, match=r"multi-token-prediction layers .* model\.layers\.2\.eh_proj\.weight, "
-                                           r"model\.layers\.2\.enorm\.weight"):
+    with pytest.raises(MappingError, match=r"model\.layers\.2\.eh_proj\.weight, model\.layers\.2\.enorm\.weight: "
+                                           r"multi-token-prediction .* set num_nextn_predict_layers"):
         convert(tmp_path / "hf", tmp_path / "mcore", "mcore")
     assert not (tmp_path / "mcore").exists()

@@ -33,6 +33,9 @@ def add_parser(subparsers) -> None:
                    help="--to hf: write FP8 block-scaled weights (float8_e4m3fn with 128x128 weight_scale_inv, as "
                         "DeepSeek-V3 and Qwen3-FP8 publish them), reusing an FP8 source's scales where the weights "
                         "are unchanged (default: plain weights, --dtype)")
+    p.add_argument("--no-mtp", action="store_true",
+                   help="leave out the multi-token-prediction layers (num_nextn_predict_layers: DeepSeek-V3's and "
+                        "GLM-4.5's model.layers.{num_hidden_layers}.*); a note says what was dropped")
     p.add_argument("--max-shard-size", default=DEFAULTS.max_shard_size,
                    help="largest safetensors shard (--to hf), e.g. 5GB, 500MB")
     p.add_argument("--force", action="store_true", help="replace DST if it exists")
@@ -55,7 +58,7 @@ def run(args) -> int:
         args.src, args.dst, args.to, family=args.family, tp=args.tp, pp=args.pp, dtype=args.dtype,
         force=args.force, max_shard_size=args.max_shard_size, verify=args.verify or args.verify_tolerance is not None,
         progress=None, tokenizer=args.tokenizer, iteration=args.iteration, verify_tolerance=args.verify_tolerance,
-        quantize=args.quantize,
+        quantize=args.quantize, no_mtp=args.no_mtp,
         ep=args.ep, etp=args.etp,
     )
     for note in report.notes:

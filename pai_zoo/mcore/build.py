@@ -14,6 +14,7 @@ from ..family import Family
 from . import import_megatron, quiet_megatron
 from .alibi import ALIBI, with_alibi
 from .embedding_scale import apply_embedding_scale
+from .mtp import mtp_block_spec, mtp_layers_of
 from .rope import set_inverse_frequencies, softmax_scale
 from .specs import layer_spec_for, stage_spec, with_sequence_parallel_norms
 
@@ -98,6 +99,7 @@ def build_gpt_model(
     parallel_output: bool = True,
     vp_stage: int | None = None,
     transformer_impl: str = "local",
+    mtp: bool = False,
     **overrides: Any,
 ):
     """A randomly initialised ``GPTModel`` (or the family's ``model_class``) for ``config``,
@@ -117,6 +119,9 @@ def build_gpt_model(
     of the arch. The installed megatron-core must be one the family supports (:attr:`Family.mcore_versions`).
     ``vp_stage``: this model chunk's virtual pipeline stage (the interleaved schedule builds one chunk per stage);
     ``transformer_impl``: ``local`` or ``transformer_engine`` (:func:`pai_zoo.mcore.specs.layer_spec_for`).
+    ``mtp``: build the config's multi-token-prediction layers (``mtp_num_layers``, :mod:`pai_zoo.mcore.mtp`) on the
+    last pipeline stage, for training and checkpoint layouts; without it the model has none (inference, as
+    transformers' models), and its forward needs no labels.
     """
     family.check_mcore_version()  # a clear error before megatron-core fails somewhere inside
     from megatron.core import parallel_state
@@ -126,6 +131,8 @@ def build_gpt_model(
     model_class = family.model_class(config) if family.model_class else model_base()
     tp = parallel_state.get_tensor_model_parallel_world_size()
     pp = parallel_state.get_pipeline_model_parallel_world_size()
+    if not mtp or not mtp_layers_of(config):
+        overrides["mtp_num_layers"] = None  # megatron-core's "no MTP"
     tconfig = transformer_config(
         config, dtype, **{"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp, **overrides}
     )
@@ -141,6 +148,10 @@ def build_gpt_model(
         spec = with_alibi(spec)
     if transformer_impl == "local":
         spec = with_inference_path(spec)  # pai-zoo's KV cache and inference linears (pai_zoo.mcore.inference)
+    if tconfig.mtp_num_layers:
+        mtp_spec = mtp_block_spec(config, tconfig, spec, transformer_impl, vp_stage)
+        if mtp_spec is not None:
+            gpt_args["mtp_block_spec"] = mtp_spec
     with (
         warnings.catch_warnings(),
         _quiet_logger("megatron.core.models.gpt.gpt_model"),

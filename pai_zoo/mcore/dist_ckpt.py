@@ -19,7 +19,7 @@ import io
 import json
 import os
 import pickle
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -37,7 +37,7 @@ from torch.distributed.checkpoint.metadata import (
 from ..config_map import McoreConfig
 from ..errors import MappingError, PaiZooError
 from ..family import Family
-from ..mapping import TO_HF, MappingContext
+from ..mapping import MTP_INNER_NAMES, TO_HF, MappingContext
 from ..registry import get_registry
 from . import import_megatron
 from .build import build_gpt_model
@@ -98,13 +98,14 @@ def _walk(x):
 
 def meta_model(family: Family, config: McoreConfig, dtype: torch.dtype, padded_vocab_size: int | None = None,
                head: dict | None = None):
-    """A ``GPTModel`` on the meta device (single process, all layers): shapes without memory.
+    """A ``GPTModel`` on the meta device (single process, all layers, the MTP layers included): shapes without
+    memory.
     ``head`` (a checkpoint's ``pai_zoo.json`` entry) replaces the LM head by a score head."""
 
     ensure_model_parallel()
     with torch.device("meta"):
         model = build_gpt_model(
-            family, config, dtype, padded_vocab_size=padded_vocab_size, perform_initialization=False
+            family, config, dtype, padded_vocab_size=padded_vocab_size, mtp=True, perform_initialization=False
         )
         if head:
             attach_score_head(model)
@@ -229,7 +230,7 @@ class _FileSlice(io.RawIOBase):
         return len(data)
 
 
-_MODEL_KEY_PREFIXES = ("embedding.", "decoder.", "output_layer.")
+_MODEL_KEY_PREFIXES = ("embedding.", "decoder.", "output_layer.", "mtp.")
 
 
 #: Keys the local layer spec's ``sharded_state_dict`` gives -> the key a Transformer Engine layer spec gives the same
@@ -274,6 +275,12 @@ class DistCheckpointReader:
         for local, te in TE_KEY_ALIASES:
             if local in key and key.replace(local, te) in stored:
                 return key.replace(local, te)
+        if key.startswith("mtp.layers."):  # the MTP layer's transformer layer, as the other megatron-core names it
+            parts = key.split(".")
+            for inner in MTP_INNER_NAMES:
+                other = ".".join([*parts[:3], inner, *parts[4:]])
+                if other != key and other in stored:
+                    return other
         return None
 
     def _load_chunk(self, key: str, offsets) -> torch.Tensor:
@@ -448,19 +455,37 @@ class MegatronCheckpoint:
         self.table = registry.weight_map(self.family, self.config)
         if self.head:
             self.table = score_weight_map(self.table)
-        self.ctx = MappingContext.from_config(self.config, padded_vocab_size=self.padded_vocab_size)
+        self.ctx = MappingContext.from_config(self.config, padded_vocab_size=self.padded_vocab_size).named_as(
+            self.layout.local_shapes)
         self.reader.check_layout(self.layout, self.family.name)
+
+    def drop_mtp(self) -> str | None:
+        """Leave the multi-token-prediction layers out of :meth:`hf_tensors` and of :attr:`config` (whose HF config
+        then counts none); the note saying what was dropped, or ``None`` without MTP layers."""
+        layers = self.ctx.mtp_layers
+        if not layers:
+            return None
+        self.ctx = replace(self.ctx, mtp_layers=0, dropped_mtp_layers=layers)
+        self.config = self.config.without_mtp()
+        note = (f"--no-mtp: left out {layers} multi-token-prediction layer(s) (mtp.layers.*); the Hugging Face "
+                "folder has num_nextn_predict_layers 0")
+        self.notes.append(note)
+        return note
 
     def mcore_tensors(self):
         """``(megatron-core name, full tensor)`` pairs of the single-process model, one at a time."""
         for name in self.layout.local_shapes:
             yield name, self.reader.read_local(self.layout, name)
 
-    def hf_tensors(self, expected=None, meta: bool = False):
-        """``(HF name, tensor)`` pairs through the family's table; ``meta=True`` gives shapes only."""
+    def hf_tensors(self, expected=None, meta: bool = False, mtp: bool = True):
+        """``(HF name, tensor)`` pairs through the family's table; ``meta=True`` gives shapes only; ``mtp=False``
+        leaves the multi-token-prediction layers out (a transformers model has none)."""
 
         get = self.layout.meta if meta else (lambda name: self.reader.read_local(self.layout, name))
-        return self.table.iter_convert(TO_HF, self.ctx, get, self.layout.local_shapes, expected)
+        ctx = self.ctx
+        if not mtp and ctx.mtp_layers:
+            ctx = replace(ctx, mtp_layers=0, dropped_mtp_layers=ctx.mtp_layers)
+        return self.table.iter_convert(TO_HF, ctx, get, self.layout.local_shapes, expected)
 
     def close(self) -> None:
         self.reader.close()
@@ -472,6 +497,15 @@ class MegatronCheckpoint:
         self.close()
 
 
+def model_sharded_state(model) -> dict:
+    """``model.sharded_state_dict()`` with the data-parallel group in its metadata, which megatron-core 0.16 reads
+    (and does not fill in) on a pipeline stage that holds MTP layers but no embedding: the stage's copy of the
+    word embeddings is tied to the first stage's there."""
+    from megatron.core.transformer.utils import ensure_metadata_has_dp_cp_group
+
+    return model.sharded_state_dict(metadata=ensure_metadata_has_dp_cp_group(None))
+
+
 def load_model_weights(model, path) -> None:
     """Load a checkpoint folder into a (possibly TP/PP-sharded) ``GPTModel``, or a list of its virtual-pipeline
     chunks, with megatron-core's own loader, as Megatron-LM's ``--load`` does."""
@@ -481,11 +515,11 @@ def load_model_weights(model, path) -> None:
 
     folder = iteration_dir(path)
     if isinstance(model, (list, tuple)):  # virtual-pipeline chunks: one load, which must cover every tensor
-        state = dist_checkpointing.load({f"chunk{i}": c.sharded_state_dict() for i, c in enumerate(model)},
+        state = dist_checkpointing.load({f"chunk{i}": model_sharded_state(c) for i, c in enumerate(model)},
                                         str(folder))
         pairs = [(c, state[f"chunk{i}"]) for i, c in enumerate(model)]
     else:
-        pairs = [(model, dist_checkpointing.load(model.sharded_state_dict(), str(folder)))]
+        pairs = [(model, dist_checkpointing.load(model_sharded_state(model), str(folder)))]
     for chunk, loaded in pairs:
         own = chunk.state_dict().keys()
         # The loaded dict also holds the common state (args, iteration ...): keep the model's entries.

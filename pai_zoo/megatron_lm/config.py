@@ -142,7 +142,7 @@ def _with_reference(args: dict, arch: dict, folder: Path, where: str, family: st
         raise ConfigTranslationError(f"--family {family} disagrees with {folder / CONFIG}, which is a "
                                      f"{ref_family.name} model")
     arch = _with_family_rules(args, arch, ref_family, where)
-    wrong = differences(arch, ref.arch, keys=[k for k in arch if k not in HF_WINS])
+    wrong = differences(arch, ref.arch, keys=[k for k in arch if k not in (*HF_WINS, "mtp_num_layers")])
     if wrong:
         wrong_values = "; ".join(f"{k}: {shown(ref.arch, k)!r} in {folder / CONFIG}, {shown(arch, k)!r} in the args"
                           for k in wrong)
@@ -151,6 +151,13 @@ def _with_reference(args: dict, arch: dict, folder: Path, where: str, family: st
     for key in differences(arch, ref.arch, keys=[k for k in HF_WINS if k in arch]):
         notes.append(f"note: {key}: the args hold {shown(arch, key)!r}, {folder / CONFIG} has "
                      f"{shown(ref.arch, key)!r}; using {shown(ref.arch, key)!r}")
+    layers, ref_layers = int(arch.get("mtp_num_layers") or 0), int(ref.get("mtp_num_layers") or 0)
+    if layers != ref_layers:  # the args say what the checkpoint holds
+        notes.append(f"note: the args hold mtp_num_layers={layers or None}, {folder / CONFIG} counts {ref_layers} "
+                     f"multi-token-prediction layer(s); using the args' {layers}")
+        ref = ref.without_mtp()
+        if layers:
+            ref.arch["mtp_num_layers"] = layers
     if ref["vocab_size"] > padded:
         raise ConfigTranslationError(f"{where}: {folder / CONFIG} has vocab_size={ref['vocab_size']}, more than the "
                                      f"checkpoint's {padded} embedding rows")

@@ -102,6 +102,8 @@ class TrainConfig:
     keep_last: int = 0
     save_optim: bool = True
     extend: bool = False
+    mtp_num_layers: int | None = None
+    mtp_loss_scaling_factor: float = 0.1
 
     # ---- derived quantities -------------------------------------------------------------
     @property
@@ -232,7 +234,7 @@ class TrainConfig:
             if getattr(self, name) <= 0:
                 raise TrainConfigError(f"{name} must be positive, not {getattr(self, name)} ({self.given(name)})")
         for name in ("warmup_tokens", "warmup_iters", "eval_interval", "eval_iters", "weight_decay", "clip_grad",
-                     "keep_last"):
+                     "keep_last", "mtp_num_layers", "mtp_loss_scaling_factor"):
             if getattr(self, name) is not None and getattr(self, name) < 0:
                 raise TrainConfigError(f"{name} must not be negative, not {getattr(self, name)} ({self.given(name)})")
         if not 0 <= self.warmup_fraction < 1:
@@ -333,6 +335,20 @@ class TrainConfig:
             if missing:
                 raise TrainConfigError(f"{g('transformer_impl')} needs {missing} (install the gpu extra on a GPU "
                                        "machine: pip install -e '.[gpu]'); on the CPU use --transformer-impl local")
+
+    def check_mtp(self, model_layers: int) -> int:
+        """The multi-token-prediction layers the run trains, for a model holding ``model_layers`` of them
+        (``num_nextn_predict_layers``): all of them unless ``mtp_num_layers`` is 0 (none); any other count is
+        refused, since adding untrained MTP layers to a model is not supported."""
+        if self.mtp_num_layers is None:
+            return model_layers
+        if self.mtp_num_layers not in (0, model_layers):
+            fix = (f"give {model_layers} to train them or 0 to leave them out" if model_layers
+                   else "give 0 or leave the setting out")
+            raise TrainConfigError(f"{self.given('mtp_num_layers')}: the model has {model_layers or 'no'} MTP "
+                                   f"layer(s) (num_nextn_predict_layers); {fix} (adding new MTP layers is not "
+                                   "supported)")
+        return self.mtp_num_layers
 
     def check_model(self, num_layers: int, num_moe_experts: int | None = None) -> None:
         """The checks of :meth:`validate` that need the model: the virtual pipeline's layer split, the

@@ -18,9 +18,17 @@ class StepMetrics:
     step_time: float
     target_tokens: int
     mfu: float | None = None
+    mtp_losses: tuple[float, ...] = ()  # each multi-token-prediction layer's loss (megatron-core's "mtp_1 loss" ...)
 
     def as_dict(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if v is not None}
+        out = {k: v for k, v in self.__dict__.items() if v is not None and k != "mtp_losses"}
+        out.update({mtp_key(i): v for i, v in enumerate(self.mtp_losses)})
+        return out
+
+
+def mtp_key(i: int) -> str:
+    """The metrics key of MTP layer ``i``'s loss: ``mtp_1_loss`` (megatron-core logs it as ``mtp_1 loss``)."""
+    return f"mtp_{i + 1}_loss"
 
 
 def short_count(n: int) -> str:
@@ -34,6 +42,10 @@ def short_count(n: int) -> str:
 def format_metrics(m: dict, total: int, eta: float | None = None) -> str:
     text = (f"step {m['step']}/{total} | loss {m['loss']:.4f} | lr {m['lr']:.3e} | grad norm {m['grad_norm']:.3f} | "
             f"{m['tokens_per_s']:,.0f} tokens/s")
+    i = 0
+    while mtp_key(i) in m:
+        text += f" | mtp_{i + 1} loss {m[mtp_key(i)]:.4f}"
+        i += 1
     if "mfu" in m:
         text += f" | MFU {m['mfu']:.1%}"
     if "eval_loss" in m:

@@ -127,6 +127,12 @@ SETTINGS: dict[str, Setting] = {
                            help="the layer implementation: " + ", ".join(TRANSFORMER_IMPLS) + " (megatron-core's "
                                 "Transformer Engine spec: fused norm-linear and fused attention; a GPU with the "
                                 "gpu extra, pip install -e '.[gpu]')"),
+    "mtp_num_layers": _s("--mtp-num-layers", megatron="--mtp-num-layers",
+                         help="multi-token-prediction layers to train: the model's own (DeepSeek-V3's and GLM-4.5's "
+                              "num_nextn_predict_layers; the default) or 0 to leave them out"),
+    "mtp_loss_scaling_factor": _s("--mtp-loss-scaling-factor", megatron="--mtp-loss-scaling-factor",
+                                  help="weight of the MTP loss (averaged over the MTP layers) added to the LM loss; "
+                                       "logged as mtp_1 loss, mtp_2 loss ..."),
     "sft": _s("--sft", switch=True, help="SFT data from preprocess --sft: loss mask and document boundaries"),
     "progress": _s("--no-progress", switch=False,
                    help="a progress bar (default: on a terminal); --no-progress prints plain log lines"),

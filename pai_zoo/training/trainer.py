@@ -34,13 +34,16 @@ from pathlib import Path
 import torch
 
 from ..checkpoint import tokenizer_files
+from ..conversion import mtp_choice
 from ..errors import PaiZooError
+from ..fp8_blocks import open_weights
 from ..handle import load_mcore_weights, resolve
 from ..hf import config_dict, hf_config, hf_config_from_mcore
 from ..mcore import dist_ckpt, import_megatron
 from ..mcore.build import build_gpt_model, mask_padded_vocab
 from ..mcore.compat import ensure_model_parallel
 from ..mcore.flops import model_flops_per_token, peak_flops
+from ..mcore.mtp import mtp_layers_of, start_loss_tracking, take_losses
 from ..mcore.parallel_sizes import check_layout, check_world
 from ..run_checkpoint import iteration_name, latest_iteration, load_checkpoint, prune_checkpoints, save_checkpoint
 from ..tokenizers.names import model_tokenizer
@@ -93,6 +96,7 @@ class Trainer:
         self.mcore_config = source.mcore_config or self.family.to_mcore_config(
             config_dict(hf_config(self.family, source.hf_config)))
 
+        self.mcore_config = self._with_mtp_choice(source)
         check_layout(self.mcore_config, cfg.tensor_parallel_size, cfg.pipeline_parallel_size, error=TrainConfigError)
         cfg.check_implementation()  # CP and TE where they cannot run: before the torchrun command below
         check_world(cfg.tensor_parallel_size, cfg.pipeline_parallel_size, world)  # one process: the torchrun command
@@ -126,6 +130,23 @@ class Trainer:
         self._build_model(source)
         self._build_optimizer()
         self._build_data()
+
+    def _with_mtp_choice(self, source):
+        """The model's config with the multi-token-prediction layers the run trains (:meth:`TrainConfig.check_mtp`):
+        none when ``mtp_num_layers`` is 0 or an HF folder holds none of their tensors (a note says so)."""
+        config = self.mcore_config
+        held = mtp_layers_of(config)
+        if held and source.kind == "hf":
+            weights = open_weights(source.path)
+            try:
+                config, _, note = mtp_choice(source.path, self.family, config, weights.names(), no_mtp=False)
+            finally:
+                weights.close()
+            if note and _world()[0] == 0:
+                self.echo(note)
+            held = mtp_layers_of(config)
+        self.mtp_layers = self.cfg.check_mtp(held)
+        return config if self.mtp_layers else config.without_mtp()
 
     def _check_resume_compatible(self) -> None:
         """Refuse to resume a run with other settings; with ``extend``, allow a larger budget (sets
@@ -181,7 +202,7 @@ class Trainer:
                 pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=stage is None, vp_stage=stage),
                 post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=stage is None, vp_stage=stage),
                 padded_vocab_size=padded, parallel_output=True, vp_stage=stage, transformer_impl=cfg.transformer_impl,
-                **model_overrides(cfg, self.mcore_config.num_layers),
+                mtp=True, **model_overrides(cfg, self.mcore_config.num_layers),
             )
             mask_padded_vocab(chunk, self.mcore_config["vocab_size"])
             chunks.append(chunk)
@@ -196,6 +217,8 @@ class Trainer:
             for chunk in chunks:
                 chunk.cuda()
         self.chunks = chunks
+        if self.mtp_layers:
+            start_loss_tracking(self.mtp_layers, _device())
         self.model = model  # a GPTModel, or the list of chunks (what the optimizer and checkpoints take)
 
     def _write_model_description(self, source) -> None:
@@ -267,11 +290,13 @@ class Trainer:
 
             parts = get_batch_on_this_cp_rank({"tokens": batch.tokens, "labels": batch.labels,
                                                "loss_mask": batch.loss_mask, "position_ids": batch.position_ids})
-            output = model(parts["tokens"], parts["position_ids"], None, labels=parts["labels"])
+            output = model(parts["tokens"], parts["position_ids"], None, labels=parts["labels"],
+                           **({"loss_mask": parts["loss_mask"]} if self.mtp_layers else {}))
             return output, partial(_loss, parts["loss_mask"])
         # TE's attention is causal by its mask type; an SFT batch's document mask still goes in
         mask = None if self.cfg.transformer_impl == "transformer_engine" and not self.cfg.sft else batch.attention_mask
-        output = model(batch.tokens, batch.position_ids, mask, labels=batch.labels)
+        output = model(batch.tokens, batch.position_ids, mask, labels=batch.labels,
+                       **({"loss_mask": batch.loss_mask} if self.mtp_layers else {}))  # MTP's loss mask
         return output, partial(_loss, batch.loss_mask)
 
     def _run_batches(self, batches, forward_only: bool) -> tuple[float, float]:
@@ -305,6 +330,13 @@ class Trainer:
         batches = self.train_batches.microbatches(step, self.microbatches)
         length = batches[0].tokens.shape[1]
         loss_sum, tokens = self._run_batches(batches, forward_only=False)
+        mtp_losses = ()
+        if self.mtp_layers:
+            from megatron.core import parallel_state
+
+            mtp_losses = tuple(take_losses(
+                len(batches), self.last_stage and parallel_state.get_tensor_model_parallel_rank() == 0,
+                self.dp_size * self.cfg.context_parallel_size))
         ok, grad_norm, _ = self.optimizer.step()
         if not ok:
             raise PaiZooError(f"step {step + 1}: the optimizer step failed (non-finite gradients)")
@@ -313,7 +345,7 @@ class Trainer:
         step_tokens = self.cfg.global_batch_size * length
         return StepMetrics(step + 1, loss_sum / max(tokens, 1), self.optimizer.param_groups[0]["lr"],
                            float(grad_norm or 0.0), step_tokens / elapsed, elapsed, int(tokens),
-                           self._mfu(step_tokens / elapsed, length))
+                           self._mfu(step_tokens / elapsed, length), mtp_losses)
 
     def evaluate(self, step: int) -> float:
         for ddp in self.ddps:
@@ -500,7 +532,8 @@ class Trainer:
 def model_overrides(cfg: TrainConfig, num_layers: int) -> dict:
     """The ``TransformerConfig`` fields a run's scale settings set (sequence and context parallelism, the virtual
     pipeline, expert parallelism, recompute), beside the per-token loss the trainer uses."""
-    overrides = {"calculate_per_token_loss": True, **cfg.recompute_overrides(num_layers)}
+    overrides = {"calculate_per_token_loss": True, "mtp_loss_scaling_factor": cfg.mtp_loss_scaling_factor,
+                 **cfg.recompute_overrides(num_layers)}
     if cfg.sequence_parallel:
         overrides["sequence_parallel"] = True
     if (cfg.virtual_pipeline_model_parallel_size or 1) > 1:

@@ -29,6 +29,7 @@ from pai_zoo.layouts import (
     MCORE_LAYER,
     SWIGLU_RMSNORM,
     FirstKDense,
+    MtpLayers,
     llama_shape_rules,
     moe_config_rules,
     moe_layout,
@@ -120,30 +121,6 @@ class MlaRope(Rope):
 
     def describe(self) -> str:
         return "rope_parameters -> rotary_base, family.rope_scaling (default or yarn, in every MLA attention)"
-
-
-class NoMtp(Rule):
-    """Multi-token prediction layers are not converted: ``num_nextn_predict_layers`` must be 0 (refused, never
-    dropped silently); written back as 0."""
-
-    hf_keys = ("num_nextn_predict_layers",)
-
-    def to_mcore(self, hf: dict, arch: dict) -> None:
-        layers = hf.get("num_nextn_predict_layers") or 0
-        if layers:
-            first = hf["num_hidden_layers"]
-            raise ConfigTranslationError(
-                f"num_nextn_predict_layers={layers}: multi-token prediction layers (model.layers.{first}"
-                f"{'' if layers == 1 else f'..{first + layers - 1}'}.*) are not supported by pai-zoo's DeepSeek; "
-                "set num_nextn_predict_layers to 0 in config.json to convert the model without them")
-        if "num_nextn_predict_layers" in hf:
-            arch[FAMILY_KEY_PREFIX + "num_nextn_predict_layers"] = 0
-
-    def to_hf(self, arch: dict, hf: dict) -> None:
-        hf["num_nextn_predict_layers"] = 0  # always: transformers' DeepseekV3Config defaults to 1
-
-    def describe(self) -> str:
-        return "num_nextn_predict_layers 0 (multi-token prediction layers refused)"
 
 
 class V2TopkMethod(Rule):
@@ -253,7 +230,7 @@ DEEPSEEK_V2_CONFIG = ConfigMap(
 DEEPSEEK_V3_CONFIG = ConfigMap(
     *_common_rules(*moe_config_rules(norm_topk="norm_topk_prob", score="sigmoid", groups=("n_group", "topk_group"),
                                      expert_bias=True, **_EXPERTS),
-                   NoMtp(), FixedIfPresent("rope_interleave", True, "DeepSeek-V3's checkpoints interleave the "
+                   MtpLayers(), FixedIfPresent("rope_interleave", True, "DeepSeek-V3's checkpoints interleave the "
                                            "rotated channels in pairs"),
                    FixedIfPresent("topk_method", "noaux_tc", "DeepSeek-V3 routes by sigmoid scores plus the expert "
                                   "bias (noaux_tc), as transformers does"),

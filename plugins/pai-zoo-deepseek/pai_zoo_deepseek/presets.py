@@ -1,8 +1,8 @@
 """Hugging Face configs of the published DeepSeek-V2/V3 checkpoints (their config.json values; the ones not
 checked against a published file are listed in the README), plus tiny ones for tests.
 
-Multi-token prediction layers (``num_nextn_predict_layers``) are refused by the config translation, so
-DeepSeek-V3's preset has 0 of them where the published config has 1 (see README).
+DeepSeek-V3 and R1 carry their published multi-token-prediction layer (``num_nextn_predict_layers: 1``) and FP8
+``quantization_config``; the tiny presets have neither (their transformers-saved files could not hold MTP layers).
 """
 from __future__ import annotations
 
@@ -43,6 +43,19 @@ def _published(config, *, scoring, topk_method, aux_loss_alpha, seq_aux):
             "aux_loss_alpha": aux_loss_alpha, "seq_aux": seq_aux}
 
 
+#: DeepSeek-V3/R1's published quantization: FP8 (e4m3) weights with float32 inverse scales per 128x128 block.
+FP8_BLOCK_128 = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]}
+
+
+def _v3_671b():
+    return {**_published(_deepseek(
+        3, vocab=129280, hidden=7168, inter=18432, moe_inter=2048, layers=61, heads=128, q_lora=1536,
+        kv_lora=512, nope=128, rope=64, v=128, experts=256, topk=8, shared=1, first_dense=3, groups=8,
+        topk_group=4, scaling=2.5, norm_topk=True, max_pos=163840, rope_parameters=_yarn(40, 4096, 1.0, 1.0),
+        bos=0, eos=1), scoring="sigmoid", topk_method="noaux_tc", aux_loss_alpha=0.001, seq_aux=True),
+        "num_nextn_predict_layers": 1, "quantization_config": dict(FP8_BLOCK_128)}
+
+
 DEEPSEEK_PRESETS = {
     # Tiny V2: q LoRA, default RoPE, one dense layer then MoE, group_limited_greedy: the best of 2 groups of 3
     # experts, top-2 in it (a group scored by its top 2 would route otherwise).
@@ -79,9 +92,6 @@ DEEPSEEK_PRESETS = {
         scaling=16.0, norm_topk=False, max_pos=163840, rope_parameters=_yarn(40, 4096, 0.707, 0.707),
         bos=100000, eos=100001, topk_method="group_limited_greedy"),
         scoring="softmax", topk_method="group_limited_greedy", aux_loss_alpha=0.003, seq_aux=True),
-    "deepseek-v3-671b": _published(_deepseek(
-        3, vocab=129280, hidden=7168, inter=18432, moe_inter=2048, layers=61, heads=128, q_lora=1536,
-        kv_lora=512, nope=128, rope=64, v=128, experts=256, topk=8, shared=1, first_dense=3, groups=8,
-        topk_group=4, scaling=2.5, norm_topk=True, max_pos=163840, rope_parameters=_yarn(40, 4096, 1.0, 1.0),
-        bos=0, eos=1), scoring="sigmoid", topk_method="noaux_tc", aux_loss_alpha=0.001, seq_aux=True),
+    "deepseek-v3-671b": _v3_671b(),
+    "deepseek-r1": _v3_671b(),  # DeepSeek-R1 (and R1-0528): DeepSeek-V3's architecture and config.json
 }

@@ -66,10 +66,13 @@ def _translate(family, preset, **changes):
     return fam.to_mcore_config({**fam.presets[preset], **changes})
 
 
-def test_mtp_layers_are_refused_by_name():
-    with pytest.raises(ConfigTranslationError, match=r"num_nextn_predict_layers=1: multi-token prediction layers "
-                                                     r"\(model\.layers\.61\.\*\)"):
-        _translate("deepseek-v3", "deepseek-v3-671b", num_nextn_predict_layers=1)
+def test_mtp_layers_translate_to_megatron_cores_count_and_back():
+    """num_nextn_predict_layers is megatron-core's mtp_num_layers (absent when 0) and is written back."""
+    fam = _family("deepseek-v3")
+    config = fam.to_mcore_config({**fam.presets["deepseek-v3-671b"]})
+    assert config.arch["mtp_num_layers"] == 1
+    assert fam.to_hf_config_dict(config)["num_nextn_predict_layers"] == 1
+    assert "mtp_num_layers" not in _translate("deepseek-v3", "deepseek-v3-671b", num_nextn_predict_layers=0).arch
 
 
 def test_group_limited_greedy_ranks_groups_by_their_best_expert():

@@ -18,6 +18,7 @@ from pai_zoo.layouts import (
     HF_LAYER,
     MCORE_LAYER,
     FirstKDense,
+    MtpLayers,
     llama_config_rules,
     llama_layout,
     moe_config_rules,
@@ -25,7 +26,6 @@ from pai_zoo.layouts import (
     moe_megatron_args,
     qkv_bias,
 )
-from pai_zoo.mapping import Refused
 
 from .presets import PRESETS
 from .presets_moe import GLM4_MOE_PRESETS
@@ -104,32 +104,13 @@ GLM = Family(
 
 
 # -- GLM-4.5 (Glm4MoeForCausalLM) ------------------------------------------------------------------------------
-class NoMtpLayers(Rule):
-    """``num_nextn_predict_layers`` (transformers' ``num_mtp_layers``): GLM-4.5's multi-token-prediction layers,
-    stored after the decoder layers (``model.layers.{num_hidden_layers}.*``). transformers' model leaves them out
-    and so does this family's: the count is kept for the way back, and a checkpoint holding their tensors is
-    refused by the weight table (naming them) rather than dropped."""
-
-    hf_keys = ("num_nextn_predict_layers", "num_mtp_layers")
-    KEY = FAMILY_KEY_PREFIX + "num_nextn_predict_layers"
-
-    def to_mcore(self, hf: dict, arch: dict) -> None:
-        arch[self.KEY] = hf.get("num_nextn_predict_layers", hf.get("num_mtp_layers", 0))
-
-    def to_hf(self, arch: dict, hf: dict) -> None:
-        hf["num_nextn_predict_layers"] = arch.get(self.KEY, 0)
-
-    def describe(self) -> str:
-        return "num_nextn_predict_layers kept (MTP layers are not converted: their tensors are refused)"
-
-
 GLM4_MOE_CONFIG = ConfigMap(
     *llama_config_rules(
         Field("attention_bias", "add_qkv_bias"),
         Field("use_qk_norm", "qk_layernorm", default=False),
         Field("attention_dropout", "attention_dropout", default=0.0),
         Rope(),  # partial_rotary_factor 0.5 -> rotary_percent; GLM-4.5 rotates halves (rotate_half), not pairs
-        NoMtpLayers(),
+        MtpLayers(),
         *moe_config_rules("n_routed_experts", aux_loss=None, score="sigmoid", groups=("n_group", "topk_group"),
                           scaling="routed_scaling_factor", expert_bias=True, shared_count="n_shared_experts",
                           dense_layers=FirstKDense(), router_fp32=True),
@@ -153,18 +134,7 @@ def glm4_moe_weights(config) -> WeightMap:
             Copy(L + "self_attn.q_norm.weight", M + "self_attention.q_layernorm.weight"),
             Copy(L + "self_attn.k_norm.weight", M + "self_attention.k_layernorm.weight"),
         ]
-    rows.append(Refused(_mtp_tensor, "GLM-4.5's multi-token-prediction layers (num_nextn_predict_layers, the "
-                                     "model.layers.N.* with N >= num_hidden_layers) are not converted: megatron-core's "
-                                     "MTP block is not supported by this family; leave their tensors out of the "
-                                     "checkpoint to convert the rest"))
     return WeightMap(*rows)
-
-
-def _mtp_tensor(name: str, ctx) -> bool:
-    """A tensor of a layer after the decoder's (``model.layers.{num_layers + i}.*``): an MTP layer's."""
-    parts = name.split(".")
-    return (name.startswith("model.layers.") and len(parts) > 2 and parts[2].isdigit()
-            and int(parts[2]) >= ctx.num_layers)
 
 
 GLM4_MOE = Family(

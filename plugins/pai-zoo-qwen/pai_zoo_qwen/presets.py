@@ -92,6 +92,16 @@ QWEN2_PRESETS = {
     "qwen2.5-72b": _qwen2(8192, 29568, 80, 64, 8, 152064, max_pos=131072, window_layers=80, tie=False, eps=1e-5),
 }
 
+#: The Qwen3 ``-FP8`` releases' quantization (from memory): FP8 e4m3 weights, float32 inverse scales per 128x128
+#: block, the head and the embeddings left in bf16.
+FP8_BLOCK_128 = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]}
+
+
+def _fp8(config: dict) -> dict:
+    """A published Qwen3 config as its ``-FP8`` release has it: the same model with ``quantization_config``."""
+    return {**config, "quantization_config": dict(FP8_BLOCK_128)}
+
+
 QWEN3_PRESETS = {
     # Qwen3-shaped: per-head q/k RMSNorm, explicit head_dim (16 != 64 / 8), GQA, no QKV bias, untied head.
     "qwen3-tiny": {
@@ -113,6 +123,8 @@ QWEN3_PRESETS = {
     "qwen3-14b": _qwen3(5120, 17408, 40, 40, 8, tie=False),
     "qwen3-32b": _qwen3(5120, 25600, 64, 64, 8, tie=False),
 }
+QWEN3_PRESETS.update({f"{name}-fp8": _fp8(QWEN3_PRESETS[name]) for name in (
+    "qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b", "qwen3-14b", "qwen3-32b")})
 
 QWEN_V1_PRESETS = {
     # Qwen-v1-shaped: fused c_attn with bias, w1/w2 SwiGLU (intermediate_size is twice the MLP width), RMSNorm,
@@ -202,3 +214,5 @@ QWEN3_MOE_PRESETS = {
     "qwen3-30b-a3b": _qwen3_moe(2048, 6144, 48, 32, 4, experts=128, topk=8, expert_ffn=768),
     "qwen3-235b-a22b": _qwen3_moe(4096, 12288, 94, 64, 4, experts=128, topk=8, expert_ffn=1536),
 }
+QWEN3_MOE_PRESETS.update(
+    {f"{name}-fp8": _fp8(QWEN3_MOE_PRESETS[name]) for name in ("qwen3-30b-a3b", "qwen3-235b-a22b")})
