@@ -28,6 +28,7 @@ import torch
 
 from .checkpoint import CONFIG, HFCheckpoint, read_config
 from .errors import PaiZooError
+from .quantization import FP8_BLOCK_128
 
 #: The largest finite ``float8_e4m3fn`` value.
 FP8_MAX = 448.0
@@ -38,7 +39,7 @@ SCALE_SUFFIX = "weight_scale_inv"
 #: In a Megatron-Core checkpoint's ``hf/`` folder: the scales of its FP8 source, under their HF names.
 SCALES_FILE = "fp8_scales.safetensors"
 #: The ``quantization_config`` written when the source recorded none (DeepSeek-V3's, as published).
-DEFAULT_CONFIG = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]}
+DEFAULT_CONFIG = FP8_BLOCK_128
 _FLOAT8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 

@@ -6,6 +6,8 @@ DeepSeek-V3 and R1 carry their published multi-token-prediction layer (``num_nex
 """
 from __future__ import annotations
 
+from pai_zoo.quantization import FP8_BLOCK_128
+
 #: <｜begin▁of▁sentence｜> / <｜end▁of▁sentence｜> of the test tokenizer (ids 0 and 1, as DeepSeek-V3's).
 TOY_BOS, TOY_EOS = 0, 1
 
@@ -43,8 +45,6 @@ def _published(config, *, scoring, topk_method, aux_loss_alpha, seq_aux):
             "aux_loss_alpha": aux_loss_alpha, "seq_aux": seq_aux}
 
 
-#: DeepSeek-V3/R1's published quantization: FP8 (e4m3) weights with float32 inverse scales per 128x128 block.
-FP8_BLOCK_128 = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]}
 
 
 def _v3_671b():

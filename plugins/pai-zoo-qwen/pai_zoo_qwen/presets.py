@@ -5,6 +5,8 @@ Qwen's embedding tables have more rows than its tokenizer has tokens (151936 or 
 """
 from __future__ import annotations
 
+from pai_zoo.quantization import FP8_BLOCK_128
+
 QWEN_BOS = QWEN_EOS = 151643  # <|endoftext|>
 QWEN_IM_END = 151645  # <|im_end|>
 #: <|endoftext|> of the test tokenizer (write_qwen2_tokenizer: after its 400 learnt tokens), the BOS/EOS of the
@@ -92,9 +94,6 @@ QWEN2_PRESETS = {
     "qwen2.5-72b": _qwen2(8192, 29568, 80, 64, 8, 152064, max_pos=131072, window_layers=80, tie=False, eps=1e-5),
 }
 
-#: The Qwen3 ``-FP8`` releases' quantization (from memory): FP8 e4m3 weights, float32 inverse scales per 128x128
-#: block, the head and the embeddings left in bf16.
-FP8_BLOCK_128 = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]}
 
 
 def _fp8(config: dict) -> dict:
