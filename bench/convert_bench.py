@@ -3,7 +3,10 @@
 Generates random weights locally (TinyLlama-1.1B's shape: 22 layers, hidden 2048, GQA 32/4,
 vocabulary 32000), written as sharded safetensors; ``--case moe``: a ~0.95B-parameter Mixtral-architecture
 mixture of experts instead (16 layers, hidden 1024, GQA 16/4, 16 experts of width 1024 per layer, top-2,
-vocabulary 32000; 768 per-expert tensors).
+vocabulary 32000; 768 per-expert tensors); ``--case moe-fp8``: that mixture of experts with 18 layers (~1.07B
+parameters) stored as the FP8 block-scaled releases are (float8_e4m3fn projections and experts with float32
+``weight_scale_inv`` per 128x128 block; embeddings, norms, router and head in bf16), converted HF -> mcore (each
+weight dequantized while it streams) and back with ``--quantize fp8-block``.
 Then, on the same disk:
 
 * copies the safetensors bytes with a plain file copy (the physical limit),
@@ -42,6 +45,11 @@ MOE_CONFIG = {
     "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "bfloat16",
 }
 
+#: ``--case moe-fp8``: the MoE case deeper (18 layers, ~1.07B parameters), in FP8 blocks.
+MOE_FP8_CONFIG = {**MOE_CONFIG, "num_hidden_layers": 18,
+                  "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                                          "weight_block_size": [128, 128]}}
+
 CHILD = r"""
 import json, sys, time
 import torch
@@ -57,7 +65,8 @@ def status(field):
 open("/proc/self/clear_refs", "w").write("5")  # reset the high-water mark to the current RSS
 base = status("VmRSS")
 t = time.perf_counter()
-report = pai_zoo.conversion.convert(sys.argv[1], sys.argv[2], sys.argv[3], progress=False)
+report = pai_zoo.conversion.convert(sys.argv[1], sys.argv[2], sys.argv[3], progress=False,
+                                    **({"quantize": sys.argv[4]} if len(sys.argv) > 4 else {}))
 seconds = time.perf_counter() - t
 peak = status("VmHWM")
 print(json.dumps({"seconds": seconds, "bytes": report.bytes, "tensors": report.tensors,
@@ -89,18 +98,37 @@ def tensor_plan(c: dict) -> list[tuple[str, tuple[int, ...]]]:
     return plan
 
 
+def _fp8(name: str, shape) -> bool:
+    """What the FP8 releases store in FP8: the decoder layers' projections and experts (not norms or the router)."""
+    return len(shape) == 2 and name.startswith("model.layers.") and not name.endswith("gate.weight")
+
+
 def generate(folder: Path, shard_size: str, config: dict = CONFIG) -> int:
-    """Random bf16 weights of ``config`` written tensor by tensor; returns the bytes written."""
+    """Random bf16 weights of ``config`` written tensor by tensor (FP8 blocks with their scales where its
+    ``quantization_config`` says so); returns the bytes written."""
     import torch
 
     from pai_zoo.checkpoint import SafetensorsWriter
+    from pai_zoo.fp8_blocks import quantize, scale_name, scale_shape
 
-    plan = tensor_plan(config)
+    plan, fp8 = tensor_plan(config), "quantization_config" in config
+    entries = []
+    for n, shape in plan:
+        if fp8 and _fp8(n, shape):
+            entries += [(n, shape, torch.float8_e4m3fn), (scale_name(n), scale_shape(shape), torch.float32)]
+        else:
+            entries.append((n, shape, torch.bfloat16))
     folder.mkdir(parents=True)
-    writer = SafetensorsWriter(folder, [(n, s, torch.bfloat16) for n, s in plan], shard_size)
+    writer = SafetensorsWriter(folder, entries, shard_size)
     gen = torch.Generator().manual_seed(0)
     for name, shape in plan:
-        writer.write(name, (torch.randn(shape, generator=gen) * 0.02).to(torch.bfloat16))
+        weight = (torch.randn(shape, generator=gen) * 0.02).to(torch.bfloat16)
+        if fp8 and _fp8(name, shape):
+            q, inv = quantize(weight)
+            writer.write(name, q)
+            writer.write(scale_name(name), inv)
+        else:
+            writer.write(name, weight)
     writer.close()
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     return writer.total_size
@@ -135,10 +163,11 @@ def timed_user_copy(src: Path, dst: Path) -> float:
     return time.perf_counter() - start
 
 
-def run_conversion(src: Path, dst: Path, to: str) -> dict:
+def run_conversion(src: Path, dst: Path, to: str, quantize: str | None = None) -> dict:
     shutil.rmtree(dst, ignore_errors=True)
     os.sync()
-    out = subprocess.run([sys.executable, "-c", CHILD, str(src), str(dst), to], capture_output=True, text=True,
+    argv = [sys.executable, "-c", CHILD, str(src), str(dst), to, *([quantize] if quantize else [])]
+    out = subprocess.run(argv, capture_output=True, text=True,
                          env={**os.environ, "OMP_NUM_THREADS": "2"})
     if out.returncode != 0:
         raise SystemExit(f"conversion to {to} failed:\n{out.stderr[-3000:]}")
@@ -162,7 +191,11 @@ def same_tensors(a: Path, b: Path) -> bool:
     from pai_zoo.checkpoint import HFCheckpoint
 
     left, right = HFCheckpoint(a), HFCheckpoint(b)
-    return set(left.names()) == set(right.names()) and all(torch.equal(left.get(n), right.get(n)) for n in left.names())
+
+    def same(x, y):
+        return x.dtype == y.dtype and x.shape == y.shape and torch.equal(x.view(torch.uint8), y.view(torch.uint8))
+
+    return set(left.names()) == set(right.names()) and all(same(left.get(n), right.get(n)) for n in left.names())
 
 
 def main() -> None:
@@ -171,17 +204,20 @@ def main() -> None:
     parser.add_argument("--shard-size", default="1GB")
     parser.add_argument("--keep", action="store_true", help="keep the generated checkpoints")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of copy and conversions (medians)")
-    parser.add_argument("--case", choices=("dense", "moe"), default="dense",
-                        help="dense: the Llama-shaped 1.1B model; moe: the Mixtral-shaped 0.95B one with 16 experts")
+    parser.add_argument("--case", choices=("dense", "moe", "moe-fp8"), default="dense",
+                        help="dense: the Llama-shaped 1.1B model; moe: the Mixtral-shaped 0.95B one with 16 experts; "
+                             "moe-fp8: an 18-layer 1.07B one in FP8 blocks")
     args = parser.parse_args()
-    config = MOE_CONFIG if args.case == "moe" else CONFIG
+    config = {"dense": CONFIG, "moe": MOE_CONFIG, "moe-fp8": MOE_FP8_CONFIG}[args.case]
+    quantize = "fp8-block" if "quantization_config" in config else None
     work = Path(args.workdir or tempfile.mkdtemp(prefix="pai-zoo-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
         t = time.perf_counter()
         size = generate(work / "hf", args.shard_size, config)
         plan = tensor_plan(config)
-        print(f"generated {size / 1e9:.2f} GB of bf16 safetensors ({config['num_hidden_layers']} layers, "
+        kind = "FP8 block-scaled" if quantize else "bf16"
+        print(f"generated {size / 1e9:.2f} GB of {kind} safetensors ({config['num_hidden_layers']} layers, "
               f"{config.get('num_local_experts', 0)} experts per layer, {len(plan)} tensors, "
               f"{sum(_numel(s) for _, s in plan) / 1e9:.2f}B parameters) in {time.perf_counter() - t:.1f} s")
         # The disk's write speed swings from run to run: interleave the runs and take medians.
@@ -190,7 +226,7 @@ def main() -> None:
             copies.append(timed_copy(work / "hf", work / "copy"))
             user_copies.append(timed_user_copy(work / "hf", work / "copy"))
             runs["mcore"].append(run_conversion(work / "hf", work / "mcore", "mcore"))
-            runs["hf"].append(run_conversion(work / "mcore", work / "hf-back", "hf"))
+            runs["hf"].append(run_conversion(work / "mcore", work / "hf-back", "hf", quantize))
         copy, user_copy = statistics.median(copies), statistics.median(user_copies)
         print(f"plain copy:    {copy:6.2f} s  {size / copy / 1e9:5.2f} GB/s  (shutil.copyfile; runs: {_fmt(copies)} s)")
         print(

@@ -155,6 +155,12 @@ def test_megatron_cores_mtp_logits_equal_the_reference(mtp):
     assert (main - hf_logits).abs().max() <= 1e-4
     assert (mtp_logits - reference).abs().max() <= 1e-4
     assert (mtp_logits - main).abs().max() > 1e-2  # the MTP layer is not the main model again
+    layer = model.mtp.layers[0]  # the comparison sees a swap of the two norms (a mapping that crossed them)
+    with torch.no_grad():
+        enorm = layer.enorm.weight.clone()
+        layer.enorm.weight.copy_(layer.hnorm.weight)
+        layer.hnorm.weight.copy_(enorm)
+    assert (mcore_mtp_logits(model, IDS, mtp.config["vocab_size"])[1] - reference).abs().max() > 1e-3
 
 
 def test_the_round_trip_gives_the_published_bytes_mtp_layer_included(mtp, tmp_path):
@@ -312,3 +318,19 @@ def test_inspect_shows_the_mtp_layers_both_sides(mtp, tmp_path):
     convert(mtp.folder, tmp_path / "mcore", "mcore")
     converted = run_cli(["inspect", tmp_path / "mcore"])
     assert converted.returncode == 0 and "MTP layers:   1" in converted.stdout, converted.stdout
+
+
+def test_a_checkpoint_with_the_other_megatron_cores_mtp_names_reads(mtp, tmp_path):
+    """megatron-core 0.16 names an MTP layer's transformer layer transformer_layer, 0.19 mtp_model_layer: the reader
+    finds the stored tensor under the name the installed megatron-core does not use."""
+    from pai_zoo.mcore.dist_ckpt import DistCheckpointReader
+
+    convert(mtp.folder, tmp_path / "mcore", "mcore")
+    reader = DistCheckpointReader(tmp_path / "mcore" / "release")
+    stored = {k for k in reader.keys() if k.startswith("mtp.layers.0.") and "/shard_" not in k}
+    inner = [k for k in stored if k.split(".")[3] in ("transformer_layer", "mtp_model_layer")]
+    assert len(inner) > 5
+    for name in inner:
+        here, there = ("transformer_layer", "mtp_model_layer") if ".transformer_layer." in name else (
+            "mtp_model_layer", "transformer_layer")
+        assert reader._alias(name.replace(f".{here}.", f".{there}."), stored) == name
