@@ -27,6 +27,7 @@ from .checkpoint import (
     SafetensorsWriter,
     is_hf_checkpoint,
     read_config,
+    read_safetensors_header,
     tokenizer_files,
 )
 from .config_map import McoreConfig
@@ -35,6 +36,9 @@ from .errors import PaiZooError, no_such_path
 from .family import Family
 from .fp8_blocks import SCALES_FILE, DequantizedCheckpoint, open_weights, writer_for
 from .handle import load
+from .lora.export import merge_run, run_to_peft
+from .lora.run import is_lora_run
+from .lora.settings import LORA_RECORD, LoraError
 from .mapping import TO_MCORE, MappingContext
 from .mcore import dist_ckpt
 from .mcore import megatron_lm_args as mla
@@ -81,7 +85,7 @@ def convert(src, dst, to: str, *, family: str | None = None, tp: int = DEFAULTS.
             dtype=None, force: bool = False, max_shard_size: str | int = DEFAULTS.max_shard_size, verify: bool = False,
             progress: bool | None = None, tokenizer=None, iteration=None, verify_tolerance=None,
             ep: int = DEFAULTS.ep, etp: int | None = None, quantize: str | None = None,
-            no_mtp: bool = False) -> ConversionReport:
+            no_mtp: bool = False, merge_lora: bool = False) -> ConversionReport:
     """Convert ``src`` to ``dst``: ``to="mcore"`` (HF folder, or a Megatron-LM checkpoint -> pai-zoo's
     Megatron-Core checkpoint with a ``tp``/``pp`` layout) or ``to="hf"`` (Megatron-Core checkpoint, pai-zoo's or
     Megatron-LM's -> HF folder). ``ep``/``etp``: the expert-parallel and expert-tensor-parallel sizes a
@@ -94,7 +98,9 @@ def convert(src, dst, to: str, *, family: str | None = None, tp: int = DEFAULTS.
     compares the logits of both sides on a sample prompt (see :func:`verify_conversion`; ``verify_tolerance``,
     ``(atol, rtol)`` or ``"ATOL[,RTOL]"``, overrides its rule). Multi-token-prediction layers (DeepSeek-V3's and
     GLM-4.5's ``num_nextn_predict_layers``) convert with the rest; ``no_mtp`` leaves them out (a note says what was
-    dropped), as does an HF folder whose config counts them but whose files hold none (transformers saves none)."""
+    dropped), as does an HF folder whose config counts them but whose files hold none (transformers saves none).
+    A LoRA run (``train --peft lora``) converts ``to="hf-peft"`` (its adapters as a PEFT folder) or ``to="hf"`` with
+    ``merge_lora`` (its base with the adapters merged)."""
     import time
 
     src, dst = Path(src), Path(dst)
@@ -104,8 +110,15 @@ def convert(src, dst, to: str, *, family: str | None = None, tp: int = DEFAULTS.
     if not src.is_dir():
         raise PaiZooError(f"{src}: not a folder; a checkpoint to convert is a folder "
                           "(a Hugging Face one for --to mcore, a Megatron-Core one for --to hf)")
-    if to not in ("mcore", "hf"):
-        raise PaiZooError(f"--to must be 'mcore' or 'hf', not {to!r}")
+    if to not in ("mcore", "hf", "hf-peft"):
+        raise PaiZooError(f"--to must be 'mcore', 'hf' or 'hf-peft', not {to!r}")
+    lora_run = is_lora_run(src)
+    if lora_run and not (to == "hf-peft" or (to == "hf" and merge_lora)):
+        raise LoraError(f"{src}: a LoRA run holds adapters only; --to hf-peft writes them as a PEFT folder, "
+                        "--to hf --merge-lora writes the base with them merged")
+    if not lora_run and (to == "hf-peft" or merge_lora):
+        raise LoraError(f"{src}: not a LoRA run (no {LORA_RECORD}); --to hf-peft and --merge-lora convert the folder "
+                        "that train --peft lora --save wrote")
     if family is not None:
         get_registry().family(family)  # an unknown --family fails before anything is written
     if tp < 1 or pp < 1:
@@ -140,7 +153,14 @@ def convert(src, dst, to: str, *, family: str | None = None, tp: int = DEFAULTS.
         shutil.rmtree(tmp)
     dst.parent.mkdir(parents=True, exist_ok=True)
     try:
-        if to == "mcore" and is_megatron_lm_checkpoint(src):
+        if lora_run:
+            notes = run_to_peft(src, tmp) if to == "hf-peft" else merge_run(src, tmp, parse_dtype(dtype),
+                                                                              max_shard_size)
+            report = ConversionReport(src, dst, to, dist_ckpt.mcore_config_of(src)[0].family, notes=notes)
+            written = list(tmp.glob("*.safetensors"))
+            report.tensors = sum(sum(not k.startswith("__") for k in read_safetensors_header(f)) for f in written)
+            report.bytes = sum(f.stat().st_size for f in written)
+        elif to == "mcore" and is_megatron_lm_checkpoint(src):
             report = _megatron_lm_to_mcore(src, tmp, family, tp, pp, parse_dtype(dtype), progress, tokenizer,
                                            iteration, final=dst, experts=experts, no_mtp=no_mtp)
         elif to == "mcore":

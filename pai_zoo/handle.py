@@ -10,6 +10,9 @@ from .checkpoint import is_hf_checkpoint, read_config
 from .config_map import McoreConfig
 from .errors import PaiZooError, PaiZooWarning, SettingError, UnknownModelError
 from .family import Family
+from .lora.peft_format import is_peft_folder
+from .lora.run import adapter_source, check_base, is_lora_run
+from .lora.settings import LoraError
 from .mapping import TO_MCORE, MappingContext
 from .mcore import import_megatron
 from .mcore.parallel_sizes import check_layout
@@ -121,6 +124,10 @@ def resolve(name_or_path, checkpoint=None, *, tokenizer=None, iteration=None) ->
         family = registry.preset(name)[0]
     elif checkpoint is not None:
         raise UnknownModelError(registry._unknown(name))
+    if is_lora_run(path):
+        raise LoraError(f"{path}: a LoRA run holds adapters, not a model; load its base with the adapter "
+                        f"(pai_zoo.load(BASE, adapter={str(path)!r}), generate BASE --adapter {path}), or merge it "
+                        f"(pai-zoo convert {path} DIR --to hf --merge-lora)")
     if is_megatron_lm_checkpoint(path) or (iteration is not None and is_megatron_checkpoint(path)):
         info = describe(path, family=family.name if family else None, reference=tokenizer, iteration=iteration)
         info.reader.close()
@@ -164,6 +171,7 @@ def load(
     tokenizer=None,
     iteration=None,
     mtp: bool = False,
+    adapter=None,
     **overrides,
 ) -> ModelHandle:
     """Load a model as a :class:`ModelHandle`.
@@ -180,7 +188,10 @@ def load(
     ``backend="hf"`` a transformers model. Under ``torchrun``, ``tensor_parallel_size`` and
     ``pipeline_parallel_size`` shard the megatron-core model (from a Megatron-Core checkpoint). ``mtp=True``
     builds the megatron-core model with its multi-token-prediction layers (``model.mtp``, as training does) and
-    loads them; by default they are left out, as transformers leaves them out.
+    loads them; by default they are left out, as transformers leaves them out. ``adapter``: a LoRA run folder
+    (``train --peft lora --save RUN``, checked to be trained on this base) or a Hugging Face PEFT LoRA folder,
+    applied without merging (megatron-core: pai-zoo's adapters, :mod:`pai_zoo.mcore.lora`; transformers: PEFT's
+    ``PeftModel``, for a PEFT folder).
     """
     import torch
 
@@ -204,11 +215,41 @@ def load(
     torch.manual_seed(seed)
     if backend == "hf":
         model = _load_hf(source, hf_config, dtype, mcore_config)
+        if adapter is not None:
+            model = _hf_adapter(model, adapter)
     else:
         model = _load_mcore(source, mcore_config, dtype, seed, tensor_parallel_size, pipeline_parallel_size, mtp)
+        if adapter is not None:
+            _mcore_adapter(model, source, mcore_config, adapter)
 
     tokenizer = model_tokenizer(source, mcore_config["vocab_size"])
     return ModelHandle(model, family, backend, hf_config, mcore_config, tokenizer, source.path)
+
+
+def _mcore_adapter(model, source: Source, config: McoreConfig, adapter) -> None:
+    from .mcore.lora import add_lora
+
+    settings, adapters, record = adapter_source(adapter, source.family, config)
+    if record is not None:
+        if source.path is None:
+            raise LoraError(f"{adapter}: a LoRA run adapts the base at {record['base']['path']}; load that, not a "
+                            "preset")
+        check_base(record, source.path, adapter)
+    add_lora(model, source.family, config, settings, adapters=adapters, where=str(adapter))
+    model.eval()
+
+
+def _hf_adapter(model, adapter):
+    if not is_peft_folder(adapter):
+        how = (f"convert it first: pai-zoo convert {adapter} DIR --to hf-peft" if is_lora_run(adapter)
+               else "give a PEFT adapter folder (adapter_config.json)")
+        raise LoraError(f"{adapter}: backend 'hf' applies a PEFT adapter folder; {how}")
+    try:
+        from peft import PeftModel
+    except ImportError:
+        raise LoraError(f"{adapter}: backend 'hf' applies adapters with PEFT, which is not installed "
+                        "(pip install peft), or use backend='mcore'") from None
+    return PeftModel.from_pretrained(model, str(adapter)).eval()
 
 
 def _load_hf(source: Source, hf_config, dtype, mcore_config: McoreConfig):

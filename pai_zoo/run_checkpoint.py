@@ -29,6 +29,7 @@ import torch
 from torch import multiprocessing as mp
 
 from .errors import PaiZooError
+from .mcore import lora
 from .mcore.dist_ckpt import TRACKER, iteration_dir, model_sharded_state
 from .util.dist import is_rank0
 from .util.files import publish, write_text_atomic
@@ -111,7 +112,8 @@ def _sharded_state(model, optimizer, scheduler, common: dict, loading: bool, wit
     chunks = model if isinstance(model, (list, tuple)) else [model]
     state = dict(common)
     for key, chunk in zip(model_keys(model), chunks):
-        state[key] = model_sharded_state(chunk)
+        # a LoRA run: the adapters only (the frozen base is read from its own folder, lora.json names it)
+        state[key] = lora.sharded_state(chunk) if lora.has_lora(chunk) else model_sharded_state(chunk)
     if with_optimizer:
         model_state = {key: state[key] for key in model_keys(model)}
         model_state = model_state["model"] if len(chunks) == 1 else model_state
@@ -250,7 +252,10 @@ def load_checkpoint(folder: Path, model, optimizer, scheduler) -> dict:
         raise PaiZooError(f"{path}: not a pai-zoo training checkpoint (format {state.get('pai_zoo_format')!r})")
     chunks = model if isinstance(model, (list, tuple)) else [model]
     for key, chunk in zip(model_keys(model), chunks):
-        chunk.load_state_dict(state.pop(key), strict=False)
+        if lora.has_lora(chunk):
+            lora.load_sharded(chunk, state.pop(key))
+        else:
+            chunk.load_state_dict(state.pop(key), strict=False)
     if with_optimizer:
         optimizer.load_state_dict(state.pop("optimizer"))
     state["has_optimizer"] = with_optimizer

@@ -14,8 +14,9 @@ from .registry import get_registry
 def mcore_tensors(model) -> dict:
     """A megatron-core model's parameters and persistent buffers (no ``_extra_state`` entries), routed experts
     under the sequential names weight tables use whether the model holds them so or grouped
-    (:func:`~pai_zoo.expert_names.sequential_name`)."""
-    return {sequential_name(k): v for k, v in model.state_dict().items() if not k.endswith("._extra_state")}
+    (:func:`~pai_zoo.expert_names.sequential_name`); LoRA adapters (:mod:`pai_zoo.mcore.lora`) left out."""
+    return {sequential_name(k): v for k, v in model.state_dict().items()
+            if not k.endswith("._extra_state") and ".lora_adapters." not in k}
 
 
 def _table(family: Family, config: McoreConfig):

@@ -25,7 +25,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "pai_zoo"
 # Layers, bottom (0) to top (5). A module's layer is that of the longest name here that it equals or lies under.
 LAYERS = {
     0: ("errors", "config_map", "mapping", "layouts", "family", "hookspecs", "registry", "defaults", "megatron_args",
-        "expert_names", "quantization"),
+        "expert_names", "quantization", "lora.settings"),
     1: ("util", "background", "verification"),
     2: (
         "tokenizer",
@@ -40,6 +40,7 @@ LAYERS = {
         "megatron_lm",
         "conformance_record",
         "testing",
+        "lora",
     ),
     3: ("handle", "conversion", "convert_settings", "run_checkpoint", "inspection", "scaffold"),
     4: ("data", "generation", "training", "rl"),

@@ -578,3 +578,84 @@ def check_generation(case: Case, new_tokens: int = 16, lengths=(5, 11, 1, 8), se
                                     f"{gaps[k][step].item():.3g} below its maximum (> {tie_tol:g})")
             max_gap = max(max_gap, worst)
     return {"rows": len(prompts), "tie_rows": len(differing), "max_gap": max_gap}
+
+
+def check_lora(case: Case, rank: int = 4, seed: int = 7) -> float:
+    """A random PEFT LoRA adapter on every linear the family's table makes adaptable, made and applied by the real
+    ``peft`` on the transformers model, gives the same logits through pai-zoo's LoRA on the megatron-core model
+    (:func:`pai_zoo.verification.compare_logits`, float32), moves them far more than that tolerance, and comes back
+    from pai-zoo's mcore form bit for bit. Returns max |delta|."""
+    import copy
+
+    import torch
+
+    try:
+        import peft
+    except ImportError:
+        _fail("lora", "peft is not installed (pip install peft): the LoRA check runs against it")
+    from pai_zoo.lora.settings import LoraSettings
+    from pai_zoo.lora.targets import lora_targets, to_hf_form, to_mcore_form
+    from pai_zoo.mapping import MappingContext
+    from pai_zoo.mcore.forward import mcore_forward
+    from pai_zoo.mcore.lora import add_lora
+    from pai_zoo.registry import get_registry
+    from pai_zoo.verification import compare_logits
+
+    targets = lora_targets(get_registry().weight_map(case.family, case.mcore_config))
+    leaves = sorted({leaf for t in targets for leaf in t.leaves})
+    if not leaves:
+        _fail("lora", "the family's table maps no decoder linear from HF projections: nothing for LoRA to adapt")
+    ctx = MappingContext.from_config(case.mcore_config)
+    # the projections by their full module names (PEFT also maps leaf names such as gate_proj onto transformers'
+    # fused routed experts, which pai-zoo does not adapt)
+    modules = dict(case.hf_model.named_modules())
+    names = sorted(h.replace("{layer}", str(layer)) for t in targets for layer in ctx.layers_of(t.row.layer_kind)
+                   for h in t.hf)
+    absent = [n for n in names if not isinstance(modules.get(n), torch.nn.Linear)]
+    if absent:
+        _fail("lora", f"the table's projections {absent[:3]} are no torch.nn.Linear of the transformers model: PEFT "
+                      "names adapters by module, so an adapter would not map")
+    torch.manual_seed(seed)
+    hf_model = peft.get_peft_model(copy.deepcopy(case.hf_model), peft.LoraConfig(
+        r=rank, lora_alpha=2 * rank, target_modules=names, init_lora_weights=False)).eval()
+    # PEFT maps gate_proj/up_proj onto transformers' fused routed experts too (a ParamWrapper): those adapters
+    # are set to do nothing, as pai-zoo does not adapt routed experts
+    prefix = "base_model.model."
+    with torch.no_grad():
+        for name, param in hf_model.named_parameters():
+            if ".lora_B." in name and name[len(prefix):].split(".lora_B.")[0] not in names:
+                param.zero_()
+    state = {k: v for k, v in peft.get_peft_model_state_dict(hf_model).items()
+             if k[len(prefix):].rsplit(".lora_", 1)[0] in names}
+    adapters: dict = {}
+    for name, tensor in state.items():
+        module, part = name[len(prefix):].rsplit(".lora_", 1)
+        adapters.setdefault(module, [None, None])[0 if part.startswith("A") else 1] = tensor.detach().clone()
+    adapters = {m: tuple(pair) for m, pair in adapters.items()}
+    for name in names:  # a projection PEFT's target-name conversion left unadapted: a zero update for pai-zoo
+        if name not in adapters:
+            out, inp = modules[name].weight.shape
+            adapters[name] = (torch.zeros(rank, inp), torch.zeros(out, rank))
+    try:
+        mcore_form = to_mcore_form(adapters, targets, case.mcore_config, ctx)
+    except Exception as exc:  # noqa: BLE001 - a family whose module names differ from its checkpoint names
+        _fail("lora", f"PEFT's adapters ({sorted(adapters)[:2]} ...) do not map onto megatron-core: {exc}")
+    back = to_hf_form(mcore_form, targets, case.mcore_config, ctx)
+    if set(back) != set(adapters) or any(not torch.equal(back[m][i], adapters[m][i]) for m in adapters for i in (0, 1)):
+        _fail("lora", "the adapters do not come back bit for bit from megatron-core's form")
+    settings = LoraSettings(rank=rank, alpha=2.0 * rank, targets=tuple(leaves))
+    lora = copy_case(case)
+    add_lora(lora.mcore_model, case.family, case.mcore_config, settings, adapters=mcore_form, where="the check")
+    vocab = case.mcore_config["vocab_size"]
+    ids = torch.randint(0, vocab, (2, 12), generator=torch.Generator().manual_seed(99))
+    with torch.no_grad():
+        expected = hf_model(input_ids=ids).logits.float()
+        plain = case.hf_model(input_ids=ids).logits.float()
+        got = mcore_forward(lora.mcore_model, ids)[..., :vocab].float()
+    result = compare_logits(expected, got, "fp32")
+    if not result["ok"]:
+        _fail("lora", f"logits with the adapter: max |delta| = {result['max_abs_delta']:.3g} > "
+                      f"{result['tolerance']:.3g} against PEFT's")
+    if (plain - expected).abs().max().item() <= 100 * result["tolerance"]:
+        _fail("lora", "the random adapter barely moves the logits: the check would not see a misplaced row")
+    return result["max_abs_delta"]

@@ -100,6 +100,9 @@ class ConformanceSuite:
         result = checks.check_generation(case)
         _record(request, {"near-tie gap": result["max_gap"]})
 
+    def test_lora_adapter_applies_as_peft_applies_it(self, case, request):
+        _record(request, {"lora": checks.check_lora(case)})
+
     def test_odd_preset_mapping_and_weights_round_trip(self, odd_case, request):
         checks.check_mapping_coverage(odd_case)
         _record(request, {"round trip": checks.check_weight_round_trip(odd_case)})

@@ -143,3 +143,30 @@ def test_tokenizer_check_fails_without_a_test_tokenizer(tmp_path):
 def test_training_check_fails_when_nothing_learns():
     with pytest.raises(ConformanceFailure, match=r"\[training\] loss did not fall"):
         checks.check_training(checks.build_case(LLAMA), lr=0.0)
+
+
+def test_lora_rows_placed_per_head_instead_of_per_query_group_fail_the_lora_check(monkeypatch):
+    """The LoRA check sees B's rows placed by a wrong rule: q, k and v adapters' rows laid out as one [q; k; v] block
+    (ChatGLM's layout) where megatron-core interleaves them per query group."""
+    from pai_zoo import FusedQKV
+    from pai_zoo.lora import targets
+
+    case = checks.shared_case(LLAMA)
+    checks.check_lora(case)
+    real = targets.fused_positions
+
+    def wrong(target, ctx, fused_rows):
+        if target.megatron_name != "linear_qkv":
+            return real(target, ctx, fused_rows)
+        index = torch.arange(fused_rows, dtype=torch.float64).unsqueeze(1)
+        (flat,) = FusedQKV("x.weight", "y.weight").to_mcore([index], ctx)  # a [q; k; v] block read as fused
+        return [p.reshape(-1).long() for p in flat.split(
+            [ctx.num_attention_heads * ctx.head_dim, ctx.num_query_groups * ctx.head_dim,
+             ctx.num_query_groups * ctx.head_dim])]
+
+    monkeypatch.setattr(targets, "fused_positions", wrong)
+    import pai_zoo.mcore.lora as mcore_lora
+
+    monkeypatch.setattr(mcore_lora, "fused_positions", wrong)
+    with pytest.raises(ConformanceFailure, match=r"\[lora\]"):
+        checks.check_lora(case)

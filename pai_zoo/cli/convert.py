@@ -14,7 +14,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("src", help="Hugging Face folder (--to mcore) or Megatron checkpoint, pai-zoo's or Megatron-LM's "
                                "(--to hf; a Megatron-LM one also --to mcore)")
     p.add_argument("dst", help="output folder (must not exist unless --force)")
-    p.add_argument("--to", required=True, choices=("mcore", "hf"))
+    p.add_argument("--to", required=True, choices=("mcore", "hf", "hf-peft"),
+                   help="mcore, hf, or hf-peft: a LoRA run's adapters as a Hugging Face PEFT folder")
     p.add_argument("--family", help="family name (default: detected from config.json / pai_zoo.json / the args)")
     p.add_argument("--tokenizer", metavar="DIR",
                    help="Megatron-LM source: copy this folder's tokenizer files; when it is the original HF folder, "
@@ -36,6 +37,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--no-mtp", action="store_true",
                    help="leave out the multi-token-prediction layers (num_nextn_predict_layers: DeepSeek-V3's and "
                         "GLM-4.5's model.layers.{num_hidden_layers}.*); a note says what was dropped")
+    p.add_argument("--merge-lora", action="store_true",
+                   help="a LoRA run, --to hf: its base with the adapters merged (W + alpha/r B A, as PEFT's "
+                        "merge_and_unload)")
     p.add_argument("--max-shard-size", default=DEFAULTS.max_shard_size,
                    help="largest safetensors shard (--to hf), e.g. 5GB, 500MB")
     p.add_argument("--force", action="store_true", help="replace DST if it exists")
@@ -58,7 +62,7 @@ def run(args) -> int:
         args.src, args.dst, args.to, family=args.family, tp=args.tp, pp=args.pp, dtype=args.dtype,
         force=args.force, max_shard_size=args.max_shard_size, verify=args.verify or args.verify_tolerance is not None,
         progress=None, tokenizer=args.tokenizer, iteration=args.iteration, verify_tolerance=args.verify_tolerance,
-        quantize=args.quantize, no_mtp=args.no_mtp,
+        quantize=args.quantize, no_mtp=args.no_mtp, merge_lora=args.merge_lora,
         ep=args.ep, etp=args.etp,
     )
     for note in report.notes:

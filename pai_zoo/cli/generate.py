@@ -40,6 +40,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--truncate", choices=("left",), help="drop the oldest prompt tokens that do not fit the context")
     p.add_argument("--backend", choices=("mcore", "hf"), default="mcore")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel size (run under torchrun)")
+    p.add_argument("--adapter", metavar="DIR",
+                   help="apply a LoRA adapter without merging: a LoRA run folder (train --peft lora) or a Hugging "
+                        "Face PEFT folder")
     p.add_argument("--threads", type=int, help="torch CPU threads")
     p.set_defaults(func=run)
 
@@ -71,7 +74,7 @@ def run(args, out=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     handle = load(args.model, backend=args.backend, tensor_parallel_size=args.tp if args.tp > 1 else None,
-                  tokenizer=args.tokenizer, iteration=args.iteration)
+                  tokenizer=args.tokenizer, iteration=args.iteration, adapter=args.adapter)
     rank0 = is_rank0()
     options = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                    top_p=args.top_p, seed=args.seed, stop=tuple(args.stop or ()), chat=args.chat,

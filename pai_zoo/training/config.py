@@ -20,7 +20,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ..errors import PaiZooError, no_such_path
+from ..errors import PaiZooError, SettingError, no_such_path
+from ..lora.settings import LoraError, LoraSettings, parse_targets, settings_from_peft_config
 from .settings import (
     DECAY_STYLES,
     DEFAULT_WARMUP_FRACTION,
@@ -104,6 +105,13 @@ class TrainConfig:
     extend: bool = False
     mtp_num_layers: int | None = None
     mtp_loss_scaling_factor: float = 0.1
+    peft: str | None = None
+    lora_rank: int = 8
+    lora_alpha: float = 16.0
+    lora_dropout: float = 0.0
+    lora_target_modules: str | None = None
+    use_rslora: bool = False
+    peft_init: str | None = None
 
     # ---- derived quantities -------------------------------------------------------------
     @property
@@ -335,6 +343,40 @@ class TrainConfig:
             if missing:
                 raise TrainConfigError(f"{g('transformer_impl')} needs {missing} (install the gpu extra on a GPU "
                                        "machine: pip install -e '.[gpu]'); on the CPU use --transformer-impl local")
+
+    def lora_settings(self):
+        """The run's :class:`~pai_zoo.lora.settings.LoraSettings` (``--peft lora``; with ``--peft-init`` the PEFT
+        folder's), or None for full training. A LoRA flag without ``--peft lora`` is refused."""
+        lora_flags = ("lora_rank", "lora_alpha", "lora_dropout", "lora_target_modules", "use_rslora", "peft_init")
+        if self.peft is None:
+            given = [self.given(n) for n in lora_flags if self._is_given(n)]
+            if given:
+                raise TrainConfigError(f"{given[0]}: a LoRA setting without --peft lora (add --peft lora)")
+            return None
+        if self.peft != "lora":
+            raise TrainConfigError(f"{self.given('peft')}: unknown method; pai-zoo trains --peft lora")
+        if self.peft_init is not None:
+            if not Path(self.peft_init).is_dir():
+                raise no_such_path(self.peft_init, "the --peft-init PEFT adapter folder")
+            try:
+                init = settings_from_peft_config(self.peft_init)
+            except LoraError as e:
+                raise TrainConfigError(f"{self.given('peft_init')}: {e}") from None
+            clash = [self.given(n) for n, v in (("lora_rank", init.rank), ("lora_alpha", init.alpha),
+                                                  ("lora_dropout", init.dropout), ("use_rslora", init.use_rslora))
+                     if n in self.__dict__.get("_spelled", {}) and getattr(self, n) != v]
+            if clash:
+                raise TrainConfigError(f"{clash[0]}: differs from {self.peft_init}'s adapter_config.json "
+                                       f"(r={init.rank}, lora_alpha={init.alpha}, lora_dropout={init.dropout}, "
+                                       f"use_rslora={init.use_rslora}); leave it out with --peft-init")
+            return init
+        try:
+            return LoraSettings(rank=self.lora_rank, alpha=self.lora_alpha, dropout=self.lora_dropout,
+                                targets=parse_targets(self.lora_target_modules), use_rslora=self.use_rslora)
+        except SettingError as e:
+            name = str(e).split(" ")[1]
+            field_name = {"rank": "lora_rank", "alpha": "lora_alpha", "dropout": "lora_dropout"}.get(name)
+            raise TrainConfigError(f"{self.given(field_name) if field_name else 'lora'}: {e}") from None
 
     def check_mtp(self, model_layers: int) -> int:
         """The multi-token-prediction layers the run trains, for a model holding ``model_layers`` of them

@@ -16,10 +16,18 @@ pipeline stage:
   divided by ``t`` with SP) under full recompute; the first pipeline stage holds ``min(pp, micro-batches)``
   micro-batches in flight (1F1B; times ``1 + (pp - 1) / (pp v)`` interleaved), plus the fp32 logits of one
   micro-batch on the last stage. An estimate: the allocator's fragmentation and communication buffers come on top.
+
+With ``--peft lora`` the base is frozen: gradients and Adam state are the adapters' only (each rank's share: A
+replicated and B split for a column-parallel base, the reverse for a row-parallel one), the weights are the base's
+plus the adapters', and the activations stay those of full training (the frozen layers still keep their inputs for
+the backward pass that reaches the adapters below them; the adapters' own rank-r activations are left out).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from ..lora.targets import lora_targets, select
+from ..registry import get_registry
 
 GIB = 1024**3
 
@@ -78,6 +86,44 @@ def stage_parameters(config, tp: int = 1, pp: int = 1, vpp: int = 1) -> list[Sta
     return out
 
 
+def _projection_shapes(target, config) -> list[tuple[int, int]]:
+    """(out, in) of each HF projection fused into ``target``'s linear."""
+    a = config.arch
+    h, heads, groups, kv = a["hidden_size"], config.num_attention_heads, config.num_query_groups, config.kv_channels
+    ffn = a.get("ffn_hidden_size") or 4 * h
+    if "shared_experts" in target.in_module:
+        ffn = int(a.get("moe_shared_expert_intermediate_size") or ffn)
+    name, n = target.megatron_name, len(target.hf)
+    if name == "linear_qkv":
+        rows = [heads * kv, groups * kv, groups * kv] if n == 3 else [kv * (heads + 2 * groups)]
+        return [(r, h) for r in rows]
+    if name == "linear_proj":
+        return [(h, heads * kv)]
+    if name == "linear_fc1":
+        return [(ffn, h)] * n if n > 1 else [(ffn * (2 if a.get("gated_linear_unit") else 1), h)]
+    if name == "linear_fc2":
+        return [(h, ffn)]
+    return []
+
+
+def lora_layer_parameters(config, settings, tp: int = 1) -> int:
+    """One decoder layer's LoRA parameters on one tensor-parallel rank (``settings``: a run's
+    :class:`~pai_zoo.lora.settings.LoraSettings`)."""
+    family = get_registry().family(config.family)
+    chosen = select(lora_targets(get_registry().weight_map(family, config)), settings.targets, family.name)
+    r, count = settings.rank, 0
+    for target, which in chosen.items():
+        if target.row.layer_kind == "dense" and config.get("num_moe_experts"):
+            continue
+        shapes = _projection_shapes(target, config)
+        column = target.megatron_name in ("linear_qkv", "linear_fc1")
+        for i in which:
+            if i < len(shapes):
+                out, inp = shapes[i]
+                count += r * inp + out * r // tp if column else r * inp // tp + out * r
+    return count
+
+
 @dataclass(frozen=True)
 class Plan:
     """Bytes per GPU on the fullest pipeline stage."""
@@ -92,6 +138,7 @@ class Plan:
     activations_no_recompute: float
     distributed_optimizer: bool
     recompute: str | None
+    trainable_per_rank: int | None = None  # a LoRA run: the adapters' parameters (the rest is frozen)
 
     @property
     def total(self) -> float:
@@ -126,12 +173,18 @@ def make_plan(config, cfg, world: int) -> Plan:
     stages = stage_parameters(config, tp, pp, cfg.virtual_pipeline_model_parallel_size or 1)
     n = max(s.parameters for s in stages)
     width = 2 if cfg.bf16 else 4
-    adam = (12 if cfg.bf16 else 8) * n
+    lora = cfg.lora_settings()
+    trainable = None
+    if lora is not None:
+        trainable = max(s.layers for s in stages) * lora_layer_parameters(config, lora, tp)
+    learned = n if trainable is None else trainable
+    adam = (12 if cfg.bf16 else 8) * learned
     layout = f"{world} GPUs = TP {tp} x PP {pp}" + (f" x CP {cp}" if cp > 1 else "") + f" x DP {dp}"
     if (cfg.virtual_pipeline_model_parallel_size or 1) > 1:
         layout += f" (virtual pipeline {cfg.virtual_pipeline_model_parallel_size})"
-    return Plan(layout, n, width * n, 4 * n, adam, adam / dp, activation_bytes(config, cfg, cfg.recompute, dp),
-                activation_bytes(config, cfg, None, dp), cfg.use_distributed_optimizer, cfg.recompute)
+    return Plan(layout, n + (trainable or 0), width * (n + (trainable or 0)), 4 * learned, adam, adam / dp,
+                activation_bytes(config, cfg, cfg.recompute, dp), activation_bytes(config, cfg, None, dp),
+                cfg.use_distributed_optimizer, cfg.recompute, trainable)
 
 
 def plan_lines(plan: Plan, gpu_memory_gb: float | None = None) -> list[str]:
@@ -151,6 +204,9 @@ def plan_lines(plan: Plan, gpu_memory_gb: float | None = None) -> list[str]:
         + (f" ({gib(plan.activations_no_recompute)} without recompute)" if plan.recompute else ""),
         f"total per GPU: {gib(plan.total)}",
     ]
+    if plan.trainable_per_rank is not None:
+        lines.insert(2, f"  LoRA: {plan.trainable_per_rank:,} of them trainable (the adapters); the base is frozen, "
+                        "so gradients and Adam state are the adapters' only; activations as in full training")
     if gpu_memory_gb is not None:
         budget = gpu_memory_gb * 1e9
         verdict = "fits" if plan.total <= budget else "does NOT fit"

@@ -133,6 +133,18 @@ SETTINGS: dict[str, Setting] = {
     "mtp_loss_scaling_factor": _s("--mtp-loss-scaling-factor", megatron="--mtp-loss-scaling-factor",
                                   help="weight of the MTP loss (averaged over the MTP layers) added to the LM loss; "
                                        "logged as mtp_1 loss, mtp_2 loss ..."),
+    "peft": _s("--peft", help="parameter-efficient fine-tuning: lora (adapters on the decoder's linears, the base "
+                              "frozen; the checkpoints hold the adapters and name the base by path and sha256)"),
+    "lora_rank": _s("--lora-rank", help="with --peft lora: the adapters' rank (PEFT's r)"),
+    "lora_alpha": _s("--lora-alpha", help="with --peft lora: alpha; the update is scaled by alpha / rank"),
+    "lora_dropout": _s("--lora-dropout", help="with --peft lora: dropout on the adapters' input"),
+    "lora_target_modules": _s("--lora-target-modules",
+                              help="with --peft lora: comma-separated HF projection names (q_proj,v_proj) or "
+                                   "megatron-core linears (linear_qkv,linear_proj,linear_fc1,linear_fc2); "
+                                   "all-linear (the default) is all four"),
+    "use_rslora": _s("--use-rslora", switch=True, help="with --peft lora: rank-stabilised scaling, alpha / sqrt(rank)"),
+    "peft_init": _s("--peft-init", help="with --peft lora: start from this Hugging Face PEFT LoRA folder (its rank, "
+                                        "alpha and targets) instead of fresh adapters"),
     "sft": _s("--sft", switch=True, help="SFT data from preprocess --sft: loss mask and document boundaries"),
     "progress": _s("--no-progress", switch=False,
                    help="a progress bar (default: on a terminal); --no-progress prints plain log lines"),

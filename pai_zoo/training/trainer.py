@@ -39,12 +39,19 @@ from ..errors import PaiZooError
 from ..fp8_blocks import open_weights
 from ..handle import load_mcore_weights, resolve
 from ..hf import config_dict, hf_config, hf_config_from_mcore
+from ..lora import run as lora_run
+from ..lora.peft_format import read_peft_adapter
+from ..lora.settings import LORA_RECORD, LoraError
+from ..lora.targets import lora_targets, select, to_mcore_form
+from ..mapping import MappingContext
 from ..mcore import dist_ckpt, import_megatron
 from ..mcore.build import build_gpt_model, mask_padded_vocab
 from ..mcore.compat import ensure_model_parallel
 from ..mcore.flops import model_flops_per_token, peak_flops
+from ..mcore.lora import add_lora
 from ..mcore.mtp import mtp_layers_of, start_loss_tracking, take_losses
 from ..mcore.parallel_sizes import check_layout, check_world
+from ..registry import get_registry
 from ..run_checkpoint import iteration_name, latest_iteration, load_checkpoint, prune_checkpoints, save_checkpoint
 from ..tokenizers.names import model_tokenizer
 from ..util.dist import rank, world_size
@@ -59,7 +66,11 @@ from .display import StepDisplay, StepMetrics, format_metrics, short_count
 
 #: Settings that must not change when a run is resumed (the budget, train_tokens, may grow with ``extend``).
 RESUME_INVARIANTS = ("global_batch_size", "sequence_length", "data", "split", "seed", "sft", "train_tokens",
-                     "warmup_tokens", "learning_rate", "min_learning_rate")
+                     "warmup_tokens", "learning_rate", "min_learning_rate", "peft", "lora_rank", "lora_alpha",
+                     "lora_dropout", "lora_target_modules", "use_rslora", "peft_init")
+#: the defaults of settings added after runs were saved without them
+_ABSENT_BEFORE = {"peft": None, "lora_rank": 8, "lora_alpha": 16.0, "lora_dropout": 0.0, "lora_target_modules": None,
+                  "use_rslora": False, "peft_init": None}
 
 METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "train_config.json"
@@ -108,6 +119,7 @@ class Trainer:
                                    "--transformer-impl local")
 
         check_data(cfg, self.mcore_config["vocab_size"])
+        self.lora = self._lora_choice(source)
         self._check_resume_compatible()
         if cfg.bf16 and not torch.cuda.is_available():
             raise TrainConfigError("--bf16 needs a GPU (bfloat16 training with fp32 main weights); "
@@ -130,6 +142,40 @@ class Trainer:
         self._build_model(source)
         self._build_optimizer()
         self._build_data()
+
+    def _lora_choice(self, source):
+        """``--peft lora``: the settings, checked against the base and the run folder before anything is built
+        (``self.lora_init``: a ``--peft-init`` folder's adapters in mcore form)."""
+        cfg, record_file = self.cfg, self.save_dir / LORA_RECORD
+        try:
+            settings = cfg.lora_settings()
+        except LoraError as e:
+            raise TrainConfigError(str(e)) from None
+        self.lora_init = None
+        if settings is None:
+            if record_file.is_file():
+                raise TrainConfigError(f"{self.save_dir} holds a LoRA run; resume it with its --peft lora settings "
+                                       "(or use another --save folder)")
+            return None
+        if source.kind not in ("hf", "mcore"):
+            raise TrainConfigError(f"--model {cfg.model}: --peft lora adapts a base checkpoint folder (Hugging Face "
+                                   "or pai-zoo Megatron-Core), which the run names by path and sha256; save the "
+                                   f"{source.kind} model to a folder first")
+        try:
+            chosen = select(lora_targets(get_registry().weight_map(self.family, self.mcore_config)),
+                            settings.targets, self.family.name)
+            self.lora_hf_targets = sorted({t.leaves[i] for t, idx in chosen.items() for i in idx})
+            if record_file.is_file():
+                lora_run.check_base(lora_run.read_record(self.save_dir), source.path, self.save_dir)
+            if cfg.peft_init is not None:
+                _, adapters = read_peft_adapter(cfg.peft_init)
+                ctx = MappingContext.from_config(self.mcore_config)
+                self.lora_init = to_mcore_form(adapters, list(chosen), self.mcore_config, ctx)
+        except LoraError as e:
+            where = f"{cfg.given('peft_init')}: " if cfg.peft_init is not None and "adapts the base" not in str(e) \
+                else ""
+            raise TrainConfigError(f"{where}{e}") from None
+        return settings
 
     def _with_mtp_choice(self, source):
         """The model's config with the multi-token-prediction layers the run trains (:meth:`TrainConfig.check_mtp`):
@@ -157,8 +203,8 @@ class Trainer:
             return
         before = json.loads(file.read_text())
         now = self.cfg.to_dict()
-        changed = [f"{k}: {before.get(k)!r} -> {now[k]!r}" for k in RESUME_INVARIANTS
-                   if k not in BUDGET and before.get(k) != now.get(k)]
+        changed = [f"{k}: {before.get(k, _ABSENT_BEFORE.get(k))!r} -> {now[k]!r}" for k in RESUME_INVARIANTS
+                   if k not in BUDGET and before.get(k, _ABSENT_BEFORE.get(k)) != now.get(k)]
         if changed:
             raise TrainConfigError(f"{self.save_dir} holds a run with other settings; resuming it with "
                                    f"{'; '.join(changed)} would not continue it (use another --save folder)")
@@ -209,8 +255,13 @@ class Trainer:
         self.padded_vocab_size = padded or self.mcore_config.padded_vocab_size(cfg.tensor_parallel_size)
         model = chunks if vpp > 1 else chunks[0]
         resuming = self._latest() is not None
-        if not resuming and source.kind != "preset":
+        if (not resuming or self.lora is not None) and source.kind != "preset":  # LoRA: the base is never saved
             load_mcore_weights(model, source, self.mcore_config, self.dtype, scratch=self.save_dir / ".init-mcore")
+        if self.lora is not None:
+            add_lora(model, self.family, self.mcore_config, self.lora, seed=self.cfg.seed, adapters=self.lora_init,
+                     where=str(self.cfg.peft_init))
+            if self.rank == 0 and not resuming:
+                lora_run.write_record(self.save_dir, self.lora, source.path, source.kind, self.lora_hf_targets)
         if self.rank == 0:
             self._write_model_description(source)
         if torch.cuda.is_available():
@@ -394,9 +445,10 @@ class Trainer:
             bar.break_line()
         self.echo(line)
 
-    def parameter_count(self) -> int:
+    def parameter_count(self, trainable: bool = False) -> int:
         """The model's parameters over all tensor- and pipeline-parallel ranks (a collective), each counted once and
-        without Megatron's vocabulary padding (which depends on the TP size): the Hugging Face model's count."""
+        without Megatron's vocabulary padding (which depends on the TP size): the Hugging Face model's count
+        (``trainable``: only those that get gradients, LoRA's adapters in a LoRA run)."""
         from megatron.core import parallel_state
 
         tp_rank = parallel_state.get_tensor_model_parallel_rank()
@@ -404,6 +456,8 @@ class Trainer:
         count = 0
         named = [(chunk, name, p) for chunk in self.chunks for name, p in chunk.named_parameters()]
         for chunk, name, p in named:
+            if trainable and not p.requires_grad:
+                continue
             if getattr(p, "shared_embedding", False) and not chunk.pre_process:
                 continue  # the output layer tied to the first stage's embedding
             sharded = getattr(p, "tensor_model_parallel", False)
@@ -419,8 +473,9 @@ class Trainer:
         torch.distributed.all_reduce(total, group=parallel_state.get_model_parallel_group())
         return int(total.item())
 
-    def summary(self, parameters: int) -> list[str]:
-        """The start-up lines: what is trained, how, for how long, on what, and where it goes."""
+    def summary(self, parameters: int, trainable: int | None = None) -> list[str]:
+        """The start-up lines: what is trained, how, for how long, on what, and where it goes (``trainable``: a
+        LoRA run's adapter parameters)."""
         cfg = self.cfg
         prefixes, weights = cfg.data_blend()
         data = ", ".join(prefixes) if weights is None else ", ".join(f"{w:g} x {p}" for w, p in zip(weights, prefixes))
@@ -441,7 +496,12 @@ class Trainer:
             f"{scheduler.max_lr:g} {scheduler.lr_decay_style} to {scheduler.min_lr:g}",
             f"data: {data}{' (SFT)' if cfg.sft else ''}",
             f"logs: {self.save_dir / METRICS_FILE}; checkpoints: {checkpoints}",
-        ]
+        ] + ([] if trainable is None else [
+            f"LoRA: rank {self.lora.rank}, alpha {self.lora.alpha:g}{' (rsLoRA)' if self.lora.use_rslora else ''}, "
+            f"dropout {self.lora.dropout:g} on {', '.join(self.lora_hf_targets)}"
+            f"{' from ' + str(self.cfg.peft_init) if self.cfg.peft_init else ''}; trainable {trainable:,} of "
+            f"{parameters + trainable:,} parameters ({100 * trainable / (parameters + trainable):.2f}%); the base is "
+            "frozen and the checkpoints hold the adapters"])
 
     def _stopped(self, step: int) -> str:
         latest = self._latest()
@@ -482,8 +542,10 @@ class Trainer:
         self.setup()
         cfg = self.cfg
         parameters = self.parameter_count()
+        trainable = self.parameter_count(trainable=True) if self.lora is not None else None
+        parameters -= trainable or 0  # the model's own count; the adapters are counted apart
         if self.rank == 0:
-            for line in self.summary(parameters):
+            for line in self.summary(parameters, trainable):
                 self.echo(line)
         start = self._resume()
         if start >= cfg.train_steps:

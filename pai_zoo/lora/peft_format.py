@@ -1,0 +1,78 @@
+"""Hugging Face PEFT's adapter folder: ``adapter_config.json`` and ``adapter_model.safetensors``, whose tensors
+are ``base_model.model.<module>.lora_A.weight`` [rank, in] and ``...lora_B.weight`` [out, rank] (the names
+``peft.get_peft_model_state_dict`` saves). Read into and written from adapters in HF form
+(:mod:`pai_zoo.lora.targets`)."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from ..util.files import publish
+from .settings import PEFT_CONFIG, PEFT_WEIGHTS, LoraError, LoraSettings, peft_config, settings_from_peft_config
+
+PREFIX = "base_model.model."
+SUFFIXES = (".lora_A.weight", ".lora_B.weight")
+
+
+def is_peft_folder(path) -> bool:
+    return (Path(path) / PEFT_CONFIG).is_file()
+
+
+def read_peft_adapter(folder) -> tuple[LoraSettings, dict]:
+    """``(settings, {HF module: (A, B)})`` of a PEFT LoRA folder; a tensor pai-zoo cannot represent (embedding
+    adapters, ``modules_to_save`` copies, a lone A or B, a rank other than the config's) is refused naming it."""
+    import torch
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    settings = settings_from_peft_config(folder)
+    file = folder / PEFT_WEIGHTS
+    if not file.is_file():
+        other = "adapter_model.bin" if (folder / "adapter_model.bin").is_file() else None
+        raise LoraError(f"{folder}: no {PEFT_WEIGHTS}" + (f" ({other} is a pickle: re-save the adapter with "
+                                                           "safe_serialization=True)" if other else ""))
+    try:
+        tensors = load_file(str(file))
+    except (SafetensorError, OSError) as e:
+        raise LoraError(f"{file}: not a safetensors file ({e})") from None
+    halves: dict[str, dict[str, torch.Tensor]] = {}
+    for name, tensor in tensors.items():
+        suffix = next((s for s in SUFFIXES if name.endswith(s)), None)
+        if not name.startswith(PREFIX) or suffix is None:
+            raise LoraError(f"{file}: tensor {name} is not a LoRA A or B of a linear (pai-zoo reads "
+                            f"{PREFIX}<module>.lora_A.weight / .lora_B.weight)")
+        halves.setdefault(name[len(PREFIX): -len(suffix)], {})[suffix[1:7]] = tensor
+    adapters = {}
+    for module, pair in sorted(halves.items()):
+        if set(pair) != {"lora_A", "lora_B"}:
+            lone = next(iter(pair))
+            raise LoraError(f"{file}: {PREFIX}{module}.{lone}.weight has no "
+                            f"{'lora_B' if lone == 'lora_A' else 'lora_A'} beside it")
+        a, b = pair["lora_A"], pair["lora_B"]
+        if a.ndim != 2 or b.ndim != 2 or a.shape[0] != settings.rank or b.shape[1] != settings.rank:
+            raise LoraError(f"{file}: {PREFIX}{module}: lora_A {tuple(a.shape)} and lora_B {tuple(b.shape)} do not "
+                            f"have rank r = {settings.rank} of {PEFT_CONFIG}")
+        adapters[module] = (a, b)
+    if not adapters:
+        raise LoraError(f"{file}: holds no adapters")
+    return settings, adapters
+
+
+def write_peft_adapter(folder, settings: LoraSettings, adapters: dict, base: str | None, dtype=None) -> None:
+    """Write ``adapters`` (HF form) as a PEFT folder, complete or not at all (written beside it, then renamed)."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    tmp = folder.with_name(folder.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    tensors = {}
+    for module, (a, b) in sorted(adapters.items()):
+        tensors[f"{PREFIX}{module}.lora_A.weight"] = (a if dtype is None else a.to(dtype)).contiguous()
+        tensors[f"{PREFIX}{module}.lora_B.weight"] = (b if dtype is None else b.to(dtype)).contiguous()
+    save_file(tensors, str(tmp / PEFT_WEIGHTS), metadata={"format": "pt"})
+    leaves = sorted({m.rsplit(".", 1)[-1] for m in adapters})
+    (tmp / PEFT_CONFIG).write_text(json.dumps(peft_config(settings, leaves, base), indent=2) + "\n")
+    publish(tmp, folder, replace=True)
