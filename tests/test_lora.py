@@ -228,8 +228,11 @@ def test_tp2_tp2_sp_pp2_and_dp2_distopt_train_as_one_process(trained, corpus, tm
         for module, (a, b) in reference.items():
             assert (adapters[module][0] - a).abs().max().item() <= 1e-5, (layout, module)
             assert (adapters[module][1] - b).abs().max().item() <= 1e-5, (layout, module)
-    proc = run_cli(["convert", tmp_path / "tp-2", tmp_path / "merged", "--to", "hf", "--merge-lora"])
-    assert proc.returncode == 0, proc.stderr
+    for name, source in (("merged-tp2", tmp_path / "tp-2"), ("merged-one", run)):  # merging a TP 2 run
+        proc = run_cli(["convert", source, tmp_path / name, "--to", "hf", "--merge-lora"])
+        assert proc.returncode == 0, proc.stderr
+    tp2, one = _peft_model(tmp_path / "merged-tp2").state_dict(), _peft_model(tmp_path / "merged-one").state_dict()
+    assert max((tp2[k] - one[k]).abs().max().item() for k in one) <= 1e-5
 
 
 def test_a_lora_run_killed_mid_save_resumes_exactly(trained, corpus, tmp_path):
@@ -270,6 +273,27 @@ def test_peft_init_starts_from_the_adapter(corpus, tmp_path):
         want = peft_model(TOY_IDS).logits
     got = pai_zoo.load(base, backend="mcore", adapter=tmp_path / "run").logits(TOY_IDS)
     assert (got - want).abs().max().item() <= 1e-4
+
+
+def test_a_bias_family_trains_and_exports_as_peft_reads_it(tmp_path):
+    """qwen2-odd (q/k/v biases, head_dim 20): a few LoRA steps, then PEFT's logits equal pai-zoo's."""
+    from pai_zoo.data import toy
+    from pai_zoo.data.preprocess import preprocess
+
+    base = _base(tmp_path, "qwen2-odd", vocab=300)
+    text = toy.write_corpus(tmp_path / "corpus.jsonl", documents=40)
+    preprocess([text], tmp_path / "toy", str(base), append_eod=True, progress=False)
+    _train((tmp_path, base, tmp_path / "toy_text_document"), tmp_path / "run", "--lora-target-modules",
+           "q_proj,k_proj,v_proj,down_proj")
+    assert run_cli(["convert", tmp_path / "run", tmp_path / "peft", "--to", "hf-peft"]).returncode == 0
+    peft_model = peft.PeftModel.from_pretrained(_peft_model(base), tmp_path / "peft").eval()
+    with torch.no_grad():
+        want = peft_model(TOY_IDS).logits
+        plain = _peft_model(base)(TOY_IDS).logits
+    got = pai_zoo.load(base, backend="mcore", adapter=tmp_path / "run").logits(TOY_IDS)
+    assert (got - want).abs().max().item() <= 1e-4 and (plain - want).abs().max().item() > 1e-3
+    assert json.loads((tmp_path / "peft" / "adapter_config.json").read_text())["target_modules"] == [
+        "down_proj", "k_proj", "q_proj", "v_proj"]
 
 
 def test_generate_with_an_adapter_is_the_adapted_models_greedy_output(trained, corpus, tmp_path):
