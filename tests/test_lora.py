@@ -275,6 +275,27 @@ def test_peft_init_starts_from_the_adapter(corpus, tmp_path):
     assert (got - want).abs().max().item() <= 1e-4
 
 
+def test_lora_on_sft_data_learns_from_the_assistant_tokens_only(corpus, tmp_path):
+    """--peft lora with --sft data: the loss falls and the targets are the assistant tokens (the loss mask)."""
+    from pai_zoo.data import toy
+    from pai_zoo.data.preprocess import preprocess_sft
+
+    _, base, _ = corpus
+    records = tmp_path / "chat.jsonl"
+    with open(records, "w") as f:
+        for i, sentence in enumerate(toy.sentences(40, seed=5)):
+            f.write(json.dumps({"messages": [{"role": "user", "content": f"say {i % 7}"},
+                                             {"role": "assistant", "content": sentence}]}) + "\n")
+    preprocess_sft([records], tmp_path / "chat", str(base), seq_length=64, progress=False)
+    proc = run_cli(["train", "--model", base, "--data", tmp_path / "chat", "--save", tmp_path / "run", "--sft",
+                    "--global-batch-size", "2", "--seq-length", "64", "--train-iters", "6", "--warmup-iters", "0",
+                    "--lr", "1e-2", "--save-interval", "100", "--no-progress", "--peft", "lora"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert len(logged) == 6 and logged[-1]["loss"] < logged[0]["loss"]
+    assert all(0 < r["target_tokens"] < 2 * 64 * 0.8 for r in logged)
+
+
 def test_a_bias_family_trains_and_exports_as_peft_reads_it(tmp_path):
     """qwen2-odd (q/k/v biases, head_dim 20): a few LoRA steps, then PEFT's logits equal pai-zoo's."""
     from pai_zoo.data import toy
@@ -333,6 +354,11 @@ def test_a_lora_run_resumed_on_another_base_is_refused(trained, corpus, tmp_path
     _one_line(run_cli(_train_argv(other, data, save)), r"adapts the base at .* holds other weights")
     assert sorted(str(p) for p in save.rglob("*")) == before
     _one_line(run_cli(["generate", "--model", other, "--adapter", save, "--prompt", "x"]), r"holds other weights")
+    record = json.loads((save / "lora.json").read_text())  # a base that is gone: the merge names it
+    record["base"]["path"] = str(tmp_path / "gone")
+    (save / "lora.json").write_text(json.dumps(record))
+    _one_line(run_cli(["convert", save, tmp_path / "merged", "--to", "hf", "--merge-lora"]), r"gone is missing")
+    assert not (tmp_path / "merged").exists() and not list(tmp_path.glob(".merged*"))
 
 
 @pytest.mark.parametrize("flags, pattern", [
