@@ -12,7 +12,6 @@ import importlib.util
 import json
 import os
 import shutil
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -200,8 +199,15 @@ def test_distributed_optimizer_resumes_after_sigkill_and_converts_to_hf(setup, s
             break
         time.sleep(0.05)
     assert proc.poll() is None, "the run ended before it could be killed"
-    os.killpg(proc.pid, signal.SIGKILL)  # torchrun and both trainers
+    # torchrun and both trainers: torch's elastic agent starts each trainer in a session of its own, so killing
+    # torchrun's process group alone leaves them running on (racing the resumed run for iter_N.tmp)
+    import psutil
+
+    tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    for process in tree:
+        process.kill()
     proc.wait()
+    psutil.wait_procs(tree[1:], timeout=60)
     assert (save / "latest_checkpointed_iteration.txt").read_text() == "4"
     resumed = train(values, nproc=2)
     assert "resuming" in resumed.stdout
