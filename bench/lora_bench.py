@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -29,18 +30,12 @@ sys.exit(code)
 
 def _side(argv: list[str], save: Path) -> tuple[float, float]:
     proc = subprocess.run([sys.executable, "-c", CHILD, *argv], capture_output=True, text=True,
-                          env={"OMP_NUM_THREADS": "2", **_env()})
+                          env={**os.environ, "OMP_NUM_THREADS": "2"})
     if proc.returncode != 0:
         raise SystemExit(f"train failed:\n{proc.stderr[-3000:]}")
     rss = next(int(x.split()[1]) for x in proc.stdout.splitlines() if x.startswith("MAXRSS_KB"))
     times = [json.loads(x)["step_time"] for x in (save / "metrics.jsonl").read_text().splitlines()][1:]
     return rss / 1024, statistics.median(times)
-
-
-def _env() -> dict:
-    import os
-
-    return dict(os.environ)
 
 
 def main() -> None:

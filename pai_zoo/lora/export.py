@@ -4,6 +4,7 @@
 trained it, in HF names: no model is built."""
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -55,8 +56,6 @@ def _base_tensors(base: Path, kind: str):
 def merge_run(run, out: Path, dtype=None, max_shard_size="5GB") -> list[str]:
     """Write ``run``'s base with its adapters merged, as an HF folder at ``out`` (a new folder): each adapted
     weight ``W + scaling * B @ A`` in float32, then in ``dtype`` (default: the base's). Returns notes."""
-    import json
-
     settings, adapters, record = hf_adapters_of_run(run)
     base, kind = Path(record["base"]["path"]), record["base"]["kind"]
     check_base(record, base, run)

@@ -139,10 +139,6 @@ def _layer_names(target: Target, layer: int, leaf: str) -> tuple[str, str, str]:
     return f"{base}.lora_A", f"{base}.lora_B", target.hf[target.leaves.index(leaf)].replace(LAYER, str(layer))
 
 
-def _targets_by_hf(targets) -> dict:
-    return {(t, i): t.hf[i] for t in targets for i in range(len(t.hf))}
-
-
 def _fused_rows(target: Target, config: McoreConfig, hf_adapters: dict, layer: int) -> int:
     rows = fused_rows_of(target, config)
     if rows:
@@ -200,7 +196,3 @@ def to_hf_form(mcore_adapters: dict, targets, config: McoreConfig, ctx: MappingC
                 out[hf_name] = (mcore_adapters[a_name], hf_b)
     return out
 
-
-def hf_leaves(hf_adapters: dict) -> list[str]:
-    """PEFT's ``target_modules`` for adapters in HF form."""
-    return sorted({name.rsplit(".", 1)[-1] for name in hf_adapters})

@@ -249,17 +249,6 @@ def load_adapters(model, mcore_adapters: dict, where: str) -> None:
                 want.copy_(got)
 
 
-def local_adapters(model) -> dict:
-    """This rank's adapters in mcore form; the full ones where the model is in one process."""
-    out = {}
-    for name, (pair, _, tp, _) in adapters_of(model).items():
-        if tp > 1:
-            raise LoraError("gathering adapters from tensor-parallel ranks: read the run's checkpoint instead")
-        out[f"{name}.lora_A"] = pair.lora_A.detach().clone()
-        out[f"{name}.lora_B"] = pair.lora_B.detach().clone()
-    return out
-
-
 def sharded_state(model) -> dict:
     """The adapters as megatron-core ``ShardedTensor`` s under their global names (a run checkpoint's model
     state: the base is not saved)."""
@@ -282,13 +271,6 @@ def load_sharded(model, state: dict) -> None:
         for name, (pair, _, _, _) in adapters_of(model).items():
             pair.lora_A.copy_(state[f"{name}.lora_A"])
             pair.lora_B.copy_(state[f"{name}.lora_B"])
-
-
-def parameter_counts(model) -> tuple[int, int]:
-    """(trainable, total) parameters of this rank's model."""
-    total = sum(p.numel() for p in model.parameters())
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    return trainable, total
 
 
 def add_lora(model, family, config, settings: LoraSettings, seed: int = 0, adapters: dict | None = None,

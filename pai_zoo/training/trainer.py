@@ -164,17 +164,18 @@ class Trainer:
         try:
             chosen = select(lora_targets(get_registry().weight_map(self.family, self.mcore_config)),
                             settings.targets, self.family.name)
-            self.lora_hf_targets = sorted({t.leaves[i] for t, idx in chosen.items() for i in idx})
             if record_file.is_file():
                 lora_run.check_base(lora_run.read_record(self.save_dir), source.path, self.save_dir)
-            if cfg.peft_init is not None:
+        except LoraError as e:
+            raise TrainConfigError(str(e)) from None
+        self.lora_hf_targets = sorted({t.leaves[i] for t, idx in chosen.items() for i in idx})
+        if cfg.peft_init is not None:
+            try:
                 _, adapters = read_peft_adapter(cfg.peft_init)
                 ctx = MappingContext.from_config(self.mcore_config)
                 self.lora_init = to_mcore_form(adapters, list(chosen), self.mcore_config, ctx)
-        except LoraError as e:
-            where = f"{cfg.given('peft_init')}: " if cfg.peft_init is not None and "adapts the base" not in str(e) \
-                else ""
-            raise TrainConfigError(f"{where}{e}") from None
+            except LoraError as e:
+                raise TrainConfigError(f"{cfg.given('peft_init')}: {e}") from None
         return settings
 
     def _with_mtp_choice(self, source):
