@@ -18,7 +18,7 @@ from .mcore import import_megatron
 from .mcore.parallel_sizes import check_layout
 from .registry import get_registry
 from .tokenizers.names import model_tokenizer
-from .util.dist import is_rank0, single_process_env
+from .util.dist import is_rank0, shared_temporary_folder, single_process_env
 from .weights import hf_state_dict, load_hf_checkpoint_state, load_into, mcore_tensors, mcore_to_hf
 
 BACKENDS = ("mcore", "hf")
@@ -315,10 +315,11 @@ def _load_mcore(source: Source, config: McoreConfig, dtype, seed: int, tp: int |
         from .mcore.heads import attach_score_head
 
         attach_score_head(model)
-    if source.kind in ("hf", "megatron-lm") and have != (1, 1):
-        raise PaiZooError(f"{source.path}: a {source.kind} checkpoint loads into one process; for tp/pp > 1 "
-                          f"convert it first (pai-zoo convert {source.path} DST --to mcore --tp N --pp M)")
-    load_mcore_weights(model, source, config, dtype)
+    if source.kind in ("hf", "megatron-lm") and have != (1, 1):  # converted into a scratch folder first
+        with shared_temporary_folder("pai-zoo-load-") as scratch:
+            load_mcore_weights(model, source, config, dtype, scratch / "mcore")
+    else:
+        load_mcore_weights(model, source, config, dtype)
     return model.eval()
 
 

@@ -149,7 +149,7 @@ def test_force_replaces_and_verify_fails_past_tolerance(hf_folder, tmp_path, mon
     assert not report.ok and report.verification["max_abs_delta"] > 0.0
 
 
-def test_progress_bar_shows_tensors_bytes_and_rate():
+def test_progress_bar_shows_tensors_bytes_rate_and_eta():
     import io
 
     stream = io.StringIO()
@@ -158,6 +158,7 @@ def test_progress_bar_shows_tensors_bytes_and_rate():
     bar.update(1000)
     bar.close()
     assert "2/2 tensors" in stream.getvalue() and "2.0 KB/2.0 KB" in stream.getvalue() and "/s" in stream.getvalue()
+    assert "ETA 0s" in stream.getvalue()  # the time left, from the rate of the unit with a total
     quiet = io.StringIO()
     Progress("x", 1, stream=quiet).update(1)  # not a terminal: silent
     assert quiet.getvalue() == ""

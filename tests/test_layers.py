@@ -43,7 +43,7 @@ LAYERS = {
         "lora",
     ),
     3: ("handle", "conversion", "convert_settings", "run_checkpoint", "inspection", "scaffold"),
-    4: ("data", "generation", "training", "rl"),
+    4: ("data", "generation", "training", "rl", "evaluation"),
     5: ("cli", "demo"),
 }
 PACKAGE_LAYER = 5  # ``pai_zoo/__init__.py`` re-exports the API (``load``, ``convert``) on top of everything
@@ -83,7 +83,7 @@ def layer_of(module: str) -> int:
 # Third-party packages slow enough to keep out of ``import pai_zoo`` and ``pai-zoo list``.
 HEAVY = frozenset({
     "torch", "megatron", "transformers", "numpy", "safetensors", "tokenizers", "tiktoken", "sentencepiece",
-    "gigatoken", "google", "yaml", "psutil",
+    "gigatoken", "google", "yaml", "psutil", "lm_eval", "datasets",
 })
 
 

@@ -23,7 +23,7 @@ def blocks() -> list[str]:
 def test_the_tutorial_has_the_whole_workflow():
     text = "\n".join(blocks())
     for command in ("pai-zoo inspect", "--to mcore", "pai-zoo preprocess", "pai-zoo train cpt.yaml", "kill -INT",
-                    "--to hf", "pai-zoo generate", "--sft", "rl reward", "rl ppo"):
+                    "--to hf", "pai-zoo generate", "--sft", "rl reward", "rl ppo", "pai-zoo eval", "--tasks"):
         assert command in text, command
 
 
@@ -62,3 +62,8 @@ def test_tutorial_runs_and_keeps_its_promises(walkthrough):
     assert len((folder / "completions.jsonl").read_text().splitlines()) == 16
     for out in ("cpt-hf", "sft-hf", "ppo-hf"):
         assert (folder / out / "config.json").is_file() and (folder / out / "tokenizer.json").is_file()
+    before, after, hf = (json.loads((folder / f"eval-{n}.json").read_text())["data"][0]
+                         for n in ("before", "after", "hf"))
+    assert after["loss"] < before["loss"] - 0.5 and after["tokens"] == before["tokens"] > 1000
+    assert hf["loss"] == pytest.approx(after["loss"], rel=1e-5)  # the HF conversion: the same loss
+    assert 0.0 <= json.loads((folder / "tasks.json").read_text())["results"]["tutorial_cloze"]["acc,none"] <= 1.0

@@ -8,6 +8,7 @@ run function (``pai-zoo list`` imports neither torch nor megatron-core).
     pai-zoo preprocess --input PATH... --output-prefix PREFIX --tokenizer T   text -> .bin/.idx
     pai-zoo dataset inspect PREFIX | dataset merge --output-prefix OUT PREFIX...
     pai-zoo generate --model M --prompts IN.jsonl --output OUT.jsonl | --prompt TEXT   text generation
+    pai-zoo eval CKPT --data PREFIX... | --tasks NAMES   held-out loss and perplexity, lm-evaluation-harness
     pai-zoo train [CONFIG.yaml] --model M --data PREFIX --save DIR [flags]   (torchrun for several processes)
     pai-zoo rl list | rl reward --model M --data PAIRS.jsonl --save RM | rl ppo --actor M --reward RM ...   RL
     pai-zoo plugin new NAME --from-config CONFIG [--like FAMILY]   a plugin distribution from an HF config
@@ -29,8 +30,8 @@ from ..util.quiet import quiet_run
 from ._common import HelpFormatter
 
 #: the command modules, in the order ``pai-zoo --help`` lists them
-COMMANDS = ("list", "info", "conformance", "inspect", "convert", "preprocess", "dataset", "generate", "train", "rl",
-            "plugin")
+COMMANDS = ("list", "info", "conformance", "inspect", "convert", "preprocess", "dataset", "generate", "eval", "train",
+            "rl", "plugin")
 
 #: exit codes (also in ``pai-zoo --help`` and README's CLI section)
 OK, USER_ERROR, USAGE, VERIFY_FAILED, INTERRUPTED = 0, 1, 2, 3, 130

@@ -58,7 +58,7 @@ def mcore_generate(
     model_was_training = model.training
     model.eval()
     try:
-        with _inference_mode():
+        with inference_mode():
             logits = model(
                 ids,
                 positions[:, :length],
@@ -93,8 +93,8 @@ def mcore_generate(
 
 
 @contextlib.contextmanager
-def _inference_mode():
-    """``torch.inference_mode()`` for a generation run (less autograd bookkeeping per op), then
+def inference_mode():
+    """``torch.inference_mode()`` for a generation (or scoring) run (less autograd bookkeeping per op), then
     drop the inference tensors megatron-core keeps between calls -- its global memory buffer and
     the RoPE frequencies ``RotaryEmbedding.forward`` caches -- so a later training step (RL
     trains the model that generated) never receives one (autograd refuses inference tensors)."""

@@ -32,7 +32,7 @@ from .config import TrainConfig
 
 
 @dataclass
-class _DatasetTokenizer:
+class DatasetTokenizer:
     """What megatron's GPT dataset reads from a tokenizer (no padding token: nothing is masked)."""
 
     vocab_size: int
@@ -86,7 +86,7 @@ def build_pretraining_datasets(cfg: TrainConfig, vocab_size: int, eod: int, samp
     split = ",".join(str(w) for w in cfg.split_weights())
     config = GPTDatasetConfig(
         random_seed=cfg.seed, sequence_length=cfg.sequence_length, blend=(prefixes, weights), split=split,
-        path_to_cache=str(cache), tokenizer=_DatasetTokenizer(vocab_size, eod),
+        path_to_cache=str(cache), tokenizer=DatasetTokenizer(vocab_size, eod),
         reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False, create_attention_mask=False,
         mid_level_dataset_surplus=0.005,
     )

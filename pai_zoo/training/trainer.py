@@ -309,7 +309,9 @@ class Trainer:
 
     def _build_data(self) -> None:
         cfg = self.cfg
-        eval_batches = (cfg.train_steps // cfg.eval_interval + 1) * cfg.eval_iters if cfg.eval_interval else 0
+        # evaluation k (k = 1, 2 ...: at step k x eval_interval) reads validation batches (k-1) x eval_iters on, as
+        # Megatron-LM's validation iterator does: the first evaluation reads the first validation samples
+        eval_batches = cfg.train_steps // cfg.eval_interval * cfg.eval_iters if cfg.eval_interval else 0
         if cfg.sft:
             train, valid = data.build_sft_datasets(cfg)
         else:
@@ -405,8 +407,8 @@ class Trainer:
         loss_sum = tokens = 0.0
         with torch.no_grad():
             for i in range(self.cfg.eval_iters):
-                batches = self.valid_batches.microbatches(step // self.cfg.eval_interval * self.cfg.eval_iters + i,
-                                                          self.microbatches)
+                batches = self.valid_batches.microbatches(
+                    (step // self.cfg.eval_interval - 1) * self.cfg.eval_iters + i, self.microbatches)
                 s, n = self._run_batches(batches, forward_only=True)
                 loss_sum, tokens = loss_sum + s, tokens + n
         for ddp in self.ddps:

@@ -5,10 +5,16 @@ environment variables; this module never imports torch itself."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 
-__all__ = ["TORCHRUN_ENV", "is_rank0", "launched_by_torchrun", "local_rank", "rank", "single_process_env", "world_size"]
+__all__ = ["TORCHRUN_ENV", "is_rank0", "launched_by_torchrun", "local_rank", "rank", "shared_temporary_folder",
+           "single_process_env", "world_size"]
 
 #: The environment variables torchrun sets for its workers.
 TORCHRUN_ENV = (
@@ -63,3 +69,20 @@ def single_process_env() -> dict:
     """This process's environment without torchrun's variables (and ``TORCHELASTIC_*``), for a child process that
     must not join the process group."""
     return {k: v for k, v in os.environ.items() if k not in TORCHRUN_ENV and not k.startswith("TORCHELASTIC_")}
+
+
+@contextlib.contextmanager
+def shared_temporary_folder(prefix: str = "pai-zoo-") -> Iterator[Path]:
+    """A new temporary folder, the same on every rank (made by global rank 0, its path broadcast: ranks on one
+    machine), removed by rank 0 when every rank has left the block."""
+    dist = _initialized()
+    name = [tempfile.mkdtemp(prefix=prefix) if dist is None or dist.get_rank() == 0 else None]
+    if dist is not None:
+        dist.broadcast_object_list(name, src=0)
+    try:
+        yield Path(name[0])
+    finally:
+        if dist is not None:
+            dist.barrier()
+        if dist is None or dist.get_rank() == 0:
+            shutil.rmtree(name[0], ignore_errors=True)

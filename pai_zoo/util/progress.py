@@ -10,7 +10,7 @@ import time
 class Progress:
     """Counts bytes and named units (``tensors``, ``documents``, ``tokens`` ...) and shows them with
     their rates when stderr is a terminal. With ``total_bytes`` it draws a bar; ``totals`` gives
-    ``done/total`` for units."""
+    ``done/total`` for units, and the first unit with a total gives the ETA (from its rate so far)."""
 
     def __init__(
         self,
@@ -51,11 +51,18 @@ class Progress:
         if self.total_bytes:
             filled = int(24 * min(1.0, self.bytes / self.total_bytes))
             parts.append("[" + "#" * filled + "-" * (24 - filled) + "]")
+        eta = None
         for unit, n in self.counts.items():
             total = self.totals.get(unit)
-            parts.append(f"{n}/{total} {unit}" if total else f"{_count(n)} {unit} ({_count(n / self.seconds)}/s)")
-        size = f"{_size(self.bytes)}/{_size(self.total_bytes)}" if self.total_bytes else _size(self.bytes)
-        parts.append(f"{size} {_size(self.bytes / self.seconds)}/s")
+            rate = f"{_count(n / self.seconds)}/s"
+            parts.append(f"{_count(n)}/{_count(total)} {unit} ({rate})" if total else f"{_count(n)} {unit} ({rate})")
+            if total and n and eta is None:
+                eta = (total - n) * self.seconds / n
+        if self.total_bytes or self.bytes:
+            size = f"{_size(self.bytes)}/{_size(self.total_bytes)}" if self.total_bytes else _size(self.bytes)
+            parts.append(f"{size} {_size(self.bytes / self.seconds)}/s")
+        if eta is not None:
+            parts.append(f"ETA {format_duration(max(eta, 0.0))}")
         return " ".join(parts)
 
     def close(self) -> None:

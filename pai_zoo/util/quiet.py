@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.abc
+import logging
 import sys
 import warnings
 
@@ -82,13 +83,38 @@ def transformers_progress_bars_off():
             state["module"].enable_progress_bar()
 
 
+#: megatron-core loggers that announce megatron-core's own deprecations (0.19: "load_common is deprecated ...", on
+#: every checkpoint load)
+MEGATRON_DEPRECATION_LOGGERS = ("megatron.core.dist_checkpointing.strategies.common",)
+
+
+class _NoDeprecations(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "is deprecated" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def megatron_deprecation_notices_off():
+    """megatron-core's log lines about its own deprecated functions off inside the block."""
+    loggers = [logging.getLogger(name) for name in MEGATRON_DEPRECATION_LOGGERS]
+    notice = _NoDeprecations()
+    for logger in loggers:
+        logger.addFilter(notice)
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeFilter(notice)
+
+
 @contextlib.contextmanager
 def quiet_run(verbose: bool = False):
     """A command run: with ``verbose`` nothing changes; without, third-party deprecation warnings (and
-    megatron-core's/torch's/transformers' UserWarnings) and transformers' progress bars are off."""
+    megatron-core's/torch's/transformers' UserWarnings, and megatron-core's deprecation log lines) and
+    transformers' progress bars are off."""
     if verbose:
         yield
         return
-    with warnings.catch_warnings(), transformers_progress_bars_off():
+    with warnings.catch_warnings(), transformers_progress_bars_off(), megatron_deprecation_notices_off():
         hide_third_party_warnings()
         yield
