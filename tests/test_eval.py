@@ -124,6 +124,25 @@ def test_blend_json_and_the_jsonl_form(llama, corpus, tmp_path):
     assert set(out) == {"data", "blend", "settings"} and out["settings"]["packing"] == "megatron"
 
 
+def test_a_lora_adapter_is_evaluated_as_peft_applies_it(llama, tmp_path):
+    """`eval BASE --adapter PEFT_DIR`: megatron-core with pai-zoo's adapters gives the loss of transformers with PEFT's
+    own PeftModel (`--backend hf`), and not the base's."""
+    import peft
+    from transformers import AutoModelForCausalLM
+
+    hf, _, data = llama
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32)
+    peft.get_peft_model(base, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"],
+                                              init_lora_weights=False)).save_pretrained(tmp_path / "adapter")
+    common = ["--data", data, "--seq-length", "32", "--max-tokens", "256", "--adapter", tmp_path / "adapter"]
+    ours = _eval(hf, *common, output=tmp_path / "ours.json")["data"][0]
+    theirs = _eval(hf, *common, "--backend", "hf", output=tmp_path / "peft.json")["data"][0]
+    plain = _eval(hf, *common[:-2], output=tmp_path / "plain.json")["data"][0]
+    assert ours["loss"] == pytest.approx(theirs["loss"], rel=REL) and ours["tokens"] == 256
+    assert abs(ours["loss"] - plain["loss"]) > 1e-3
+
+
 # -- layouts and training ---------------------------------------------------------------------------------------
 def test_tp2_pp2_and_dp2_equal_one_process(llama, tmp_path):
     """The held-out loss at TP=2 (from the HF folder, converted on the fly, and from the mcore checkpoint), PP=2 and

@@ -178,7 +178,7 @@ def _define():
                     inplens.append(inplen)
                 batched_inps = pad_and_concat(padding_len_inp, inps, padding_side="right")
                 self.tokens_scored += sum(inplens)
-                with inference_mode() if self.handle.backend == "mcore" else contextlib.nullcontext():
+                with inference_mode(engine=False) if self.handle.backend == "mcore" else contextlib.nullcontext():
                     logits = self.handle.logits(batched_inps)
                 multi_logits = F.log_softmax(logits.float(), dim=-1)
                 for (request_str, ctx_tokens, _), logits, inplen, cont_toks in zip(

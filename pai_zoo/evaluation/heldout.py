@@ -100,7 +100,7 @@ def score_rows(handle, rows: Sequence) -> tuple[float, int]:
     for i, row in enumerate(rows):
         ids[i, : len(row)] = torch.as_tensor(row, dtype=torch.long)
         scored[i, : len(row) - 1] = True
-    with inference_mode() if handle.backend == "mcore" else contextlib.nullcontext():  # no autograd machinery
+    with inference_mode(engine=False) if handle.backend == "mcore" else contextlib.nullcontext():  # no autograd
         logits = handle.logits(ids[:, :-1])  # causal: right padding changes no real position
     logp = torch.log_softmax(logits.float(), dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
     return -logp[scored].double().sum().item(), int(scored.sum())

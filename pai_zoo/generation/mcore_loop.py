@@ -93,11 +93,15 @@ def mcore_generate(
 
 
 @contextlib.contextmanager
-def inference_mode():
+def inference_mode(engine: bool = True):
     """``torch.inference_mode()`` for a generation (or scoring) run (less autograd bookkeeping per op), then
     drop the inference tensors megatron-core keeps between calls -- its global memory buffer and
     the RoPE frequencies ``RotaryEmbedding.forward`` caches -- so a later training step (RL
-    trains the model that generated) never receives one (autograd refuses inference tensors)."""
+    trains the model that generated) never receives one (autograd refuses inference tensors).
+
+    ``engine``: also set megatron-core's inference-engine flag (:func:`~pai_zoo.mcore.inference.
+    megatron_inference_mode`), as generation does; scoring (every position's logits) leaves it off, since under it
+    megatron-core 0.19 keeps a prefill's last position only."""
     import torch
     from megatron.core import parallel_state as ps
     from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
@@ -107,7 +111,7 @@ def inference_mode():
     buffers = ps.get_global_memory_buffer().buffer if ps._GLOBAL_MEMORY_BUFFER is not None else {}
     before = dict(buffers)
     try:
-        with torch.inference_mode(), megatron_inference_mode():
+        with torch.inference_mode(), megatron_inference_mode() if engine else contextlib.nullcontext():
             yield
     finally:
         for key, tensor in list(buffers.items()):
