@@ -26,6 +26,8 @@ PICKLE_INDEX = "pytorch_model.bin.index.json"
 TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
     "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja", "chat_template.json",
+    # a vision-language model's processor: image and video preprocessing travel with the tokenizer
+    "preprocessor_config.json", "video_preprocessor_config.json", "processor_config.json",
 )
 TOKENIZER_PATTERNS = ("*.tiktoken",)
 

@@ -14,6 +14,7 @@ from .mapping import WeightMap
 
 if TYPE_CHECKING:  # pragma: no cover
     from .mapping import WeightMap
+    from .vision import VisionSpec
 
 
 #: Layer-spec backends a family can declare (:attr:`Family.backends`).
@@ -111,6 +112,8 @@ class Family:
             Gemma's); the conformance suite then draws norm weights around 0 instead of 1. ``None`` (default):
             as the arch's ``layernorm_zero_centered_gamma`` says (:mod:`pai_zoo.mcore.norms`). A family whose own
             ``layer_spec`` holds such norms without that key sets ``True``.
+        vision: a vision-language family's vision tower, placeholders and position ids
+            (:class:`~pai_zoo.vision.VisionSpec`); ``None`` for a text-only family.
         plugin: filled in by the registry: the entry-point name that registered the family.
     """
 
@@ -136,6 +139,7 @@ class Family:
     megatron_args: tuple[Mapping[str, Any], ...] = ()
     megatron_lm_rules: tuple[Rule, ...] = ()
     zero_centered_norms: bool | None = None
+    vision: "VisionSpec | None" = None
     plugin: str = field(default="", compare=False)
 
     def __repr__(self) -> str:

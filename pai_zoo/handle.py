@@ -19,6 +19,7 @@ from .mcore.parallel_sizes import check_layout
 from .registry import get_registry
 from .tokenizers.names import model_tokenizer
 from .util.dist import is_rank0, shared_temporary_folder, single_process_env
+from .vision import check_vision_inputs
 from .weights import hf_state_dict, load_hf_checkpoint_state, load_into, mcore_tensors, mcore_to_hf
 
 BACKENDS = ("mcore", "hf")
@@ -51,11 +52,14 @@ class ModelHandle:
     def vocab_size(self) -> int:
         return self.mcore_config["vocab_size"]
 
-    def logits(self, input_ids, attention_mask=None):
+    def logits(self, input_ids, attention_mask=None, **vision):
         """Next-token logits ``FloatTensor[batch, seq, vocab]``, vocabulary padding trimmed.
 
         ``attention_mask`` (``[batch, seq]``, 1 = real token) handles padded batches: padding is
         masked out and each row's positions count from its first real token, in both backends.
+        A vision-language family also takes transformers' own inputs (``pixel_values``, ``image_grid_thw``,
+        ``pixel_values_videos``, ``video_grid_thw``, ``second_per_grid_ts``: :data:`pai_zoo.vision.VISION_INPUTS`),
+        as its processor makes them; its position ids are the family's (:attr:`pai_zoo.vision.VisionSpec.positions`).
         """
         import torch
 
@@ -64,15 +68,43 @@ class ModelHandle:
         input_ids = torch.as_tensor(input_ids)
         if input_ids.dim() == 1:
             input_ids = input_ids.unsqueeze(0)
+        vision = check_vision_inputs(self.family, vision)
         with torch.no_grad():
             if self.backend == "hf":
-                positions = None if attention_mask is None else causal_mask(input_ids, attention_mask)[1]
-                out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions).logits
+                if self.family.vision is not None:
+                    out = self._hf_vision_logits(input_ids, attention_mask, vision)
+                else:
+                    positions = None if attention_mask is None else causal_mask(input_ids, attention_mask)[1]
+                    out = self.model(input_ids=input_ids, attention_mask=attention_mask,
+                                     position_ids=positions).logits
             else:
                 from .mcore.pipeline import forward_logits
 
-                out = forward_logits(self.model, input_ids, attention_mask)
+                positions = None
+                if self.family.vision is not None:
+                    positions = self.family.vision.positions(self.mcore_config, input_ids, attention_mask, **{
+                        k: vision.get(k) for k in ("image_grid_thw", "video_grid_thw", "second_per_grid_ts")})
+                out = forward_logits(self.model, input_ids, attention_mask, positions, **vision)
         return out[..., : self.vocab_size]
+
+    def _hf_vision_logits(self, input_ids, attention_mask, vision):
+        """transformers' vision-language forward: its own position ids (``get_rope_index``), with the token types
+        its processor gives (``mm_token_type_ids``) made from the placeholder ids."""
+        import torch
+
+        ids = self.family.vision.placeholders(self.mcore_config)
+        types = torch.zeros_like(input_ids, dtype=torch.int32)
+        types[input_ids == ids["image"]] = 1
+        types[input_ids == ids["video"]] = 2
+        kwargs = {k: v for k, v in vision.items() if v is not None}
+        self.family.vision.positions(self.mcore_config, input_ids, attention_mask, **{  # the same refusals
+            k: kwargs.get(k) for k in ("image_grid_thw", "video_grid_thw", "second_per_grid_ts")})
+        if not kwargs:  # text only: transformers counts positions from 0 on every row; padding as the mcore side
+            positions = None if attention_mask is None else self.family.vision.positions(
+                self.mcore_config, input_ids, attention_mask)
+            return self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions).logits
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, mm_token_type_ids=types,
+                          **kwargs).logits
 
     def hf_state_dict(self) -> dict:
         """The weights under Hugging Face names (converted when the backend is megatron-core)."""

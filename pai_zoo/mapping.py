@@ -339,8 +339,17 @@ class FusedQKV(QKV):
     ChatGLM's ``query_key_value``, Baichuan's ``W_pack``, Qwen's ``c_attn``; weight or bias)
     <-> megatron's ``linear_qkv`` (grouped per query group): split, then :class:`QKV`'s transform."""
 
-    def __init__(self, hf: str, mcore: str):
+    def __init__(self, hf: str, mcore: str, heads: tuple[int, int, int] | None = None):
         self.hf, self.mcore = (hf,), (mcore,)
+        self.heads = heads
+
+    def _own(self, ctx: MappingContext) -> MappingContext:
+        """``ctx`` with this row's own ``heads`` (query heads, key/value heads, head_dim) where given: a vision
+        tower's attention, whose heads are not the language model's."""
+        if self.heads is None:
+            return ctx
+        heads, groups, head_dim = self.heads
+        return replace(ctx, num_attention_heads=heads, num_query_groups=groups, head_dim=head_dim)
 
     def _rows(self, ctx: MappingContext) -> list[int]:
         kv = ctx.num_query_groups * ctx.head_dim
@@ -348,6 +357,7 @@ class FusedQKV(QKV):
 
     def to_mcore(self, tensors, ctx):
         (fused,) = tensors
+        ctx = self._own(ctx)
         rows = self._rows(ctx)
         if fused.shape[0] != sum(rows):
             raise MappingError(
@@ -359,7 +369,7 @@ class FusedQKV(QKV):
     def to_hf(self, tensors, ctx):
         import torch
 
-        return [torch.cat(super().to_hf(tensors, ctx), dim=0)]
+        return [torch.cat(super().to_hf(tensors, self._own(ctx)), dim=0)]
 
 
 class Dropped(Row):

@@ -25,7 +25,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "pai_zoo"
 # Layers, bottom (0) to top (5). A module's layer is that of the longest name here that it equals or lies under.
 LAYERS = {
     0: ("errors", "config_map", "mapping", "layouts", "family", "hookspecs", "registry", "defaults", "megatron_args",
-        "expert_names", "quantization", "lora.settings"),
+        "expert_names", "quantization", "lora.settings", "vision"),
     1: ("util", "background", "verification"),
     2: (
         "tokenizer",

@@ -15,6 +15,7 @@ from . import import_megatron, quiet_megatron
 from .alibi import ALIBI, with_alibi
 from .embedding_scale import apply_embedding_scale
 from .mtp import mtp_block_spec, mtp_layers_of
+from .multimodal import attach_vision_tower, vision_language_class
 from .rope import set_inverse_frequencies, softmax_scale
 from .specs import layer_spec_for, stage_spec, with_sequence_parallel_norms
 
@@ -26,6 +27,7 @@ ACTIVATIONS = {
     "gelu": F.gelu,
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "relu": F.relu,
+    "quick_gelu": lambda x: x * torch.sigmoid(1.702 * x),  # transformers' QuickGELUActivation (CLIP, Qwen2-VL)
 }
 
 #: megatron-core defaults that differ from Hugging Face models': no dropout unless the config says so.
@@ -129,6 +131,8 @@ def build_gpt_model(
     from .inference import use_inference_output_layer, with_inference_path
 
     model_class = family.model_class(config) if family.model_class else model_base()
+    if family.vision is not None:  # the vision tower on the first stage (pai_zoo.mcore.multimodal)
+        model_class = vision_language_class(model_class)
     tp = parallel_state.get_tensor_model_parallel_world_size()
     pp = parallel_state.get_pipeline_model_parallel_world_size()
     if not mtp or not mtp_layers_of(config):
@@ -166,6 +170,8 @@ def build_gpt_model(
             **({"vp_stage": vp_stage} if vp_stage is not None else {}),
             **gpt_args,
         )
+    if family.vision is not None:
+        attach_vision_tower(model, family, config, tconfig)
     use_inference_output_layer(model)
     apply_embedding_scale(model, config)
     model = model.to(dtype)

@@ -230,7 +230,7 @@ class _FileSlice(io.RawIOBase):
         return len(data)
 
 
-_MODEL_KEY_PREFIXES = ("embedding.", "decoder.", "output_layer.", "mtp.")
+_MODEL_KEY_PREFIXES = ("embedding.", "decoder.", "output_layer.", "mtp.", "vision_model.")  # vision: the tower
 
 
 #: Keys the local layer spec's ``sharded_state_dict`` gives -> the key a Transformer Engine layer spec gives the same

@@ -1,0 +1,68 @@
+"""What a vision-language family declares: :class:`VisionSpec`, the value of :attr:`pai_zoo.Family.vision`.
+
+A vision-language model here is a megatron-core ``GPTModel`` (the language model, built as any family's) with a
+vision tower on its first pipeline stage. The tower turns the processor's ``pixel_values`` (and video frames) into
+one embedding per placeholder token; the core writes those embeddings over the placeholders' token embeddings, in
+order, and runs the language model on the result with the family's position ids (:mod:`pai_zoo.mcore.multimodal`).
+The family says everything model-specific, as data and callables; the core moves the inputs through loading,
+conversion, generation and training.
+
+This module does not import torch or megatron-core.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .errors import PaiZooError
+
+#: The inputs a vision-language forward takes besides ``input_ids`` and ``attention_mask``: transformers' own
+#: argument names (``Qwen2VLForConditionalGeneration.forward``), and those of ``pai_zoo.load(...).logits``.
+VISION_INPUTS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
+
+#: Where a vision family keeps its vision tower's settings in :attr:`~pai_zoo.config_map.McoreConfig.arch`.
+VISION_KEY = "family.vision"
+
+
+@dataclass(frozen=True)
+class VisionSpec:
+    """A family's vision tower and how its outputs enter the text sequence.
+
+    Attributes:
+        tower: ``(McoreConfig, TransformerConfig) -> module`` builds the vision encoder and projector (the language
+            model's ``TransformerConfig`` gives the parallel sizes and dtype). The module's
+            ``forward(pixel_values, grid_thw)`` returns ``[tokens, hidden_size]``: one row per placeholder token of
+            those images (or videos), in order. It is built on the first pipeline stage only, as
+            ``GPTModel.vision_model``, and must give a correct ``sharded_state_dict`` (megatron-core's layers do).
+        placeholders: ``(McoreConfig) -> {"image": id, "video": id}``: the token ids the processor repeats once per
+            embedding (``<|image_pad|>``); the tower's rows replace them.
+        positions: ``(McoreConfig, input_ids, attention_mask, image_grid_thw, video_grid_thw, second_per_grid_ts)
+            -> LongTensor`` the language model's position ids (``[3, batch, seq]`` for M-RoPE, ``[batch, seq]``
+            for plain RoPE), as the family's transformers model makes them; ``attention_mask`` may be ``None``.
+        tower_prefix: the megatron-core name prefix of the tower's tensors (``"vision_model."``), for ``inspect``,
+            ``train --plan`` and freezing.
+        modalities: what the tower reads, for ``pai-zoo list`` and ``inspect``.
+    """
+
+    tower: Callable[[Any, Any], Any]
+    placeholders: Callable[[Any], dict[str, int]]
+    positions: Callable[..., Any]
+    tower_prefix: str = "vision_model."
+    modalities: tuple[str, ...] = ("image", "video")
+
+
+def check_vision_inputs(family, inputs: dict) -> dict:
+    """``inputs`` (keyword arguments of a forward) checked against :data:`VISION_INPUTS`: a text-only family takes
+    none, a vision family only those; an image or video needs its grid. One :class:`~pai_zoo.PaiZooError` line
+    otherwise."""
+    given = {k: v for k, v in inputs.items() if v is not None}
+    unknown = sorted(set(inputs) - set(VISION_INPUTS))
+    if unknown:
+        raise PaiZooError(f"unknown inputs {unknown}; a forward takes input_ids, attention_mask"
+                          + (f" and {', '.join(VISION_INPUTS)}" if family.vision else ""))
+    if given and family.vision is None:
+        raise PaiZooError(f"family {family.name!r} reads text only; {sorted(given)} need a vision-language family")
+    for pixels, grid in (("pixel_values", "image_grid_thw"), ("pixel_values_videos", "video_grid_thw")):
+        if (pixels in given) != (grid in given):
+            raise PaiZooError(f"{pixels} and {grid} go together (as the model's processor returns them)")
+    return given

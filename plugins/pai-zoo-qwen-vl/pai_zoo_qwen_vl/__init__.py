@@ -1,0 +1,84 @@
+"""pai-zoo plugin for Qwen's vision-language models: two families.
+
+* ``qwen2-vl``   - Qwen2-VL, transformers' ``Qwen2VLForConditionalGeneration``: a ViT with LayerNorm and full
+  attention, a 2 x 2 patch merger, Qwen2's language model with M-RoPE.
+* ``qwen2.5-vl`` - Qwen2.5-VL, ``Qwen2_5_VLForConditionalGeneration``: the tower with RMSNorm, SwiGLU and window
+  attention (``fullatt_block_indexes`` attend over the whole image), video time in the M-RoPE ids.
+
+The language model is megatron-core's ``GPTModel`` (``position_embedding_type="mrope"``); the tower is
+:class:`pai_zoo_qwen_vl.vision.QwenVisionTower` on the first pipeline stage (:mod:`pai_zoo.mcore.multimodal`).
+"""
+from __future__ import annotations
+
+from pai_zoo import Family, hookimpl
+from pai_zoo.family import LazyClass
+from pai_zoo.vision import VisionSpec
+
+from .config import VisionLanguageConfig, token_key
+from .presets import QWEN2_5_VL_PRESETS, QWEN2_VL_PRESETS
+from .processor_files import write_test_tokenizer
+from .weights import qwen_vl_weights
+
+
+def _tower(config, lm_config):
+    from .vision import build_tower
+
+    return build_tower(config, lm_config)
+
+
+def _placeholders(config) -> dict[str, int]:
+    return {"image": config[token_key("image_token_id")], "video": config[token_key("video_token_id")]}
+
+
+def _positions(config, input_ids, attention_mask=None, image_grid_thw=None, video_grid_thw=None,
+               second_per_grid_ts=None):
+    from .config import tower_settings
+    from .positions import mrope_positions
+
+    s = tower_settings(config)
+    return mrope_positions(
+        input_ids, attention_mask, image_grid_thw, video_grid_thw,
+        image_token_id=config[token_key("image_token_id")], video_token_id=config[token_key("video_token_id")],
+        spatial_merge_size=s["merge"], tokens_per_second=s["tokens_per_second"],
+        second_per_grid_ts=second_per_grid_ts,
+    )
+
+
+QWEN_VL_VISION = VisionSpec(tower=_tower, placeholders=_placeholders, positions=_positions)
+
+QWEN2_VL = Family(
+    name="qwen2-vl",
+    aliases=("qwen2_vl",),
+    hf_architectures=("Qwen2VLForConditionalGeneration",),
+    model_types=("qwen2_vl",),
+    presets=QWEN2_VL_PRESETS,
+    tiny="qwen2-vl-tiny",
+    odd="qwen2-vl-odd",
+    config_map=VisionLanguageConfig("qwen2_vl_text", "qwen2_vl_vision"),
+    weight_map=qwen_vl_weights,
+    hf_model_class=LazyClass("transformers:Qwen2VLForConditionalGeneration"),
+    test_tokenizer=write_test_tokenizer,
+    vision=QWEN_VL_VISION,
+    description="Qwen2-VL (Qwen2VLForConditionalGeneration): images and video, M-RoPE",
+)
+
+QWEN2_5_VL = Family(
+    name="qwen2.5-vl",
+    aliases=("qwen2_5_vl", "qwen2_5-vl"),
+    hf_architectures=("Qwen2_5_VLForConditionalGeneration",),
+    model_types=("qwen2_5_vl",),
+    presets=QWEN2_5_VL_PRESETS,
+    tiny="qwen2.5-vl-tiny",
+    odd="qwen2.5-vl-odd",
+    config_map=VisionLanguageConfig("qwen2_5_vl_text", "qwen2_5_vl_vision"),
+    weight_map=qwen_vl_weights,
+    hf_model_class=LazyClass("transformers:Qwen2_5_VLForConditionalGeneration"),
+    test_tokenizer=write_test_tokenizer,
+    vision=QWEN_VL_VISION,
+    description="Qwen2.5-VL (Qwen2_5_VLForConditionalGeneration): window-attention tower, video time in M-RoPE",
+)
+
+
+@hookimpl
+def pai_zoo_families():
+    return [QWEN2_VL, QWEN2_5_VL]

@@ -1,0 +1,153 @@
+"""The Qwen2-VL / Qwen2.5-VL vision tower on megatron-core: patch embedding, ``depth`` megatron-core
+``TransformerLayer`` s (megatron-core's local GPT layer spec, bidirectional, 2D rotary), and the patch merger.
+
+* the transformer layers are megatron-core's own modules, split over tensor parallelism as the language model's
+  are (attention heads, MLP columns); the patch embedding (a ``Conv3d``) and the merger are small and replicated on
+  every tensor-parallel rank;
+* Qwen2-VL: LayerNorm, ``fc1 -> quick_gelu -> fc2``, every layer attends within its frame;
+* Qwen2.5-VL: RMSNorm, SwiGLU, layers outside ``fullatt_block_indexes`` attend within windows of
+  ``window_size`` pixels: the patches are regrouped window by window before the layers and the merged tokens put
+  back in order after the merger.
+
+Attention is a boolean mask over the image's patches (True = masked), one segment per frame or window.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from pai_zoo.config_map import McoreConfig
+
+from .config import tower_settings
+from .positions import frame_segments, patch_positions, window_order
+
+
+class RMSNorm(nn.Module):
+    """transformers' Qwen2-VL RMSNorm (float32 statistics)."""
+
+    def __init__(self, size: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x):
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class PatchEmbed(nn.Module):
+    def __init__(self, channels: int, temporal: int, patch: int, dim: int):
+        super().__init__()
+        self.shape = (-1, channels, temporal, patch, patch)
+        kernel = (temporal, patch, patch)
+        self.proj = nn.Conv3d(channels, dim, kernel_size=kernel, stride=kernel, bias=False)
+
+    def forward(self, pixels):
+        return self.proj(pixels.view(self.shape).to(self.proj.weight.dtype)).flatten(1)
+
+
+class PatchMerger(nn.Module):
+    """``merge x merge`` neighbouring patches -> one token of the language model's width."""
+
+    def __init__(self, dim: int, out: int, merge: int, rms: bool):
+        super().__init__()
+        self.width = dim * merge * merge
+        self.ln_q = RMSNorm(dim) if rms else nn.LayerNorm(dim, eps=1e-6)
+        self.mlp = nn.Sequential(nn.Linear(self.width, self.width), nn.GELU(), nn.Linear(self.width, out))
+
+    def forward(self, x):
+        return self.mlp(self.ln_q(x).view(-1, self.width))
+
+
+def vision_transformer_config(config: McoreConfig, lm_config):
+    """The tower layers' ``TransformerConfig``: the language model's parallel sizes and dtype, the tower's shape."""
+    from pai_zoo.mcore.build import transformer_config
+
+    s = tower_settings(config)
+    arch = {
+        "num_layers": s["depth"], "hidden_size": s["dim"], "num_attention_heads": s["heads"],
+        "ffn_hidden_size": s["ffn"], "kv_channels": s["dim"] // s["heads"], "add_bias_linear": True,
+        "add_qkv_bias": True, "layernorm_epsilon": 1e-6, "activation_func": s["act"],
+        "normalization": "RMSNorm" if s["qwen25"] else "LayerNorm", "gated_linear_unit": s["qwen25"],
+    }
+    return transformer_config(McoreConfig(family=config.family, arch=arch), lm_config.params_dtype,
+                              tensor_model_parallel_size=lm_config.tensor_model_parallel_size,
+                              pipeline_model_parallel_size=1, sequence_parallel=False)
+
+
+class QwenVisionTower(nn.Module):
+    """``forward(pixel_values, grid_thw) -> [merged tokens, out]``."""
+
+    def __init__(self, config: McoreConfig, lm_config):
+        super().__init__()
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+        from megatron.core.transformer.enums import AttnMaskType
+        from megatron.core.transformer.spec_utils import build_module
+
+        s = self.settings = tower_settings(config)
+        vconfig = self.config = vision_transformer_config(config, lm_config)
+        spec = get_gpt_layer_local_spec(normalization=vconfig.normalization)
+        spec.submodules.self_attention.params = {"attn_mask_type": AttnMaskType.padding}  # bidirectional
+        self.patch_embed = PatchEmbed(s["channels"], s["temporal"], s["patch"], s["dim"])
+        self.blocks = nn.ModuleList([build_module(spec, config=vconfig, layer_number=i + 1)
+                                     for i in range(s["depth"])])
+        self.merger = PatchMerger(s["dim"], s["out"], s["merge"], rms=s["qwen25"])
+        head_dim = s["dim"] // s["heads"]
+        spatial = head_dim // 2
+        self.register_buffer("inv_freq", 1.0 / (s["theta"] ** (torch.arange(0, spatial, 2, dtype=torch.float)
+                                                                 / spatial)), persistent=False)
+
+    def rotary(self, grid_thw):
+        """megatron-core's rotary input ``[N, 1, 1, head_dim]``: (row, column) angles, each half repeated."""
+        angles = patch_positions(grid_thw, self.settings["merge"]).float()[..., None] * self.inv_freq.float()
+        half = angles.flatten(1)  # rows' angles, then columns'
+        return torch.cat([half, half], dim=-1)[:, None, None, :]
+
+    def forward(self, pixel_values, grid_thw):
+        grid_thw = torch.as_tensor(grid_thw).long().cpu()
+        s = self.settings
+        unit = s["merge"] ** 2
+        hidden = self.patch_embed(pixel_values)
+        rotary = self.rotary(grid_thw).to(hidden.device)
+        frames = frame_segments(grid_thw).to(hidden.device)
+        order = None
+        if s["qwen25"]:
+            order, windows = window_order(grid_thw, s["merge"], s["window_size"], s["patch"])
+            order, windows = order.to(hidden.device), windows.to(hidden.device)
+            regroup = lambda x: x.view(-1, unit, *x.shape[1:])[order].flatten(0, 1)  # noqa: E731
+            hidden, rotary, frames = regroup(hidden), regroup(rotary), regroup(frames)
+            windows = windows.repeat_interleave(unit)
+        masks = {"full": _mask(frames), "window": _mask(windows) if order is not None else None}
+        hidden = hidden.unsqueeze(1)  # [N, 1, dim]: megatron-core's [s, b, h]
+        for i, layer in enumerate(self.blocks):
+            full = order is None or i in s["full_layers"]
+            out = layer(hidden, attention_mask=masks["full" if full else "window"], rotary_pos_emb=rotary)
+            hidden = out[0] if isinstance(out, tuple) else out
+        merged = self.merger(hidden.squeeze(1))
+        if order is not None:
+            merged = merged[torch.argsort(order)]
+        return merged
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None):
+        """megatron-core's layers shard themselves (``blocks.{i}.``); the patch embedding and merger are
+        replicated."""
+        from megatron.core.transformer.utils import sharded_state_dict_default
+
+        out = {}
+        for i, layer in enumerate(self.blocks):
+            out.update(layer.sharded_state_dict(f"{prefix}blocks.{i}.", sharded_offsets, metadata))
+        for name in ("patch_embed", "merger"):
+            out.update(sharded_state_dict_default(getattr(self, name), f"{prefix}{name}.", sharded_offsets,
+                                                  metadata))
+        return out
+
+
+def _mask(segments):
+    """``[1, 1, N, N]`` True where two patches are in different segments."""
+    return (segments[:, None] != segments[None, :])[None, None]
+
+
+def build_tower(config: McoreConfig, lm_config) -> QwenVisionTower:
+    return QwenVisionTower(config, lm_config)

@@ -1,0 +1,157 @@
+"""Qwen2-VL and Qwen2.5-VL against transformers' own models, on inputs made by transformers' own Qwen2-VL image
+(and, where torchvision loads, video) processor from PIL images: the M-RoPE position ids equal ``get_rope_index``'s,
+the logits agree within 1e-4 (fp32), conversion HF -> Megatron-Core -> HF is bit-identical, and a prompt whose
+placeholders do not match its images is refused in one line.
+
+The odd presets: 6 query heads in 2 KV groups (GQA 3), head_dim 12, vocabulary 1001, an untied head, a 3-layer tower
+of width 72 in 6 heads; Qwen2.5-VL's windows of 3 x 3 merged tokens split the test images unevenly.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import load_file
+
+import pai_zoo
+from pai_zoo.errors import PaiZooError
+from pai_zoo_conformance.cli_runs import run_cli
+
+PRESETS = ["qwen2-vl-odd", "qwen2.5-vl-odd", "qwen2-vl-tiny", "qwen2.5-vl-tiny"]
+TOL = 1e-4
+
+
+def _image(seed: int, height: int, width: int) -> Image.Image:
+    return Image.fromarray((np.random.RandomState(seed).rand(height, width, 3) * 255).astype("uint8"))
+
+
+@pytest.fixture(scope="module", params=PRESETS)
+def models(request, tmp_path_factory):
+    """The preset's transformers model saved with its tokenizer and processor files, and both backends loaded."""
+    folder = tmp_path_factory.mktemp(request.param) / "hf"
+    hf = pai_zoo.load(request.param, backend="hf", seed=1)
+    hf.model.save_pretrained(folder)
+    hf.family.test_tokenizer(folder)
+    return folder, pai_zoo.load(folder, backend="hf"), pai_zoo.load(folder, backend="mcore")
+
+
+def _ids(handle, *pieces) -> torch.Tensor:
+    """A prompt: ints are text tokens; ``("image", n)`` is a vision block of n placeholders."""
+    cfg = handle.mcore_config
+    pad = handle.family.vision.placeholders(cfg)
+    out = []
+    for piece in pieces:
+        if isinstance(piece, tuple):
+            kind, n = piece
+            out += [cfg["family.vision_start_token_id"], *[pad[kind]] * n, cfg["family.vision_end_token_id"]]
+        else:
+            out.append(piece)
+    return torch.tensor([out])
+
+
+def _merged(grid: torch.Tensor, handle) -> list[int]:
+    merge = handle.hf_config.vision_config.spatial_merge_size
+    return (grid.prod(-1) // merge ** 2).tolist()
+
+
+def _rope_index(hf, input_ids, attention_mask=None, **grids):
+    pad = hf.family.vision.placeholders(hf.mcore_config)
+    types = torch.zeros_like(input_ids)
+    types[input_ids == pad["image"]], types[input_ids == pad["video"]] = 1, 2
+    return hf.model.model.get_rope_index(input_ids, types, attention_mask=attention_mask, **grids)[0]
+
+
+def _agree(hf, mc, input_ids, attention_mask=None, **vision) -> float:
+    grids = {k: v for k, v in vision.items() if k in ("image_grid_thw", "video_grid_thw", "second_per_grid_ts")}
+    want_pos = _rope_index(hf, input_ids, attention_mask, **grids)
+    got_pos = mc.family.vision.positions(mc.mcore_config, input_ids, attention_mask, **grids)
+    keep = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+    assert torch.equal(got_pos[:, keep], want_pos[:, keep])
+    want = hf.logits(input_ids, attention_mask=attention_mask, **vision)
+    got = mc.logits(input_ids, attention_mask=attention_mask, **vision)
+    delta = (got - want)[keep].abs().max().item()
+    assert delta < TOL, delta
+    assert want[keep].abs().max().item() > 0.1  # not a degenerate comparison
+    return delta
+
+
+def test_one_image_and_two_images_of_different_sizes(models):
+    folder, hf, mc = models
+    from transformers import AutoImageProcessor
+
+    processor = AutoImageProcessor.from_pretrained(folder)
+    one = processor(images=[_image(0, 100, 150)], return_tensors="pt")
+    (n,) = _merged(one["image_grid_thw"], hf)
+    _agree(hf, mc, _ids(hf, 5, 6, ("image", n), 7, 8, 9), pixel_values=one["pixel_values"],
+           image_grid_thw=one["image_grid_thw"])
+    two = processor(images=[_image(1, 60, 200), _image(2, 130, 90)], return_tensors="pt")
+    first, second = _merged(two["image_grid_thw"], hf)
+    assert two["image_grid_thw"][0].tolist() != two["image_grid_thw"][1].tolist()
+    _agree(hf, mc, _ids(hf, 5, ("image", first), 7, 8, ("image", second), 9, 10),
+           pixel_values=two["pixel_values"], image_grid_thw=two["image_grid_thw"])
+
+
+def test_text_only_padded_batch(models):
+    _, hf, mc = models
+    ids = torch.tensor([[0, 0, 0, 5, 6, 7, 8], [9, 10, 11, 12, 13, 14, 15]])
+    mask = torch.tensor([[0, 0, 0, 1, 1, 1, 1], [1] * 7])
+    _agree(hf, mc, ids, mask)
+
+
+def test_video_frames(models):
+    """A 4-frame video (two temporal patches) through transformers' Qwen2-VL video processor."""
+    folder, hf, mc = models
+    try:
+        import torchvision  # noqa: F401
+        from transformers import AutoVideoProcessor
+    except (ImportError, RuntimeError) as exc:
+        pytest.skip(f"transformers' Qwen2-VL video processor needs torchvision, which does not load here: {exc}")
+    processor = AutoVideoProcessor.from_pretrained(folder)
+    frames = np.stack([np.asarray(_image(10 + i, 84, 112)) for i in range(4)])
+    out = processor(videos=[frames], return_tensors="pt")
+    (n,) = _merged(out["video_grid_thw"], hf)
+    assert out["video_grid_thw"][0, 0].item() == 2
+    vision = {"pixel_values_videos": out["pixel_values_videos"], "video_grid_thw": out["video_grid_thw"]}
+    if "qwen2.5" in hf.family.name:
+        vision["second_per_grid_ts"] = torch.tensor([1.0])
+    _agree(hf, mc, _ids(hf, 5, ("video", n), 7, 8), **vision)
+
+
+def test_conversion_is_bit_identical(models, tmp_path):
+    folder, _, _ = models
+    assert run_cli(["convert", folder, tmp_path / "mcore", "--to", "mcore"]).returncode == 0
+    proc = run_cli(["convert", tmp_path / "mcore", tmp_path / "back", "--to", "hf"])
+    assert proc.returncode == 0, proc.stderr
+    want, got = load_file(folder / "model.safetensors"), load_file(tmp_path / "back" / "model.safetensors")
+    assert sorted(want) == sorted(got) and any(k.startswith("visual.blocks.") for k in want)
+    for name, tensor in want.items():
+        assert got[name].dtype == tensor.dtype and torch.equal(got[name], tensor), name
+    back, source = (json.loads(f.read_text()) for f in (tmp_path / "back" / "config.json", folder / "config.json"))
+    for part in ("text_config", "vision_config"):
+        a, b = back.pop(part), source.pop(part)
+        assert a == b, (set(a) ^ set(b), {k: (a.get(k), b.get(k)) for k in set(a) | set(b) if a.get(k) != b.get(k)})
+    assert back == source
+
+
+def test_placeholders_that_do_not_match_the_images_are_refused(models):
+    folder, hf, mc = models
+    from transformers import AutoImageProcessor
+
+    px = AutoImageProcessor.from_pretrained(folder)(images=[_image(0, 100, 150)], return_tensors="pt")
+    (n,) = _merged(px["image_grid_thw"], hf)
+    ids = _ids(hf, 5, ("image", n), 6, ("image", n), 7)  # two images named, one given
+    for handle in (mc, hf):  # the family's positions refuse it before either backend runs
+        with pytest.raises(PaiZooError, match="holds 2 image placeholder runs .* but 1 images are given"):
+            handle.logits(ids, pixel_values=px["pixel_values"], image_grid_thw=px["image_grid_thw"])
+    one = _ids(hf, 5, ("image", n), 6)  # one image named, two given
+    two = AutoImageProcessor.from_pretrained(folder)(images=[_image(0, 100, 150)] * 2, return_tensors="pt")
+    with pytest.raises(PaiZooError, match="holds 1 image placeholder runs .* but 2 images are given"):
+        mc.logits(one, pixel_values=two["pixel_values"], image_grid_thw=two["image_grid_thw"])
+    short = _ids(hf, 5, ("image", n - 1), 6)  # a run one placeholder short of the image's tokens
+    with pytest.raises(PaiZooError, match=rf"holds {n - 1} placeholder tokens .* gives {n} embeddings"):
+        mc.logits(short, pixel_values=px["pixel_values"], image_grid_thw=px["image_grid_thw"])
+    with pytest.raises(PaiZooError, match="pixel_values and image_grid_thw go together"):
+        mc.logits(ids, pixel_values=px["pixel_values"])
