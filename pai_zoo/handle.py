@@ -17,7 +17,7 @@ from .mapping import TO_MCORE, MappingContext
 from .mcore import import_megatron
 from .mcore.parallel_sizes import check_layout
 from .registry import get_registry
-from .tokenizers.names import model_tokenizer
+from .tokenizers.names import model_files_folder, model_tokenizer
 from .util.dist import is_rank0, shared_temporary_folder, single_process_env
 from .vision import check_vision_inputs
 from .weights import hf_state_dict, load_hf_checkpoint_state, load_into, mcore_tensors, mcore_to_hf
@@ -43,6 +43,7 @@ class ModelHandle:
     mcore_config: McoreConfig
     tokenizer: Any = None
     checkpoint: Path | None = None
+    files: Path | None = None  # the folder of its tokenizer and processor files (a checkpoint's, a test preset's)
 
     @property
     def config(self):
@@ -90,12 +91,8 @@ class ModelHandle:
     def _hf_vision_logits(self, input_ids, attention_mask, vision):
         """transformers' vision-language forward: its own position ids (``get_rope_index``), with the token types
         its processor gives (``mm_token_type_ids``) made from the placeholder ids."""
-        import torch
 
-        ids = self.family.vision.placeholders(self.mcore_config)
-        types = torch.zeros_like(input_ids, dtype=torch.int32)
-        types[input_ids == ids["image"]] = 1
-        types[input_ids == ids["video"]] = 2
+        types = self.vision_token_types(input_ids)
         kwargs = {k: v for k, v in vision.items() if v is not None}
         self.family.vision.positions(self.mcore_config, input_ids, attention_mask, **{  # the same refusals
             k: kwargs.get(k) for k in ("image_grid_thw", "video_grid_thw", "second_per_grid_ts")})
@@ -103,8 +100,18 @@ class ModelHandle:
             positions = None if attention_mask is None else self.family.vision.positions(
                 self.mcore_config, input_ids, attention_mask)
             return self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions).logits
-        return self.model(input_ids=input_ids, attention_mask=attention_mask, mm_token_type_ids=types,
-                          **kwargs).logits
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, **types, **kwargs).logits
+
+    def vision_token_types(self, input_ids) -> dict:
+        """``{"mm_token_type_ids": ...}``: text 0, image 1, video 2 per token, as transformers' Qwen2-VL processor
+        gives them (its model needs them for M-RoPE)."""
+        import torch
+
+        ids = self.family.vision.placeholders(self.mcore_config)
+        types = torch.zeros_like(input_ids, dtype=torch.int32)
+        types[input_ids == ids["image"]] = 1
+        types[input_ids == ids["video"]] = 2
+        return {"mm_token_type_ids": types}
 
     def hf_state_dict(self) -> dict:
         """The weights under Hugging Face names (converted when the backend is megatron-core)."""
@@ -255,7 +262,8 @@ def load(
             _mcore_adapter(model, source, mcore_config, adapter)
 
     tokenizer = model_tokenizer(source, mcore_config["vocab_size"])
-    return ModelHandle(model, family, backend, hf_config, mcore_config, tokenizer, source.path)
+    return ModelHandle(model, family, backend, hf_config, mcore_config, tokenizer, source.path,
+                       model_files_folder(source))
 
 
 def _mcore_adapter(model, source: Source, config: McoreConfig, adapter) -> None:

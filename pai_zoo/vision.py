@@ -42,6 +42,11 @@ class VisionSpec:
         tower_prefix: the megatron-core name prefix of the tower's tensors (``"vision_model."``), for ``inspect``,
             ``train --plan`` and freezing.
         modalities: what the tower reads, for ``pai-zoo list`` and ``inspect``.
+        tokens: ``(McoreConfig, grid_thw_row) -> int``: how many placeholder tokens (tower rows) one image or video
+            of that grid takes; generation repeats a prompt's single placeholder so often.
+        example: ``(McoreConfig, torch.Generator) -> dict``: a small batch with images (and videos, where the tower
+            reads them) for the conformance suite's forward and parallel checks: ``input_ids`` with the placeholder
+            runs and the vision inputs under transformers' names (random pixels with grids the tower accepts).
     """
 
     tower: Callable[[Any, Any], Any]
@@ -49,6 +54,8 @@ class VisionSpec:
     positions: Callable[..., Any]
     tower_prefix: str = "vision_model."
     modalities: tuple[str, ...] = ("image", "video")
+    tokens: Callable[[Any, Any], int] | None = None
+    example: Callable[[Any, Any], dict] | None = None
 
 
 def check_vision_inputs(family, inputs: dict) -> dict:

@@ -276,7 +276,46 @@ def check_forward_equivalence(case: Case, batch: int = 2, seq_len: int = 16, ato
         if mismatched:
             _fail("forward", f"positions from {offset}: argmax differs at (batch, position) {mismatched[:10]}")
         worst = max(worst, delta)
+    if case.family.vision is not None:
+        worst = max(worst, _check_vision_forward(case, atol))
     return worst
+
+
+def vision_example(case: Case, seed: int = 4321) -> tuple[Any, dict]:
+    """A vision-language family's example batch (:attr:`pai_zoo.vision.VisionSpec.example`): ``(input_ids,
+    vision inputs)``."""
+    import torch
+
+    spec = case.family.vision
+    if spec.example is None:
+        _fail("forward", f"family {case.family.name!r} declares a vision tower but no VisionSpec.example batch")
+    inputs = dict(spec.example(case.mcore_config, torch.Generator().manual_seed(seed)))
+    return inputs.pop("input_ids"), inputs
+
+
+def _handles(case: Case):
+    from pai_zoo.handle import ModelHandle
+
+    return (ModelHandle(case.hf_model, case.family, "hf", case.hf_config, case.mcore_config),
+            ModelHandle(case.mcore_model, case.family, "mcore", case.hf_config, case.mcore_config))
+
+
+def _check_vision_forward(case: Case, atol: float | None) -> float:
+    """The example batch with images (and videos): transformers' logits and megatron-core's agree as the text
+    ones must."""
+    from pai_zoo.verification import compare_logits
+
+    ids, inputs = vision_example(case)
+    hf, mcore = _handles(case)
+    expected, got = hf.logits(ids, **inputs).float(), mcore.logits(ids, **inputs).float()
+    result = compare_logits(expected, got, "fp32", None if atol is None else (atol, 0.0))
+    if not result["ok"]:
+        _fail("forward", f"with {', '.join(sorted(inputs))}: max |logits delta| = {result['max_abs_delta']:.3g} > "
+                         f"{result['tolerance']:.3g}")
+    mismatched = (got.argmax(-1) != expected.argmax(-1)).nonzero().tolist()
+    if mismatched:
+        _fail("forward", f"with {', '.join(sorted(inputs))}: argmax differs at (batch, position) {mismatched[:10]}")
+    return result["max_abs_delta"]
 
 
 def check_variant(family: Family, preset: str | None = None, *, generation: bool = False, **overrides) -> float:
@@ -506,9 +545,12 @@ def check_parallel_equivalence(case: Case, folder: Path, layouts=PARALLEL_LAYOUT
     convert(folder / "hf", folder / "mcore", "mcore", tp=tp_max)
     gen = torch.Generator().manual_seed(99)
     ids = torch.randint(0, case.mcore_config["vocab_size"], (2, 12), generator=gen)
-    reference = pai_zoo.load(folder / "mcore", backend="mcore").logits(ids)
+    inputs = {}
+    if case.family.vision is not None:  # the example batch with images, through the tower on the first stage
+        ids, inputs = vision_example(case)
+    reference = pai_zoo.load(folder / "mcore", backend="mcore").logits(ids, **inputs)
     try:
-        logits = workers.run(layout_logits, str(folder / "mcore"), list(layouts), ids)[0]
+        logits = workers.run(layout_logits, str(folder / "mcore"), list(layouts), ids, inputs=inputs)[0]
     except WorkerError as exc:
         _fail("parallel", f"{names}: {exc}")
     deltas = {}
@@ -577,7 +619,32 @@ def check_generation(case: Case, new_tokens: int = 16, lengths=(5, 11, 1, 8), se
                                     f"  and step {step} is no near-tie: transformers' logit of our token is "
                                     f"{gaps[k][step].item():.3g} below its maximum (> {tie_tol:g})")
             max_gap = max(max_gap, worst)
+    if case.family.vision is not None:
+        _check_vision_generation(case, new_tokens)
     return {"rows": len(prompts), "tie_rows": len(differing), "max_gap": max_gap}
+
+
+def _check_vision_generation(case: Case, new_tokens: int) -> None:
+    """The example batch with images (and videos) beside a text prompt in one left-padded batch: pai-zoo's loop
+    (the tower in the prompt's forward, M-RoPE ids counting on after it) gives transformers' greedy tokens."""
+    from functools import partial
+
+    from pai_zoo.generation import Finisher, SamplingParams, hf_generate, mcore_generate
+    from pai_zoo.generation.images import decode_positions
+
+    ids, inputs = vision_example(case)
+    prompts = [ids[0].tolist(), ids[0, :3].tolist()]  # with the vision inputs, and a text prompt beside it
+    params = SamplingParams(max_new_tokens=new_tokens)
+    ours, theirs = [Finisher(params, (), None) for _ in prompts], [Finisher(params, (), None) for _ in prompts]
+    _, mcore = _handles(case)
+    mcore_generate(case.mcore_model, prompts, params, ours, vocab_size=case.mcore_config["vocab_size"],
+                   vision=(inputs, partial(decode_positions, case.family.vision, case.mcore_config)))
+    hf_generate(case.hf_model, prompts, params, theirs, inputs=lambda padded: {**inputs,
+                                                                             **mcore.vision_token_types(padded)})
+    for row, (a, b) in enumerate(zip(ours, theirs)):
+        if a.tokens != b.tokens:
+            _fail("generation", f"with {', '.join(sorted(inputs))}, row {row}: greedy tokens differ from "
+                                f"transformers' generate\n  mcore {a.tokens}\n  hf    {b.tokens}")
 
 
 def check_lora(case: Case, rank: int = 4, seed: int = 7) -> float:

@@ -5,10 +5,11 @@ Used by the parallel checks of the conformance suite and the conversion tests.""
 from __future__ import annotations
 
 
-def layout_logits(checkpoint, layouts, ids, save=None) -> dict | None:
+def layout_logits(checkpoint, layouts, ids, save=None, inputs=None) -> dict | None:
     """Load ``checkpoint`` with each ``(tp, pp)`` of ``layouts`` in turn (in this process group) and take the logits
     of ``ids`` (a LongTensor [batch, seq]); with ``save``, write the last layout's model there. Returns
-    ``{(tp, pp): logits}`` on rank 0, None on the other ranks."""
+    ``{(tp, pp): logits}`` on rank 0, None on the other ranks. ``inputs``: a vision-language model's image and
+    video inputs (transformers' names)."""
     import torch
     from megatron.core import parallel_state
 
@@ -20,7 +21,7 @@ def layout_logits(checkpoint, layouts, ids, save=None) -> dict | None:
         if parallel_state.model_parallel_is_initialized():
             parallel_state.destroy_model_parallel()  # the next layout's groups, in the same process group
         handle = pai_zoo.load(checkpoint, backend="mcore", tensor_parallel_size=tp, pipeline_parallel_size=pp)
-        logits[(tp, pp)] = handle.logits(ids)
+        logits[(tp, pp)] = handle.logits(ids, **(inputs or {}))
     if save:
         _save_like_megatron(handle.model, checkpoint, save)
     torch.distributed.barrier()

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 from ..generation import GenerationError, SamplingParams, generate, read_prompts
+from ..generation.images import record_images, with_image_paths
 from ..handle import load
 from ..mcore.parallel_sizes import check_world
 from ..util.dist import is_rank0
@@ -27,6 +28,11 @@ def add_parser(subparsers) -> None:
     p.add_argument("--prompts", help='JSON Lines: {"prompt": ...} (or {"messages": [...]} with --chat) per line')
     p.add_argument("--output", help="JSON Lines: each input record plus completion, token_ids, stop_reason")
     p.add_argument("--prompt", help="one prompt; the completion is streamed to stdout")
+    p.add_argument("--image", action="append", metavar="PATH",
+                   help="an image for --prompt (repeatable, in order): a vision-language model reads it where the "
+                        "prompt's placeholder stands, or, with --chat, before the text. In --prompts files: an "
+                        '"images" list per record, or {"type": "image", "image": PATH} entries in a chat\'s '
+                        "content (paths relative to the file)")
     p.add_argument("--max-new-tokens", type=int, default=sampling["max_new_tokens"])
     p.add_argument("--temperature", type=float, default=sampling["temperature"], help="0 = greedy")
     p.add_argument("--top-k", type=int, default=sampling["top_k"],
@@ -61,11 +67,19 @@ def run(args, out=None) -> int:
         raise GenerationError(f"--tp must be positive (got {args.tp})")
 
     check_world(args.tp)  # --tp 3 in one process: the torchrun command to use, before anything loads
+    if args.image and args.prompt is None:
+        raise GenerationError("--image goes with --prompt; a --prompts file names its images per record")
     if args.prompt is not None:
-        chat = [{"role": "user", "content": args.prompt}]
+        paths = list(args.image or ())
+        content = [*({"type": "image", "image": p} for p in paths), {"type": "text", "text": args.prompt}]
+        chat = [{"role": "user", "content": content if paths else args.prompt}]
+        images = [[] if args.chat else paths]  # a chat names its images in its content
         records = [("--prompt", {"prompt": args.prompt}, chat if args.chat else args.prompt)]
     else:
         records = read_prompts(args.prompts, chat=args.chat)
+        images = [record_images(record, Path(args.prompts).parent, where) for where, record, _ in records]
+        records = [(where, record, with_image_paths(prompt, Path(args.prompts).parent))
+                   for where, record, prompt in records]
     labels = [where for where, _, _ in records]
     prompts = [prompt for _, _, prompt in records]
     import torch
@@ -78,7 +92,7 @@ def run(args, out=None) -> int:
     rank0 = is_rank0()
     options = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                    top_p=args.top_p, seed=args.seed, stop=tuple(args.stop or ()), chat=args.chat,
-                   truncate=args.truncate, batch_size=args.batch_size)
+                   truncate=args.truncate, batch_size=args.batch_size, images=images)
     if args.prompt is not None:
         def stream(_index, delta):
             if rank0:

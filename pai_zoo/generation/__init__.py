@@ -39,8 +39,10 @@ The package: ``params`` (settings, results, errors), ``sampling`` (token choice)
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from .hf_loop import hf_generate
+from .images import VisionPrompts, chat_images
 from .mcore_loop import mcore_generate
 from .params import Generation, GenerationError, SamplingParams
 from .prompts import encode_prompt, fit_context, left_pad, read_prompts, unpad
@@ -101,6 +103,7 @@ def generate(
     on_text: Callable[[int, str], None] | None = None,
     use_cache: bool = True,
     labels: Sequence[str] | None = None,
+    images: Sequence[Sequence[Any]] | None = None,
 ) -> list[Generation]:
     """Complete ``prompts`` with the model of ``handle`` (a :class:`~pai_zoo.handle.ModelHandle`).
 
@@ -114,7 +117,9 @@ def generate(
     EOS; ``[]`` for none). ``truncate="left"`` drops the oldest prompt tokens that do not fit the
     context. ``batch_size`` splits the prompts into batches (default: all at once).
     ``on_text(index, delta)`` streams each completion's text. ``labels`` name the prompts in
-    errors (default ``"prompt <index>"``). Returns one :class:`Generation` per prompt, in order.
+    errors (default ``"prompt <index>"``). ``images``: per prompt, the images (paths or PIL images) its
+    placeholders name, in order, for a vision-language model; a chat's ``{"type": "image", "image": PATH}`` entries
+    add theirs (:mod:`pai_zoo.generation.images`). Returns one :class:`Generation` per prompt, in order.
     """
     if attention_mask is not None or hasattr(prompts, "dim"):
         prompts = unpad(prompts, attention_mask)
@@ -135,11 +140,20 @@ def generate(
     tokenizer = getattr(handle, "tokenizer", None)
     decode = _decoder(tokenizer)
     context = context_length(handle)
+    where = [labels[index] if labels else f"prompt {index}" for index in range(len(prompts))]
+    pictures = [[*((images[i] if images and i < len(images) else None) or ()),
+                 *(chat_images(p) if chat else ())] for i, p in enumerate(prompts)]
+    vision = VisionPrompts(handle, pictures, where) if handle.family.vision is not None or any(pictures) else None
     encoded = []
     for index, prompt in enumerate(prompts):
-        where = labels[index] if labels else f"prompt {index}"
-        ids = encode_prompt(prompt, tokenizer, where, chat)
-        encoded.append(fit_context(ids, context, max_new_tokens, truncate, where))
+        ids = encode_prompt(prompt, tokenizer, where[index], chat)
+        if vision is not None:
+            ids = vision.expand(index, ids, context)
+        fitted = fit_context(ids, context, max_new_tokens, truncate, where[index])
+        if vision is not None and pictures[index] and fitted[1]:
+            raise GenerationError(f"{where[index]}: --truncate would cut a prompt with images; give fewer "
+                                  "new tokens or smaller images")
+        encoded.append(fitted)
     size = batch_size or len(prompts)
     results: list[Generation] = []
     for start in range(0, len(prompts), size):
@@ -148,10 +162,14 @@ def generate(
             Finisher(params, eos, decode, None if on_text is None else (lambda delta, i=start + k: on_text(i, delta)))
             for k in range(len(chunk))
         ]
+        rows = range(start, start + len(chunk))
+        inputs = vision.batch(rows) if vision is not None else {}
         if handle.backend == "hf":
-            hf_generate(handle.model, [ids for ids, _ in chunk], params, finishers, _pad_id(tokenizer, eos))
+            extra = (lambda ids: {**inputs, **handle.vision_token_types(ids)}) if inputs else None
+            hf_generate(handle.model, [ids for ids, _ in chunk], params, finishers, _pad_id(tokenizer, eos), extra)
         else:
-            mcore_generate(handle.model, [ids for ids, _ in chunk], params, finishers, handle.vocab_size, use_cache)
+            mcore_generate(handle.model, [ids for ids, _ in chunk], params, finishers, handle.vocab_size, use_cache,
+                           (inputs, vision.positions) if inputs else None)
         for k, ((ids, dropped), finisher) in enumerate(zip(chunk, finishers)):
             results.append(
                 Generation(prompts[start + k], ids, finisher.tokens, finisher.text(), finisher.reason, dropped)

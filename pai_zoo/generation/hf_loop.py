@@ -11,11 +11,13 @@ from .stopping import Finisher, finished_after
 
 
 def hf_generate(
-    model, prompts: Sequence[Sequence[int]], params: SamplingParams, finishers: Sequence[Finisher], pad_id: int = 0
+    model, prompts: Sequence[Sequence[int]], params: SamplingParams, finishers: Sequence[Finisher], pad_id: int = 0,
+    inputs=None,
 ) -> None:
     """Run transformers' ``generate`` (left padding, attention mask) and feed each
     :class:`Finisher` its row's tokens; stop strings also stop ``generate`` early. Sampling
-    draws from torch's global generator, seeded with ``params.seed`` when it is set."""
+    draws from torch's global generator, seeded with ``params.seed`` when it is set. ``inputs``: a function of the
+    padded ids giving more keyword arguments of ``generate`` (a vision-language model's images)."""
     import torch
     from transformers import StoppingCriteria, StoppingCriteriaList
 
@@ -40,7 +42,7 @@ def hf_generate(
     if params.stop:
         kwargs["stopping_criteria"] = StoppingCriteriaList([_Stops()])
     with torch.no_grad():
-        out = model.generate(input_ids=ids, attention_mask=keep.long(), **kwargs)
+        out = model.generate(input_ids=ids, attention_mask=keep.long(), **kwargs, **(inputs(ids) if inputs else {}))
     for finisher, row in zip(finishers, out[:, length:].tolist()):
         for token in row:
             if finisher.add(token):

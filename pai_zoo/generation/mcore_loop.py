@@ -19,10 +19,13 @@ def mcore_generate(
     finishers: Sequence[Finisher],
     vocab_size: int | None = None,
     use_cache: bool = True,
+    vision=None,
 ) -> None:
     """Run a megatron-core ``GPTModel`` on a batch of prompts (lists of ids), feeding each
     :class:`Finisher` its row's tokens until all are done. ``use_cache=False`` recomputes the
-    whole sequence for every token (slow; a reference for the cache). See the module docstring."""
+    whole sequence for every token (slow; a reference for the cache). ``vision``: a vision-language model's
+    ``(inputs, positions)``, its image inputs for the prompt's forward and ``positions(ids, keep, total, inputs)``
+    giving the batch's M-RoPE ids (:class:`pai_zoo.generation.images.VisionPrompts`). See the module docstring."""
     import torch
     from megatron.core import parallel_state as ps
 
@@ -38,7 +41,8 @@ def mcore_generate(
         for length in sorted({len(p) for p in prompts}):
             rows = [i for i, p in enumerate(prompts) if len(p) == length]
             mcore_generate(
-                model, [prompts[i] for i in rows], params, [finishers[i] for i in rows], vocab_size, use_cache
+                model, [prompts[i] for i in rows], params, [finishers[i] for i in rows], vocab_size, use_cache,
+                vision,
             )
         return
     ids, keep = left_pad(prompts)
@@ -51,8 +55,13 @@ def mcore_generate(
     tp_src = ps.get_tensor_model_parallel_src_rank() if tp_group is not None else 0
     tp = ps.get_tensor_model_parallel_world_size() if tp_group is not None else 1
     # the whole run's padding and positions, built once: step t uses the first length + t columns
+    inputs = {}
+    if vision is not None:  # [3, b, total] M-RoPE ids, before keep grows by the new tokens
+        inputs, make_positions = vision
+        positions = make_positions(ids, keep, total, inputs)
     keep = torch.cat([keep, torch.ones(batch, params.max_new_tokens, dtype=torch.bool)], dim=1)
-    positions = positions_of(keep)
+    if vision is None:
+        positions = positions_of(keep)
     hidden = decode_mask(keep)  # step t's mask: its first length + t + 1 columns
     pack_parameters(model)  # weights in one arena: decoding streams them faster (pai_zoo.mcore.arena)
     model_was_training = model.training
@@ -61,10 +70,11 @@ def mcore_generate(
         with inference_mode():
             logits = model(
                 ids,
-                positions[:, :length],
+                positions[..., :length],
                 prefill_mask(keep[:, :length]),
                 inference_context=context,
                 runtime_gather_output=True,
+                **inputs,
             )[:, -1, :vocab_size]
             for step in range(params.max_new_tokens):
                 token = choose_tokens(logits.float(), params, generator)
@@ -79,14 +89,15 @@ def mcore_generate(
                     context.enable_decode_mode()
                     out = model(
                         token[:, None],
-                        positions[:, seen - 1 : seen],
+                        positions[..., seen - 1 : seen],
                         hidden[..., :seen],
                         inference_context=context,
                         runtime_gather_output=True,
                     )
                 else:
                     ids = torch.cat([ids, token[:, None]], dim=1)
-                    out = model(ids, positions[:, :seen], prefill_mask(keep[:, :seen]), runtime_gather_output=True)
+                    out = model(ids, positions[..., :seen], prefill_mask(keep[:, :seen]), runtime_gather_output=True,
+                                **inputs)
                 logits = out[:, -1, :vocab_size]
     finally:
         model.train(model_was_training)

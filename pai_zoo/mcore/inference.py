@@ -174,7 +174,10 @@ class CachedSelfAttention(SelfAttention):
         batch = query.shape[1]
         if rotary_pos_emb is not None and not self._no_rope:
             freqs = rotary_pos_emb[0] if isinstance(rotary_pos_emb, tuple) else rotary_pos_emb
-            cos, sin = cache.rotary(freqs, start, start + length, query.dtype)
+            if getattr(self.config, "mrope_section", None) is not None:  # M-RoPE: angles of these tokens only
+                cos, sin = cache.rotary(freqs, 0, length, query.dtype)  # [s, b, 1, dim], from their position ids
+            else:
+                cos, sin = cache.rotary(freqs, start, start + length, query.dtype)
             query = _apply_rotary(query, cos, sin, self.config.rotary_interleaved)
             key = _apply_rotary(key, cos, sin, self.config.rotary_interleaved)
         keys, values = cache.store(self.layer_number, key, value)  # [b, groups, positions, head_dim]

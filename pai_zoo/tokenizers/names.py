@@ -28,7 +28,7 @@ from ..util.files import atomic_folder
 from .loader import load_tokenizer
 
 __all__ = ["NoBundledTokenizerError", "TokenizerRef", "bundled_tokenizer_folder", "describe_tokenizer",
-           "family_tokenizer", "model_tokenizer", "resolve_tokenizer"]
+           "family_tokenizer", "model_files_folder", "model_tokenizer", "resolve_tokenizer"]
 
 # pai_zoo.mcore.dist_ckpt's names (not imported here: that module imports torch).
 _MCORE_TRACKER = "latest_checkpointed_iteration.txt"
@@ -218,6 +218,20 @@ def describe_tokenizer(family, name: str | None = None) -> str:
     listed = f" (bundled for {', '.join(family.published_tokenizer_presets)})" \
         if family.published_tokenizer is not None and family.published_tokenizer_presets else ""
     return f"none bundled{listed}: pass a checkpoint folder (--tokenizer /path/to/{example})"
+
+
+def model_files_folder(source) -> Path | None:
+    """The folder of a model's tokenizer and processor files: a checkpoint's own (a Megatron-Core checkpoint's
+    ``hf/`` side, the folder given with a Megatron-LM one), a test preset's bundled test tokenizer, else None."""
+    if source.kind == "megatron-lm":
+        folder = getattr(source, "tokenizer_dir", None)
+        return Path(folder) if folder is not None else None
+    if source.path is not None:
+        return Path(source.path) / _HF_DIR if source.kind == "mcore" else Path(source.path)
+    preset = getattr(source, "preset", None)
+    if preset and source.family.is_test_preset(preset) and source.family.test_tokenizer is not None:
+        return bundled_tokenizer_folder(source.family, "test")
+    return None
 
 
 def model_tokenizer(source, vocab_size: int | None = None):

@@ -44,7 +44,28 @@ def _positions(config, input_ids, attention_mask=None, image_grid_thw=None, vide
     )
 
 
-QWEN_VL_VISION = VisionSpec(tower=_tower, placeholders=_placeholders, positions=_positions)
+def _example(config, generator) -> dict:
+    from .config import tower_settings
+    from .positions import example_inputs
+
+    s = tower_settings(config)
+    return example_inputs(
+        config, generator, image_token_id=config[token_key("image_token_id")],
+        video_token_id=config[token_key("video_token_id")], start=config[token_key("vision_start_token_id")],
+        end=config[token_key("vision_end_token_id")], merge=s["merge"],
+        patch_values=s["channels"] * s["temporal"] * s["patch"] ** 2,
+    )
+
+
+def _tokens(config, grid) -> int:
+    from .config import tower_settings
+
+    t, h, w = (int(v) for v in grid)
+    return t * h * w // tower_settings(config)["merge"] ** 2
+
+
+QWEN_VL_VISION = VisionSpec(tower=_tower, placeholders=_placeholders, positions=_positions, tokens=_tokens,
+                            example=_example)
 
 QWEN2_VL = Family(
     name="qwen2-vl",

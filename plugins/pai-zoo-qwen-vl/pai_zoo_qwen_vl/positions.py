@@ -125,3 +125,28 @@ def window_order(grid_thw, spatial_merge_size: int, window_size: int, patch_size
                     window += 1
         first += t * gh * gw
     return torch.cat(order), torch.cat(segments)
+
+
+def example_inputs(config, generator, *, image_token_id: int, video_token_id: int, start: int, end: int,
+                   merge: int, patch_values: int, videos: bool = True) -> dict:
+    """A batch of one prompt for the conformance checks: two images of different grids (one with an odd number of
+    merged rows) and, with ``videos``, a 2-step video, each in ``start ... end`` tokens between text; random pixels
+    (``patch_values`` numbers per patch) drawn from ``generator``."""
+    vocab = min(int(config["vocab_size"]), start)
+    images = torch.tensor([[1, 2 * merge, 3 * merge], [1, 3 * merge, 2 * merge]])
+    video = torch.tensor([[2, 2 * merge, 2 * merge]])
+
+    def text(n):
+        return torch.randint(0, vocab, (n,), generator=generator).tolist()
+
+    def block(grid, token):
+        return [start, *[token] * (int(grid.prod()) // merge ** 2), end]
+
+    ids = text(3) + block(images[0], image_token_id) + text(2) + block(images[1], image_token_id) + text(2)
+    out = {"image_grid_thw": images,
+           "pixel_values": torch.randn(int(images.prod(-1).sum()), patch_values, generator=generator)}
+    if videos:
+        ids += block(video[0], video_token_id) + text(2)
+        out.update(video_grid_thw=video,
+                   pixel_values_videos=torch.randn(int(video.prod(-1).sum()), patch_values, generator=generator))
+    return {"input_ids": torch.tensor([ids]), **out}

@@ -133,14 +133,18 @@ class QwenVisionTower(nn.Module):
     def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None):
         """megatron-core's layers shard themselves (``blocks.{i}.``); the patch embedding and merger are
         replicated."""
+        from megatron.core import parallel_state
         from megatron.core.transformer.utils import sharded_state_dict_default
 
+        # the tensor-parallel group named: megatron-core gives a replicated tensor rank 0's replica id on every TP
+        # rank when only the data-parallel group (the metadata's) is known
+        tp_group = parallel_state.get_tensor_model_parallel_group()
         out = {}
         for i, layer in enumerate(self.blocks):
             out.update(layer.sharded_state_dict(f"{prefix}blocks.{i}.", sharded_offsets, metadata))
         for name in ("patch_embed", "merger"):
             out.update(sharded_state_dict_default(getattr(self, name), f"{prefix}{name}.", sharded_offsets,
-                                                  metadata))
+                                                  metadata, tp_group=tp_group))
         return out
 
 

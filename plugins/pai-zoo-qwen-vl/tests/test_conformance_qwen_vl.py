@@ -10,10 +10,6 @@ import pytest
 from pai_zoo_conformance import ConformanceSuite
 
 NOT_YET = {
-    "test_tensor_and_pipeline_parallel_equivalence": "TP/PP of a vision-language model: not built yet (issue 31)",
-    "test_odd_preset_tensor_parallel_equivalence": "TP of a vision-language model: not built yet (issue 31)",
-    "test_greedy_generation_matches_transformers": "generation with M-RoPE on the KV-cache path: not built yet "
-                                                   "(issue 31)",
     "test_lora_adapter_applies_as_peft_applies_it": "LoRA on a vision-language model: not built yet (issue 31)",
 }
 

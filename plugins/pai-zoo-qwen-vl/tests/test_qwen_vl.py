@@ -9,6 +9,7 @@ of width 72 in 6 heads; Qwen2.5-VL's windows of 3 x 3 merged tokens split the te
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -155,3 +156,75 @@ def test_placeholders_that_do_not_match_the_images_are_refused(models):
         mc.logits(short, pixel_values=px["pixel_values"], image_grid_thw=px["image_grid_thw"])
     with pytest.raises(PaiZooError, match="pixel_values and image_grid_thw go together"):
         mc.logits(ids, pixel_values=px["pixel_values"])
+
+
+# -- generation with images -----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def pictures(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pictures")
+    for name, (seed, h, w) in {"a.png": (0, 100, 150), "b.png": (1, 60, 200)}.items():
+        _image(seed, h, w).save(root / name)
+    return root
+
+
+def test_generate_with_images_equals_transformers_generate(models, pictures, tmp_path):
+    """`pai-zoo generate --image` and a prompts file with image entries (and a text-only record in the same batch)
+    on the Megatron-Core checkpoint give transformers' greedy tokens (its `generate`, on its processor's inputs)."""
+    from pai_zoo.generation import generate
+
+    folder, hf, _ = models
+    assert run_cli(["convert", folder, tmp_path / "mcore", "--to", "mcore"]).returncode == 0
+    chats = [
+        [{"role": "user", "content": [{"type": "image", "image": "a.png"}, {"type": "text", "text": "What?"},
+                                      {"type": "image", "image": "b.png"}]}],
+        [{"role": "user", "content": "Only text here."}],
+        [{"role": "user", "content": [{"type": "image", "image": "b.png"}, {"type": "text", "text": "And?"}]}],
+    ]
+    (pictures / "prompts.jsonl").write_text("".join(json.dumps({"messages": c}) + "\n" for c in chats))
+    out = tmp_path / "out.jsonl"
+    proc = run_cli(["generate", "--model", tmp_path / "mcore", "--prompts", pictures / "prompts.jsonl", "--output",
+                    out, "--chat", "--max-new-tokens", "10"])
+    assert proc.returncode == 0, proc.stderr
+    ours = [json.loads(line)["token_ids"] for line in out.read_text().splitlines()]
+    absolute = [[{**m, "content": [{**p, "image": str(pictures / p["image"])} if "image" in p else p
+                                   for p in m["content"]]} if isinstance(m["content"], list) else m for m in c]
+                for c in chats]
+    theirs = [g.token_ids for g in generate(hf, absolute, chat=True, max_new_tokens=10)]
+    assert ours == theirs and all(len(t) == 10 for t in theirs)
+    proc = run_cli(["generate", "--model", tmp_path / "mcore", "--prompt", "What?", "--image", pictures / "a.png",
+                    "--chat", "--max-new-tokens", "10"])
+    assert proc.returncode == 0, proc.stderr
+    one = generate(hf, [[{"role": "user", "content": [{"type": "image", "image": str(pictures / "a.png")},
+                                                      {"type": "text", "text": "What?"}]}]], chat=True,
+                   max_new_tokens=10)[0]
+    assert proc.stdout.strip() == one.text.strip()
+
+
+def test_generate_refuses_bad_images_in_one_line(models, pictures, tmp_path):
+    folder, _, _ = models
+    (tmp_path / "not-an-image.png").write_text("text")
+    out = tmp_path / "out.jsonl"
+    two = [{"role": "user", "content": [{"type": "image", "image": "a.png"}, {"type": "image"}]}]
+    (tmp_path / "two.jsonl").write_text(json.dumps({"messages": two}) + "\n")
+    (tmp_path / "text.jsonl").write_text(json.dumps({"prompt": "no placeholder", "images": [str(pictures / "a.png")]})
+                                         + "\n")
+    cases = [
+        (["--prompt", "x", "--image", tmp_path / "missing.png", "--chat"], "missing.png: no such image file"),
+        (["--prompt", "x", "--image", tmp_path / "not-an-image.png", "--chat"], "is not an image PIL can read"),
+        (["--prompts", tmp_path / "two.jsonl", "--output", out, "--chat"], 'names no file: give {"type": "image"'),
+        (["--prompts", tmp_path / "text.jsonl", "--output", out],
+         "names 0 image(s) (placeholder id"),
+    ]
+    # an image larger than the position limit: the processor allows 2000 merged tokens, the model has ~1000 positions
+    big = tmp_path / "big-processor"
+    shutil.copytree(folder, big)
+    config = json.loads((big / "preprocessor_config.json").read_text())
+    config["size"]["longest_edge"] = 2000 * 28 * 28
+    (big / "preprocessor_config.json").write_text(json.dumps(config))
+    _image(3, 1000, 900).save(tmp_path / "big.png")
+    cases.append((["--prompt", "x", "--image", tmp_path / "big.png", "--chat"], "positions; give smaller images"))
+    for argv, message in cases:
+        proc = run_cli(["generate", "--model", big if "big.png" in str(argv) else folder, *argv])
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 1 and len(lines) == 1 and lines[0].startswith("pai-zoo: error: "), proc.stderr
+        assert message in lines[0] and "Traceback" not in proc.stderr and not out.exists(), (message, lines)
