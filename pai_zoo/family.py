@@ -112,6 +112,10 @@ class Family:
             Gemma's); the conformance suite then draws norm weights around 0 instead of 1. ``None`` (default):
             as the arch's ``layernorm_zero_centered_gamma`` says (:mod:`pai_zoo.mcore.norms`). A family whose own
             ``layer_spec`` holds such norms without that key sets ``True``.
+        hf_module_prefixes: ``(checkpoint prefix, module prefix)`` pairs where the transformers model holds its
+            tensors under other names in memory than in its checkpoint (transformers 5's vision-language models:
+            ``("model.", "model.language_model.")``, ``("visual.", "model.visual.")``); PEFT names adapters by
+            module, the weight table by checkpoint name (:meth:`hf_module_name`, :meth:`hf_checkpoint_name`).
         vision: a vision-language family's vision tower, placeholders and position ids
             (:class:`~pai_zoo.vision.VisionSpec`); ``None`` for a text-only family.
         plugin: filled in by the registry: the entry-point name that registered the family.
@@ -139,6 +143,7 @@ class Family:
     megatron_args: tuple[Mapping[str, Any], ...] = ()
     megatron_lm_rules: tuple[Rule, ...] = ()
     zero_centered_norms: bool | None = None
+    hf_module_prefixes: tuple[tuple[str, str], ...] = ()
     vision: "VisionSpec | None" = None
     plugin: str = field(default="", compare=False)
 
@@ -232,6 +237,20 @@ class Family:
         hf = self.config_map.to_hf(config, known_keys)
         hf.setdefault("model_type", self.default_model_type)
         return hf
+
+    def hf_module_name(self, name: str) -> str:
+        """A checkpoint name's module name in the transformers model (:attr:`hf_module_prefixes`)."""
+        for checkpoint, module in self.hf_module_prefixes:
+            if name.startswith(checkpoint) and not name.startswith(module):
+                return module + name[len(checkpoint):]
+        return name
+
+    def hf_checkpoint_name(self, name: str) -> str:
+        """A module name of the transformers model under its checkpoint name (:attr:`hf_module_prefixes`)."""
+        for checkpoint, module in self.hf_module_prefixes:
+            if name.startswith(module):
+                return checkpoint + name[len(module):]
+        return name
 
     @property
     def default_model_type(self) -> str:

@@ -676,8 +676,9 @@ def check_lora(case: Case, rank: int = 4, seed: int = 7) -> float:
     # the projections by their full module names (PEFT also maps leaf names such as gate_proj onto transformers'
     # fused routed experts, which pai-zoo does not adapt)
     modules = dict(case.hf_model.named_modules())
-    names = sorted(h.replace("{layer}", str(layer)) for t in targets for layer in ctx.layers_of(t.row.layer_kind)
-                   for h in t.hf)
+    family = case.family
+    names = sorted(family.hf_module_name(h.replace("{layer}", str(layer))) for t in targets
+                   for layer in ctx.layers_of(t.row.layer_kind) for h in t.hf)
     absent = [n for n in names if not isinstance(modules.get(n), torch.nn.Linear)]
     if absent:
         _fail("lora", f"the table's projections {absent[:3]} are no torch.nn.Linear of the transformers model: PEFT "
@@ -703,6 +704,8 @@ def check_lora(case: Case, rank: int = 4, seed: int = 7) -> float:
         if name not in adapters:
             out, inp = modules[name].weight.shape
             adapters[name] = (torch.zeros(rank, inp), torch.zeros(out, rank))
+    # the table's names (checkpoint names) for pai-zoo, from PEFT's module names
+    adapters = {family.hf_checkpoint_name(m): pair for m, pair in adapters.items()}
     try:
         mcore_form = to_mcore_form(adapters, targets, case.mcore_config, ctx)
     except LoraError as exc:  # a table row that does not place rows as megatron-core holds them

@@ -33,7 +33,8 @@ def hf_adapters_of_run(run) -> tuple[LoraSettings, dict, dict]:
 def run_to_peft(run, out: Path) -> list[str]:
     """Write ``run``'s adapters as a PEFT folder at ``out``; returns notes."""
     settings, adapters, record = hf_adapters_of_run(run)
-    write_peft_adapter(out, settings, adapters, base=record["base"]["path"])
+    family = get_registry().family(mcore_config_of(run)[0].family)
+    write_peft_adapter(out, settings, adapters, base=record["base"]["path"], family=family)
     for file in tokenizer_files(Path(run) / HF_DIR):  # PEFT folders often carry the tokenizer: it does no harm
         shutil.copy2(file, out / file.name)
     return [f"{len(adapters)} adapted projections ({', '.join(sorted({n.rsplit('.', 1)[-1] for n in adapters}))}), "

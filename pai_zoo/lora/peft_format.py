@@ -19,9 +19,11 @@ def is_peft_folder(path) -> bool:
     return (Path(path) / PEFT_CONFIG).is_file()
 
 
-def read_peft_adapter(folder) -> tuple[LoraSettings, dict]:
+def read_peft_adapter(folder, family=None) -> tuple[LoraSettings, dict]:
     """``(settings, {HF module: (A, B)})`` of a PEFT LoRA folder; a tensor pai-zoo cannot represent (embedding
-    adapters, ``modules_to_save`` copies, a lone A or B, a rank other than the config's) is refused naming it."""
+    adapters, ``modules_to_save`` copies, a lone A or B, a rank other than the config's) is refused naming it.
+    With ``family`` the modules are named as its checkpoint names them (:meth:`pai_zoo.Family.hf_checkpoint_name`),
+    as the weight table does."""
     import torch
     from safetensors import SafetensorError
     from safetensors.torch import load_file
@@ -54,14 +56,16 @@ def read_peft_adapter(folder) -> tuple[LoraSettings, dict]:
         if a.ndim != 2 or b.ndim != 2 or a.shape[0] != settings.rank or b.shape[1] != settings.rank:
             raise LoraError(f"{file}: {PREFIX}{module}: lora_A {tuple(a.shape)} and lora_B {tuple(b.shape)} do not "
                             f"have rank r = {settings.rank} of {PEFT_CONFIG}")
-        adapters[module] = (a, b)
+        adapters[family.hf_checkpoint_name(module) if family is not None else module] = (a, b)
     if not adapters:
         raise LoraError(f"{file}: holds no adapters")
     return settings, adapters
 
 
-def write_peft_adapter(folder, settings: LoraSettings, adapters: dict, base: str | None, dtype=None) -> None:
-    """Write ``adapters`` (HF form) as a PEFT folder, complete or not at all (written beside it, then renamed)."""
+def write_peft_adapter(folder, settings: LoraSettings, adapters: dict, base: str | None, dtype=None,
+                       family=None) -> None:
+    """Write ``adapters`` (HF form) as a PEFT folder, complete or not at all (written beside it, then renamed);
+    with ``family`` under its transformers model's module names (:meth:`pai_zoo.Family.hf_module_name`)."""
     from safetensors.torch import save_file
 
     folder = Path(folder)
@@ -70,6 +74,7 @@ def write_peft_adapter(folder, settings: LoraSettings, adapters: dict, base: str
     tmp.mkdir(parents=True)
     tensors = {}
     for module, (a, b) in sorted(adapters.items()):
+        module = family.hf_module_name(module) if family is not None else module
         tensors[f"{PREFIX}{module}.lora_A.weight"] = (a if dtype is None else a.to(dtype)).contiguous()
         tensors[f"{PREFIX}{module}.lora_B.weight"] = (b if dtype is None else b.to(dtype)).contiguous()
     save_file(tensors, str(tmp / PEFT_WEIGHTS), metadata={"format": "pt"})

@@ -104,7 +104,7 @@ def adapter_source(path, family, config) -> tuple[LoraSettings, dict, dict | Non
         record = read_record(path)
         return LoraSettings.from_dict(record["settings"]), run_adapters(path), record
     if is_peft_folder(path):
-        settings, adapters = read_peft_adapter(path)
+        settings, adapters = read_peft_adapter(path, family)
         table = get_registry().weight_map(family, config)
         ctx = MappingContext.from_config(config)
         try:

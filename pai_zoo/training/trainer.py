@@ -171,7 +171,7 @@ class Trainer:
         self.lora_hf_targets = sorted({t.leaves[i] for t, idx in chosen.items() for i in idx})
         if cfg.peft_init is not None:
             try:
-                _, adapters = read_peft_adapter(cfg.peft_init)
+                _, adapters = read_peft_adapter(cfg.peft_init, self.family)
                 ctx = MappingContext.from_config(self.mcore_config)
                 self.lora_init = to_mcore_form(adapters, list(chosen), self.mcore_config, ctx)
             except LoraError as e:

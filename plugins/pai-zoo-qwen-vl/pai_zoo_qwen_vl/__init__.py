@@ -67,6 +67,10 @@ def _tokens(config, grid) -> int:
 QWEN_VL_VISION = VisionSpec(tower=_tower, placeholders=_placeholders, positions=_positions, tokens=_tokens,
                             example=_example)
 
+#: transformers 5 holds the language model and the tower under model.language_model. / model.visual. in memory and
+#: saves them as the published checkpoints name them (model., visual.); lm_head is the same in both.
+MODULE_PREFIXES = (("model.", "model.language_model."), ("visual.", "model.visual."))
+
 QWEN2_VL = Family(
     name="qwen2-vl",
     aliases=("qwen2_vl",),
@@ -80,6 +84,7 @@ QWEN2_VL = Family(
     hf_model_class=LazyClass("transformers:Qwen2VLForConditionalGeneration"),
     test_tokenizer=write_test_tokenizer,
     vision=QWEN_VL_VISION,
+    hf_module_prefixes=MODULE_PREFIXES,
     description="Qwen2-VL (Qwen2VLForConditionalGeneration): images and video, M-RoPE",
 )
 
@@ -96,6 +101,7 @@ QWEN2_5_VL = Family(
     hf_model_class=LazyClass("transformers:Qwen2_5_VLForConditionalGeneration"),
     test_tokenizer=write_test_tokenizer,
     vision=QWEN_VL_VISION,
+    hf_module_prefixes=MODULE_PREFIXES,
     description="Qwen2.5-VL (Qwen2_5_VLForConditionalGeneration): window-attention tower, video time in M-RoPE",
 )
 
