@@ -41,6 +41,8 @@ class VisionSpec:
             for plain RoPE), as the family's transformers model makes them; ``attention_mask`` may be ``None``.
         tower_prefix: the megatron-core name prefix of the tower's tensors (``"vision_model."``), for ``inspect``,
             ``train --plan`` and freezing.
+        projector_prefix: the prefix of the projector's tensors inside the tower (Qwen's ``"vision_model.merger."``),
+            for ``--freeze-vision-projection``.
         modalities: what the tower reads, for ``pai-zoo list`` and ``inspect``.
         tokens: ``(McoreConfig, grid_thw_row) -> int``: how many placeholder tokens (tower rows) one image or video
             of that grid takes; generation repeats a prompt's single placeholder so often.
@@ -53,6 +55,7 @@ class VisionSpec:
     placeholders: Callable[[Any], dict[str, int]]
     positions: Callable[..., Any]
     tower_prefix: str = "vision_model."
+    projector_prefix: str = ""
     modalities: tuple[str, ...] = ("image", "video")
     tokens: Callable[[Any, Any], int] | None = None
     example: Callable[[Any, Any], dict] | None = None
@@ -73,3 +76,23 @@ def check_vision_inputs(family, inputs: dict) -> dict:
         if (pixels in given) != (grid in given):
             raise PaiZooError(f"{pixels} and {grid} go together (as the model's processor returns them)")
     return given
+
+
+def read_image(path, where: str = "image"):
+    """A PIL image (RGB) from ``path`` (or a PIL image as it is); a missing file or one PIL cannot read is one
+    :class:`~pai_zoo.PaiZooError` line."""
+    from pathlib import Path
+
+    from PIL import Image, UnidentifiedImageError
+
+    if hasattr(path, "convert"):  # already an image
+        return path.convert("RGB")
+    path = Path(path)
+    if not path.is_file():
+        raise PaiZooError(f"{where}: {path}: no such image file")
+    try:
+        with Image.open(path) as image:
+            return image.convert("RGB")
+    except (UnidentifiedImageError, OSError) as exc:
+        raise PaiZooError(f"{where}: {path} is not an image PIL can read ({type(exc).__name__}); "
+                          "give a PNG, JPEG or another format PIL opens") from None

@@ -13,28 +13,12 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..errors import PaiZooError
+from ..vision import read_image
 from .params import GenerationError
 
 __all__ = ["VisionPrompts", "chat_images", "decode_positions", "read_image", "record_images", "with_image_paths"]
 
 IMAGE_KEYS = ("image", "path", "image_url", "url")
-
-
-def read_image(path, where: str = "image"):
-    """A PIL image (RGB) from ``path``; a missing file or one PIL cannot read is one :class:`GenerationError`."""
-    from PIL import Image, UnidentifiedImageError
-
-    if hasattr(path, "convert"):  # already an image
-        return path.convert("RGB")
-    path = Path(path)
-    if not path.is_file():
-        raise GenerationError(f"{where}: {path}: no such image file")
-    try:
-        with Image.open(path) as image:
-            return image.convert("RGB")
-    except (UnidentifiedImageError, OSError) as exc:
-        raise GenerationError(f"{where}: {path} is not an image PIL can read ({type(exc).__name__}); "
-                              "give a PNG, JPEG or another format PIL opens") from None
 
 
 def chat_images(messages) -> list:

@@ -112,6 +112,9 @@ class TrainConfig:
     lora_target_modules: str | None = None
     use_rslora: bool = False
     peft_init: str | None = None
+    freeze_language_model: bool = False
+    freeze_vision_model: bool = False
+    freeze_vision_projection: bool = False
 
     # ---- derived quantities -------------------------------------------------------------
     @property

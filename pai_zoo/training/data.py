@@ -63,9 +63,24 @@ def _split_bounds(n: int, weights: list[float]) -> list[tuple[int, int]]:
     return [(cuts[i], cuts[i + 1]) for i in range(3)]
 
 
+def is_vision_sft(cfg: TrainConfig) -> bool:
+    """``--sft --data FILE.jsonl``: chat records with images, read in-process (:mod:`pai_zoo.data.vision_sft`)."""
+    return cfg.sft and len(cfg.data) == 1 and str(cfg.data[0]).endswith(".jsonl")
+
+
 def check_data(cfg: TrainConfig, vocab_size: int | None = None) -> None:
     """The dataset files exist and, given the model's ``vocab_size``, their token ids fit it (before any work
     starts; :func:`pai_zoo.data.vocabulary.check_dataset_vocabulary`)."""
+    if is_vision_sft(cfg):  # the records and their images read before anything is written
+        from ..data.vision_sft import read_vision_records
+        from ..vision import read_image
+
+        if not Path(cfg.data[0]).is_file():
+            raise PaiZooError(f"--data {cfg.data[0]}: no such file")
+        for where, _, images in read_vision_records(cfg.data[0]):
+            for image in images:
+                read_image(image, where)
+        return
 
     prefixes = resolved_prefixes(cfg.data_blend()[0], cfg.sft)
     if vocab_size is not None:
@@ -184,30 +199,112 @@ def build_sft_datasets(cfg: TrainConfig):
     return train, valid
 
 
+class VisionSFTSamples:
+    """A vision-language SFT JSON Lines file (:mod:`pai_zoo.data.vision_sft`), read and processed once: records
+    packed in file order into samples of at most ``sequence_length + 1`` tokens (a record is never split, so an
+    image never straddles two samples), shuffled per epoch. A sample is the SFT tuple (M-RoPE positions ``[3, s]``
+    restarting at each record) plus its images' ``pixel_values`` and ``image_grid_thw``."""
+
+    def __init__(self, packs: list, seed: int):
+        self.packs, self.seed, self.truncated = packs, seed, 0
+
+    def __len__(self) -> int:
+        return len(self.packs)
+
+    def __getitem__(self, i: int):
+        n = len(self.packs)
+        epoch, j = divmod(i, n)
+        pack = self.packs[int(np.random.RandomState((self.seed + epoch) % 2**32).permutation(n)[j])]
+        tokens = torch.from_numpy(np.concatenate([e.tokens for e in pack]))
+        mask = torch.from_numpy(np.concatenate([e.loss_mask for e in pack]).astype(np.float32))
+        segment = torch.cat([torch.full((e.tokens.size,), k) for k, e in enumerate(pack)])
+        positions = torch.cat([e.positions for e in pack], dim=1)
+        with_images = [e for e in pack if e.pixel_values is not None]
+        pixels = torch.cat([e.pixel_values for e in with_images]) if with_images else None
+        grids = torch.cat([e.image_grid_thw for e in with_images]) if with_images else None
+        same = (segment[1:] == segment[:-1]).float()  # a label that crosses into the next record is never a target
+        return tokens[:-1], tokens[1:], mask[1:] * same, positions[:, :-1], segment[:-1], pixels, grids
+
+
+def build_vision_sft_datasets(cfg: TrainConfig, family, config, tokenizer, processor_folder):
+    """``(train, valid)`` :class:`VisionSFTSamples` of ``--data FILE.jsonl``, split by records as ``--split``."""
+    from ..data.vision_sft import read_vision_records, vision_example
+
+    if family.vision is None:
+        raise PaiZooError(f"--data {cfg.data[0]}: a JSON Lines file trains directly only on a vision-language "
+                          f"model; for {family.name!r} preprocess it first (pai-zoo preprocess --sft)")
+    if tokenizer is None:
+        raise PaiZooError(f"--model {cfg.model}: vision SFT data needs the model's tokenizer, which it lacks")
+    if processor_folder is None or not (Path(processor_folder) / "preprocessor_config.json").is_file():
+        raise PaiZooError(f"--model {cfg.model}: no preprocessor_config.json beside the model: vision SFT needs "
+                          "the checkpoint's image processor")
+    from transformers import AutoImageProcessor
+
+    processor = AutoImageProcessor.from_pretrained(processor_folder)
+    records = read_vision_records(cfg.data[0])
+    examples = [vision_example(where, messages, images, tokenizer, family, config, processor)
+                for where, messages, images in records]
+    limit = cfg.sequence_length + 1
+    for (where, _, _), example in zip(records, examples):
+        if example.tokens.size > limit:
+            raise PaiZooError(f"{where}: {example.tokens.size} tokens with its images, over --seq-length "
+                              f"{cfg.sequence_length} + 1; raise --seq-length or give smaller images")
+    (t0, t1), (v0, v1), _ = _split_bounds(len(examples), cfg.split_weights())
+    if t1 <= t0:
+        raise PaiZooError(f"--data {cfg.data[0]}: no training records in split {cfg.split} of {len(examples)}")
+
+    def packs(part):
+        out, current, used = [], [], 0
+        for example in part:
+            if current and used + example.tokens.size > limit:
+                out.append(current)
+                current, used = [], 0
+            current.append(example)
+            used += example.tokens.size
+        return out + ([current] if current else [])
+
+    train = VisionSFTSamples(packs(examples[t0:t1]), cfg.seed)
+    valid = VisionSFTSamples(packs(examples[v0:v1]), cfg.seed + 1) if v1 > v0 else None
+    return train, valid
+
+
 @dataclass
 class Batch:
     tokens: torch.Tensor
     labels: torch.Tensor
     loss_mask: torch.Tensor
-    position_ids: torch.Tensor
+    position_ids: torch.Tensor  # [b, s], or M-RoPE's [3, b, s]
     attention_mask: torch.Tensor  # True = masked out (megatron's convention), [b, 1, s, s]
+    vision: dict | None = None  # a vision-language batch's pixel_values and image_grid_thw
+
+    def to(self, device) -> "Batch":
+        move = {k: v.to(device, non_blocking=True) for k, v in (self.vision or {}).items()}
+        return Batch(*(t.to(device, non_blocking=True) for t in (self.tokens, self.labels, self.loss_mask,
+                                                                   self.position_ids, self.attention_mask)),
+                     move or None)
 
 
 def collate(samples, length: int) -> Batch:
     """Stack samples padded (loss-masked) to ``length`` tokens, with causal masks that keep
     attention inside each segment."""
     def pad(x, value):
-        return torch.nn.functional.pad(x, (0, length - x.numel()), value=value)
+        return torch.nn.functional.pad(x, (0, length - x.shape[-1]), value=value)
 
     tokens = torch.stack([pad(s[0], 0) for s in samples])
     labels = torch.stack([pad(s[1], 0) for s in samples])
     loss_mask = torch.stack([pad(s[2], 0.0) for s in samples])
     positions = torch.stack([pad(s[3], 0) for s in samples])
+    if positions.dim() == 3:  # M-RoPE [b, 3, s] -> megatron-core's [3, b, s]
+        positions = positions.transpose(0, 1).contiguous()
     segments = torch.stack([pad(s[4], -1) for s in samples])
     causal = torch.ones(length, length, dtype=torch.bool).tril()
     allowed = causal & (segments[:, :, None] == segments[:, None, :])
     allowed |= torch.eye(length, dtype=torch.bool)  # padding attends to itself (never a target)
-    return Batch(tokens, labels, loss_mask, positions, (~allowed).unsqueeze(1))
+    vision = None
+    if len(samples[0]) > 5 and any(s[5] is not None for s in samples):  # images in batch order, as placed
+        vision = {"pixel_values": torch.cat([s[5] for s in samples if s[5] is not None]),
+                  "image_grid_thw": torch.cat([s[6] for s in samples if s[6] is not None])}
+    return Batch(tokens, labels, loss_mask, positions, (~allowed).unsqueeze(1), vision)
 
 
 class BatchSchedule:

@@ -145,7 +145,15 @@ SETTINGS: dict[str, Setting] = {
     "use_rslora": _s("--use-rslora", switch=True, help="with --peft lora: rank-stabilised scaling, alpha / sqrt(rank)"),
     "peft_init": _s("--peft-init", help="with --peft lora: start from this Hugging Face PEFT LoRA folder (its rank, "
                                         "alpha and targets) instead of fresh adapters"),
-    "sft": _s("--sft", switch=True, help="SFT data from preprocess --sft: loss mask and document boundaries"),
+    "sft": _s("--sft", switch=True, help="SFT data from preprocess --sft: loss mask and document boundaries; on a "
+                                         "vision-language model also a JSON Lines file of chats with images"),
+    "freeze_language_model": _s("--freeze-language-model", megatron="--freeze-LM", switch=True,
+                                help="vision-language model: train the vision tower and projector only"),
+    "freeze_vision_model": _s("--freeze-vision-model", megatron="--freeze-ViT", switch=True,
+                              help="vision-language model: keep the vision encoder (the tower without its "
+                                   "projector) fixed"),
+    "freeze_vision_projection": _s("--freeze-vision-projection", switch=True,
+                                   help="vision-language model: keep the projector (Qwen's patch merger) fixed"),
     "progress": _s("--no-progress", switch=False,
                    help="a progress bar (default: on a terminal); --no-progress prints plain log lines"),
     "keep_last": _s("--keep-last", help="keep only the newest N checkpoints (0: keep all)"),

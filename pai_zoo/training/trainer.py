@@ -53,7 +53,7 @@ from ..mcore.mtp import mtp_layers_of, start_loss_tracking, take_losses
 from ..mcore.parallel_sizes import check_layout, check_world
 from ..registry import get_registry
 from ..run_checkpoint import iteration_name, latest_iteration, load_checkpoint, prune_checkpoints, save_checkpoint
-from ..tokenizers.names import model_tokenizer
+from ..tokenizers.names import model_files_folder, model_tokenizer
 from ..util.dist import rank, world_size
 from ..util.files import write_text_atomic
 from ..util.interrupt import Interrupted, StopRequest
@@ -67,10 +67,12 @@ from .display import StepDisplay, StepMetrics, format_metrics, short_count
 #: Settings that must not change when a run is resumed (the budget, train_tokens, may grow with ``extend``).
 RESUME_INVARIANTS = ("global_batch_size", "sequence_length", "data", "split", "seed", "sft", "train_tokens",
                      "warmup_tokens", "learning_rate", "min_learning_rate", "peft", "lora_rank", "lora_alpha",
-                     "lora_dropout", "lora_target_modules", "use_rslora", "peft_init")
+                     "lora_dropout", "lora_target_modules", "use_rslora", "peft_init", "freeze_language_model",
+                     "freeze_vision_model", "freeze_vision_projection")
 #: the defaults of settings added after runs were saved without them
 _ABSENT_BEFORE = {"peft": None, "lora_rank": 8, "lora_alpha": 16.0, "lora_dropout": 0.0, "lora_target_modules": None,
-                  "use_rslora": False, "peft_init": None}
+                  "use_rslora": False, "peft_init": None, "freeze_language_model": False, "freeze_vision_model": False,
+                  "freeze_vision_projection": False}
 
 METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "train_config.json"
@@ -118,6 +120,7 @@ class Trainer:
                                    f"{', '.join(self.family.backends)} (its own modules are local ones); use "
                                    "--transformer-impl local")
 
+        self._check_vision_choices()
         check_data(cfg, self.mcore_config["vocab_size"])
         self.lora = self._lora_choice(source)
         self._check_resume_compatible()
@@ -142,6 +145,43 @@ class Trainer:
         self._build_model(source)
         self._build_optimizer()
         self._build_data()
+
+    def _check_vision_choices(self) -> None:
+        """The freezing flags name parts a vision-language model has; layouts its tower does not support refused."""
+        cfg, vision = self.cfg, self.family.vision
+        freezing = [cfg.given(n) for n in ("freeze_language_model", "freeze_vision_model", "freeze_vision_projection")
+                    if getattr(cfg, n)]
+        if vision is None:
+            if freezing:
+                raise TrainConfigError(f"{freezing[0]}: family {self.family.name!r} has no vision tower")
+            if data.is_vision_sft(cfg):
+                raise TrainConfigError(f"--data {cfg.data[0]}: a JSON Lines file trains directly only on a "
+                                       f"vision-language model; for {self.family.name!r} preprocess it first "
+                                       "(pai-zoo preprocess --sft)")
+            return
+        if cfg.context_parallel_size > 1 or cfg.sequence_parallel:
+            what = cfg.given("context_parallel_size" if cfg.context_parallel_size > 1 else "sequence_parallel")
+            raise TrainConfigError(f"{what}: a vision-language model's image embeddings are placed over the whole "
+                                   "sequence; train it without context or sequence parallelism")
+        if cfg.freeze_vision_projection and not vision.projector_prefix:
+            raise TrainConfigError(f"{cfg.given('freeze_vision_projection')}: family {self.family.name!r} names no "
+                                   "projector apart from its tower")
+
+    def _freeze(self, chunks) -> None:
+        """``--freeze-language-model`` / ``--freeze-vision-model`` / ``--freeze-vision-projection``: those
+        parameters keep ``requires_grad`` off, so megatron-core's DDP and optimizer leave them out."""
+        cfg, vision = self.cfg, self.family.vision
+        if vision is None:
+            return
+        projector, tower = vision.projector_prefix, vision.tower_prefix
+        for chunk in chunks:
+            for name, param in chunk.named_parameters():
+                in_projector = bool(projector) and name.startswith(projector)
+                in_tower = name.startswith(tower) and not in_projector
+                part = "projection" if in_projector else "vision" if in_tower else "language"
+                if getattr(cfg, {"projection": "freeze_vision_projection", "vision": "freeze_vision_model",
+                                 "language": "freeze_language_model"}[part]):
+                    param.requires_grad_(False)
 
     def _lora_choice(self, source):
         """``--peft lora``: the settings, checked against the base and the run folder before anything is built
@@ -263,6 +303,7 @@ class Trainer:
                      where=str(self.cfg.peft_init))
             if self.rank == 0 and not resuming:
                 lora_run.write_record(self.save_dir, self.lora, source.path, source.kind, self.lora_hf_targets)
+        self._freeze(chunks)
         if self.rank == 0:
             self._write_model_description(source)
         if torch.cuda.is_available():
@@ -312,7 +353,12 @@ class Trainer:
         # evaluation k (k = 1, 2 ...: at step k x eval_interval) reads validation batches (k-1) x eval_iters on, as
         # Megatron-LM's validation iterator does: the first evaluation reads the first validation samples
         eval_batches = cfg.train_steps // cfg.eval_interval * cfg.eval_iters if cfg.eval_interval else 0
-        if cfg.sft:
+        if data.is_vision_sft(cfg):
+            source = self._source()
+            train, valid = data.build_vision_sft_datasets(
+                cfg, self.family, self.mcore_config, model_tokenizer(source, self.mcore_config["vocab_size"]),
+                model_files_folder(source))
+        elif cfg.sft:
             train, valid = data.build_sft_datasets(cfg)
         else:
             eod = self._eod_id()
@@ -350,7 +396,8 @@ class Trainer:
         # TE's attention is causal by its mask type; an SFT batch's document mask still goes in
         mask = None if self.cfg.transformer_impl == "transformer_engine" and not self.cfg.sft else batch.attention_mask
         output = model(batch.tokens, batch.position_ids, mask, labels=batch.labels,
-                       **({"loss_mask": batch.loss_mask} if self.mtp_layers else {}))  # MTP's loss mask
+                       **({"loss_mask": batch.loss_mask} if self.mtp_layers else {}),  # MTP's loss mask
+                       **(batch.vision or {}))  # a vision-language batch's images, read by the first stage
         return output, partial(_loss, batch.loss_mask)
 
     def _run_batches(self, batches, forward_only: bool) -> tuple[float, float]:
@@ -358,7 +405,7 @@ class Trainer:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         if torch.cuda.is_available():
-            batches = [type(b)(*(t.cuda(non_blocking=True) for t in b.__dict__.values())) for b in batches]
+            batches = [b.to("cuda") for b in batches]
         length = batches[0].tokens.shape[1]
         # the interleaved schedule reads each chunk's micro-batches from an iterator of its own
         data = iter(batches) if len(self.ddps) == 1 else [iter(batches) for _ in self.ddps]

@@ -65,7 +65,7 @@ def _tokens(config, grid) -> int:
 
 
 QWEN_VL_VISION = VisionSpec(tower=_tower, placeholders=_placeholders, positions=_positions, tokens=_tokens,
-                            example=_example)
+                            example=_example, projector_prefix="vision_model.merger.")
 
 #: transformers 5 holds the language model and the tower under model.language_model. / model.visual. in memory and
 #: saves them as the published checkpoints name them (model., visual.); lm_head is the same in both.
