@@ -1,4 +1,5 @@
-"""``pai-zoo dataset inspect PREFIX`` and ``pai-zoo dataset merge PREFIX... --output-prefix OUT``."""
+"""``pai-zoo dataset inspect PREFIX``, ``pai-zoo dataset merge PREFIX... --output-prefix OUT`` and ``pai-zoo dataset
+prepare FILE.jsonl --output DIR`` (vision SFT data as megatron-energon shards)."""
 from __future__ import annotations
 
 from ..data.prefix import resolve_prefix
@@ -21,6 +22,20 @@ def add_parser(subparsers) -> None:
     q.add_argument("prefixes", nargs="+", help="PREFIX of each input PREFIX.bin/PREFIX.idx (or PREFIX_text_document)")
     q.add_argument("--output-prefix", required=True, help="writes OUT.bin/OUT.idx")
     q.set_defaults(func=run_merge)
+    q = add_command(dsub, "prepare", "vision SFT JSON Lines -> megatron-energon WebDataset shards")
+    q.add_argument("source", help="a JSON Lines file of chats with images (pai_zoo.data.vision_sft's schemas)")
+    q.add_argument("--output", required=True, help="the energon dataset folder to write (must not exist)")
+    q.add_argument("--samples-per-shard", type=int, default=1000, help="records per tar shard")
+    q.set_defaults(func=run_prepare)
+
+
+def run_prepare(args) -> int:
+    from ..data.vision_shards import prepare_vision_dataset
+
+    counts = prepare_vision_dataset(args.source, args.output, args.samples_per_shard)
+    print(f"prepared {args.source} -> {args.output}: {counts['records']} records, {counts['images']} images in "
+          f"{counts['shards']} shard(s) (megatron-energon CrudeWebdataset; train --sft --data {args.output})")
+    return 0
 
 
 def run_inspect(args) -> int:

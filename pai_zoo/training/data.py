@@ -64,8 +64,12 @@ def _split_bounds(n: int, weights: list[float]) -> list[tuple[int, int]]:
 
 
 def is_vision_sft(cfg: TrainConfig) -> bool:
-    """``--sft --data FILE.jsonl``: chat records with images, read in-process (:mod:`pai_zoo.data.vision_sft`)."""
-    return cfg.sft and len(cfg.data) == 1 and str(cfg.data[0]).endswith(".jsonl")
+    """``--sft --data FILE.jsonl`` (chat records with images, read in-process: :mod:`pai_zoo.data.vision_sft`) or
+    ``--sft --data DIR`` of ``pai-zoo dataset prepare`` (megatron-energon shards: :mod:`pai_zoo.data.vision_shards`)."""
+    from ..data.vision_shards import is_energon_dataset
+
+    return cfg.sft and len(cfg.data) == 1 and (str(cfg.data[0]).endswith(".jsonl")
+                                                 or is_energon_dataset(cfg.data[0]))
 
 
 def check_data(cfg: TrainConfig, vocab_size: int | None = None) -> None:
@@ -73,8 +77,11 @@ def check_data(cfg: TrainConfig, vocab_size: int | None = None) -> None:
     starts; :func:`pai_zoo.data.vocabulary.check_dataset_vocabulary`)."""
     if is_vision_sft(cfg):  # the records and their images read before anything is written
         from ..data.vision_sft import read_vision_records
+        from ..data.vision_shards import is_energon_dataset
         from ..vision import read_image
 
+        if is_energon_dataset(cfg.data[0]):
+            return  # written by dataset prepare, which checked every record and image
         if not Path(cfg.data[0]).is_file():
             raise PaiZooError(f"--data {cfg.data[0]}: no such file")
         for where, _, images in read_vision_records(cfg.data[0]):
@@ -229,6 +236,7 @@ class VisionSFTSamples:
 def build_vision_sft_datasets(cfg: TrainConfig, family, config, tokenizer, processor_folder):
     """``(train, valid)`` :class:`VisionSFTSamples` of ``--data FILE.jsonl``, split by records as ``--split``."""
     from ..data.vision_sft import read_vision_records, vision_example
+    from ..data.vision_shards import is_energon_dataset, read_vision_dataset
 
     if family.vision is None:
         raise PaiZooError(f"--data {cfg.data[0]}: a JSON Lines file trains directly only on a vision-language "
@@ -241,7 +249,8 @@ def build_vision_sft_datasets(cfg: TrainConfig, family, config, tokenizer, proce
     from transformers import AutoImageProcessor
 
     processor = AutoImageProcessor.from_pretrained(processor_folder)
-    records = read_vision_records(cfg.data[0])
+    reader = read_vision_dataset if is_energon_dataset(cfg.data[0]) else read_vision_records
+    records = reader(cfg.data[0])
     examples = [vision_example(where, messages, images, tokenizer, family, config, processor)
                 for where, messages, images in records]
     limit = cfg.sequence_length + 1

@@ -184,3 +184,28 @@ def test_bad_records_are_refused_in_one_line(setup, tmp_path):
         lines = proc.stderr.strip().splitlines()
         assert proc.returncode != 0 and len(lines) == 1 and message in lines[0], proc.stderr[-2000:]
         assert not (tmp_path / "t").exists() and not (tmp_path / "f").exists()
+
+
+def test_energon_shards_train_as_the_jsonl_does(setup, tmp_path):
+    """`dataset prepare` writes megatron-energon WebDataset shards (energon's own index and split); training on
+    them through energon's loader gives the JSON Lines run's losses. A missing image or an existing output is
+    refused in one line with nothing written."""
+    from megatron.energon.flavors.webdataset.base_webdataset import BaseWebdatasetFactory  # noqa: F401
+
+    _, hf_folder, data = setup
+    shards = tmp_path / "shards"
+    proc = _ok(run_cli(["dataset", "prepare", data, "--output", shards, "--samples-per-shard", "5"]))
+    assert f"{RECORDS} records, {RECORDS} images in 3 shard(s)" in proc.stdout
+    assert sorted(p.name for p in shards.glob("*.tar")) == [f"shard-00000{i}.tar" for i in range(3)]
+    assert {"dataset.yaml", "split.yaml", "index.sqlite"} <= {p.name for p in (shards / ".nv-meta").iterdir()}
+    _ok(run_cli(_argv(hf_folder, shards, tmp_path / "energon", iters=3)))
+    _ok(run_cli(_argv(hf_folder, data, tmp_path / "jsonl", iters=3)))
+    assert _losses(tmp_path / "energon") == _losses(tmp_path / "jsonl")
+    proc = run_cli(["dataset", "prepare", data, "--output", shards])
+    assert proc.returncode != 0 and "exists; give a new --output" in proc.stderr.strip().splitlines()[-1]
+    (data.parent / "missing.jsonl").write_text(json.dumps({"image": "none.png", "conversations": [
+        {"from": "human", "value": "<image>x"}, {"from": "gpt", "value": "y"}]}) + "\n")
+    proc = run_cli(["dataset", "prepare", data.parent / "missing.jsonl", "--output", tmp_path / "bad"])
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode != 0 and len(lines) == 1 and "none.png: no such image file" in lines[0], proc.stderr
+    assert not (tmp_path / "bad").exists() and not (tmp_path / "bad.tmp").exists()

@@ -1,0 +1,145 @@
+"""Vision-language SFT data as megatron-energon datasets: ``pai-zoo dataset prepare FILE.jsonl --output DIR`` writes
+WebDataset tar shards and energon's ``.nv-meta`` (energon's own ``prepare_dataset``: the shard index and
+``split.yaml``; a ``dataset.yaml`` naming energon's ``CrudeWebdataset``), and ``train --sft --data DIR`` reads them
+back through energon's loader with a cooker of pai-zoo's (:func:`read_vision_dataset`).
+
+A sample is one record of :mod:`pai_zoo.data.vision_sft`: ``KEY.json`` holds ``{"messages": [...]}`` (content
+lists whose image entries name the sample's own files) and ``KEY.image0.png``, ``KEY.image1.jpg`` ... the image
+files' bytes as given. Every sample goes to energon's ``train`` split part; ``train --split`` divides the records
+as it divides other SFT data. The shards are written into ``DIR.tmp`` and renamed to ``DIR`` at the end.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import shutil
+import tarfile
+from pathlib import Path
+
+from ..errors import DataError, PaiZooError
+from ..vision import read_image
+from .vision_sft import read_vision_records
+
+__all__ = ["is_energon_dataset", "prepare_vision_dataset", "read_vision_dataset"]
+
+META = ".nv-meta"
+SPLIT_PART = "train"
+
+
+def is_energon_dataset(path) -> bool:
+    """Whether ``path`` is a prepared energon dataset (``.nv-meta/dataset.yaml``)."""
+    return (Path(path) / META / "dataset.yaml").is_file()
+
+
+def _energon():
+    try:
+        import megatron.energon  # noqa: F401
+    except ImportError:
+        raise PaiZooError("megatron-energon is not installed: pip install 'pai-zoo[vision]'") from None
+
+
+def _add(tar: tarfile.TarFile, name: str, payload: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(payload)
+    tar.addfile(info, io.BytesIO(payload))
+
+
+def prepare_vision_dataset(source, output, samples_per_shard: int = 1000) -> dict:
+    """Write ``source`` (a vision SFT JSON Lines file) as an energon dataset at ``output``; returns counts."""
+    _energon()
+    import yaml
+    from megatron.energon.flavors.webdataset.base_webdataset import BaseWebdatasetFactory
+
+    if samples_per_shard < 1:
+        raise DataError(f"--samples-per-shard must be positive (got {samples_per_shard})")
+    output = Path(output)
+    if output.exists():
+        raise DataError(f"{output} exists; give a new --output folder")
+    records = read_vision_records(source)
+    for where, _, images in records:  # every image readable before anything is written
+        for image in images:
+            read_image(image, where)
+    tmp = output.with_name(output.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    shards, images_written = [], 0
+    for first in range(0, len(records), samples_per_shard):
+        name = f"shard-{len(shards):06d}.tar"
+        with tarfile.open(tmp / name, "w") as tar:
+            for index, (_, messages, images) in enumerate(records[first:first + samples_per_shard], start=first):
+                key, names = f"{index:08d}", {}
+                for k, image in enumerate(images):
+                    names[image] = f"image{k}{Path(image).suffix.lower() or '.png'}"
+                    _add(tar, f"{key}.{names[image]}", Path(image).read_bytes())
+                images_written += len(images)
+                renamed = [{**m, "content": [{**p, "image": names[p["image"]]} if p.get("type") == "image" else p
+                                             for p in m["content"]]} if isinstance(m["content"], list) else m
+                           for m in messages]
+                _add(tar, f"{key}.json", json.dumps({"messages": renamed}, ensure_ascii=False).encode())
+        shards.append(name)
+    with contextlib.redirect_stdout(io.StringIO()):  # energon's own progress lines
+        BaseWebdatasetFactory.prepare_dataset(tmp, shards, split_parts_ratio=[(SPLIT_PART, 1.0)], shuffle_seed=None,
+                                              workers=1)
+    (tmp / META / "dataset.yaml").write_text(yaml.dump({"__module__": "megatron.energon",
+                                                        "__class__": "CrudeWebdataset"}, sort_keys=False))
+    tmp.rename(output)
+    return {"records": len(records), "images": images_written, "shards": len(shards)}
+
+
+def read_vision_dataset(folder) -> list[tuple[str, list[dict], list]]:
+    """``(where, messages, images)`` per sample of a prepared energon dataset, in its order, read through
+    energon's loader (one process, no workers); images as PIL images."""
+    _energon()
+    from dataclasses import dataclass
+
+    from megatron.energon import (
+        Cooker,
+        DefaultTaskEncoder,
+        Sample,
+        WorkerConfig,
+        get_loader,
+        get_val_dataset,
+        stateless,
+    )
+    from megatron.energon.task_encoder.cooking import basic_sample_keys
+    from PIL import Image
+
+    @dataclass
+    class VisionRecord(Sample):
+        messages: list
+        files: dict
+
+    @stateless
+    def cook(crude):
+        files = {k: v for k, v in crude.items() if k.startswith("image")}
+        return VisionRecord(**basic_sample_keys(crude), messages=json.loads(crude["json"])["messages"], files=files)
+
+    class Encoder(DefaultTaskEncoder):
+        decoder = None  # the files' bytes as written
+        cookers = [Cooker(cook)]
+
+        def batch(self, samples):
+            return samples
+
+        def encode_batch(self, batch):
+            return batch
+
+    folder = Path(folder)
+    config = WorkerConfig(rank=0, world_size=1, num_workers=0)
+    dataset = get_val_dataset(folder, split_part=SPLIT_PART, worker_config=config, batch_size=1,
+                              task_encoder=Encoder())
+    out = []
+    for (sample,) in get_loader(dataset, worker_config=config):
+        where = f"{folder}:{sample.__key__}"
+        images, messages = [], []
+        for m in sample.messages:
+            if isinstance(m["content"], list):
+                for part in m["content"]:
+                    if part.get("type") == "image":
+                        images.append(Image.open(io.BytesIO(sample.files[part["image"]])).convert("RGB"))
+            messages.append(m)
+        out.append((where, messages, images))
+    if not out:
+        raise DataError(f"{folder}: the energon dataset holds no samples")
+    return out
