@@ -44,6 +44,7 @@ class Inspection:
     needs: list[str] = field(default_factory=list)  # what a conversion needs, or has to assume
     quantization: str | None = None  # how the stored weights are quantized (an FP8 block-scaled HF folder)
     mtp: str | None = None  # the multi-token-prediction layers the folder holds
+    vision: str | None = None  # a vision-language model's tower: its parameters and what it reads
 
     def lines(self) -> list[str]:
         out = [f"checkpoint:   {self.path}", f"format:       {self.format}"]
@@ -57,6 +58,8 @@ class Inspection:
             out.append(f"quantization: {self.quantization}")
         if self.mtp:
             out.append(f"MTP layers:   {self.mtp}")
+        if self.vision:
+            out.append(f"vision:       {self.vision}")
         out.append("architecture:")
         out += [f"  {k:<36} {v}" for k, v in self.architecture.items()]
         out += ["conversion:"] + [f"  {n}" for n in (self.needs or ["needs nothing more"])]
@@ -106,9 +109,26 @@ def _hf(path: Path, family_name: str | None) -> Inspection:
     needs = [] if tokenizer_files(path) else ["the folder has no tokenizer files: `preprocess` and `generate` "
                                               "need --tokenizer DIR"]
     mtp = _hf_mtp(family, config, names, needs)
+    tower = None
+    if family.vision is not None:  # the HF names the table maps onto the tower's
+        table = registry.weight_map(family, config)
+        prefix, projector = family.vision.tower_prefix, family.vision.projector_prefix
+        rows = [r for r in table.rows if any(m.startswith(prefix) for m in r.mcore)]
+        hf_tower = {h for r in rows for h in r.hf}
+        hf_projector = {h for r in rows for h in r.hf if projector and any(m.startswith(projector) for m in r.mcore)}
+        by_name = dict(zip([n for n in names if n not in scales], metas))
+        tower = _vision_line(family, sum(by_name[n].numel() for n in hf_tower if n in by_name),
+                             sum(by_name[n].numel() for n in hf_projector if n in by_name))
     return Inspection(path, f"Hugging Face ({weights.format})", family.name, sum(m.numel() for m in metas),
                       "/".join(dtypes), architecture=_architecture(config.arch), needs=needs,
-                      quantization=quantization, mtp=mtp)
+                      quantization=quantization, mtp=mtp, vision=tower)
+
+
+def _vision_line(family, tower: int, projector: int) -> str:
+    spec = family.vision
+    return (f"{', '.join(spec.modalities)}: a tower of {tower:,} parameters (projector {projector:,}) on the first "
+            "pipeline stage; TP splits its attention heads and MLP, the patch embedding and projector are "
+            "replicated")
 
 
 def _hf_mtp(family, config, names, needs: list[str]) -> str | None:
@@ -150,6 +170,14 @@ def _megatron(path: Path, family: str | None, tokenizer, iteration) -> Inspectio
         if layers:
             count = sum(1 for n in layout.local_shapes if n.startswith("mtp."))
             mtp = f"{layers} (mtp.layers.*: {count} tensors)"
+        spec = checkpoint.family.vision
+        vision = None
+        if spec is not None:
+            shapes = layout.local_shapes
+            vision = _vision_line(checkpoint.family, sum(math.prod(s) for n, s in shapes.items()
+                                                        if n.startswith(spec.tower_prefix)),
+                                  sum(math.prod(s) for n, s in shapes.items()
+                                      if spec.projector_prefix and n.startswith(spec.projector_prefix)))
         return Inspection(path, fmt, checkpoint.family.name, parameters,
                           str(checkpoint.stored_dtype).removeprefix("torch."), it, shape,
-                          _architecture(checkpoint.config.arch), needs, mtp=mtp)
+                          _architecture(checkpoint.config.arch), needs, mtp=mtp, vision=vision)

@@ -46,6 +46,9 @@ class VisionSpec:
         modalities: what the tower reads, for ``pai-zoo list`` and ``inspect``.
         tokens: ``(McoreConfig, grid_thw_row) -> int``: how many placeholder tokens (tower rows) one image or video
             of that grid takes; generation repeats a prompt's single placeholder so often.
+        parameters: ``(McoreConfig, tp) -> (tower, projector)``: the tower's parameters on one tensor-parallel rank
+            and how many of them are the projector's, for ``train --plan`` (no torch; checked against the built
+            model by the family's tests).
         example: ``(McoreConfig, torch.Generator) -> dict``: a small batch with images (and videos, where the tower
             reads them) for the conformance suite's forward and parallel checks: ``input_ids`` with the placeholder
             runs and the vision inputs under transformers' names (random pixels with grids the tower accepts).
@@ -58,6 +61,7 @@ class VisionSpec:
     projector_prefix: str = ""
     modalities: tuple[str, ...] = ("image", "video")
     tokens: Callable[[Any, Any], int] | None = None
+    parameters: Callable[[Any, int], tuple[int, int]] | None = None
     example: Callable[[Any, Any], dict] | None = None
 
 

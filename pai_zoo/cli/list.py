@@ -30,7 +30,8 @@ def run(args) -> int:
             what = f"BROKEN: {p.error}"
         else:
             what = ", ".join(
-                f"{f} ({', '.join(reg.families[f].aliases)})" if reg.families[f].aliases else f
+                (f"{f} ({', '.join(reg.families[f].aliases)})" if reg.families[f].aliases else f)
+                + (f" [text, {', '.join(reg.families[f].vision.modalities)}]" if reg.families[f].vision else "")
                 for f in p.families
             )
         rows.append((p.name, p.distribution or "-", p.version or "-", what))

@@ -26,8 +26,11 @@ import torch
 
 from ..data.indexed import IndexedDatasetReader
 from ..data.prefix import resolve_prefix, resolve_sft_prefix
+from ..data.vision_sft import read_vision_records, vision_example
+from ..data.vision_shards import is_energon_dataset, read_vision_dataset
 from ..data.vocabulary import check_dataset_vocabulary
 from ..errors import PaiZooError
+from ..vision import read_image
 from .config import TrainConfig
 
 
@@ -66,8 +69,6 @@ def _split_bounds(n: int, weights: list[float]) -> list[tuple[int, int]]:
 def is_vision_sft(cfg: TrainConfig) -> bool:
     """``--sft --data FILE.jsonl`` (chat records with images, read in-process: :mod:`pai_zoo.data.vision_sft`) or
     ``--sft --data DIR`` of ``pai-zoo dataset prepare`` (megatron-energon shards: :mod:`pai_zoo.data.vision_shards`)."""
-    from ..data.vision_shards import is_energon_dataset
-
     return cfg.sft and len(cfg.data) == 1 and (str(cfg.data[0]).endswith(".jsonl")
                                                  or is_energon_dataset(cfg.data[0]))
 
@@ -76,10 +77,6 @@ def check_data(cfg: TrainConfig, vocab_size: int | None = None) -> None:
     """The dataset files exist and, given the model's ``vocab_size``, their token ids fit it (before any work
     starts; :func:`pai_zoo.data.vocabulary.check_dataset_vocabulary`)."""
     if is_vision_sft(cfg):  # the records and their images read before anything is written
-        from ..data.vision_sft import read_vision_records
-        from ..data.vision_shards import is_energon_dataset
-        from ..vision import read_image
-
         if is_energon_dataset(cfg.data[0]):
             return  # written by dataset prepare, which checked every record and image
         if not Path(cfg.data[0]).is_file():
@@ -235,8 +232,6 @@ class VisionSFTSamples:
 
 def build_vision_sft_datasets(cfg: TrainConfig, family, config, tokenizer, processor_folder):
     """``(train, valid)`` :class:`VisionSFTSamples` of ``--data FILE.jsonl``, split by records as ``--split``."""
-    from ..data.vision_sft import read_vision_records, vision_example
-    from ..data.vision_shards import is_energon_dataset, read_vision_dataset
 
     if family.vision is None:
         raise PaiZooError(f"--data {cfg.data[0]}: a JSON Lines file trains directly only on a vision-language "

@@ -139,6 +139,7 @@ class Plan:
     distributed_optimizer: bool
     recompute: str | None
     trainable_per_rank: int | None = None  # a LoRA run: the adapters' parameters (the rest is frozen)
+    vision: tuple[int, int] | None = None  # a vision-language model's (tower, projector) parameters per TP rank
 
     @property
     def total(self) -> float:
@@ -171,6 +172,9 @@ def make_plan(config, cfg, world: int) -> Plan:
     tp, pp, cp = cfg.tensor_parallel_size, cfg.pipeline_parallel_size, cfg.context_parallel_size
     dp = cfg.data_parallel_size(world)
     stages = stage_parameters(config, tp, pp, cfg.virtual_pipeline_model_parallel_size or 1)
+    vision = vision_parameters(config, tp)
+    if vision is not None:  # the tower on the first pipeline stage
+        stages[0] = StageParams(0, stages[0].layers, stages[0].parameters + vision[0])
     n = max(s.parameters for s in stages)
     width = 2 if cfg.bf16 else 4
     lora = cfg.lora_settings()
@@ -184,7 +188,15 @@ def make_plan(config, cfg, world: int) -> Plan:
         layout += f" (virtual pipeline {cfg.virtual_pipeline_model_parallel_size})"
     return Plan(layout, n + (trainable or 0), width * (n + (trainable or 0)), 4 * learned, adam, adam / dp,
                 activation_bytes(config, cfg, cfg.recompute, dp), activation_bytes(config, cfg, None, dp),
-                cfg.use_distributed_optimizer, cfg.recompute, trainable)
+                cfg.use_distributed_optimizer, cfg.recompute, trainable, vision)
+
+
+def vision_parameters(config, tp: int = 1) -> tuple[int, int] | None:
+    """A vision-language model's ``(tower, projector)`` parameters on one TP rank (the family's count), or None."""
+    spec = get_registry().family(config.family).vision
+    if spec is None or spec.parameters is None:
+        return None
+    return spec.parameters(config, tp)
 
 
 def plan_lines(plan: Plan, gpu_memory_gb: float | None = None) -> list[str]:
@@ -207,6 +219,9 @@ def plan_lines(plan: Plan, gpu_memory_gb: float | None = None) -> list[str]:
     if plan.trainable_per_rank is not None:
         lines.insert(2, f"  LoRA: {plan.trainable_per_rank:,} of them trainable (the adapters); the base is frozen, "
                         "so gradients and Adam state are the adapters' only; activations as in full training")
+    if plan.vision is not None:
+        lines.insert(2, f"  vision tower (first stage, counted above): {plan.vision[0]:,}, its projector "
+                        f"{plan.vision[1]:,}")
     if gpu_memory_gb is not None:
         budget = gpu_memory_gb * 1e9
         verdict = "fits" if plan.total <= budget else "does NOT fit"

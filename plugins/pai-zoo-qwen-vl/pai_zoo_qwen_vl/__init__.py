@@ -14,7 +14,7 @@ from pai_zoo import Family, hookimpl
 from pai_zoo.family import LazyClass
 from pai_zoo.vision import VisionSpec
 
-from .config import VisionLanguageConfig, token_key
+from .config import VisionLanguageConfig, token_key, tower_parameters
 from .presets import QWEN2_5_VL_PRESETS, QWEN2_VL_PRESETS
 from .processor_files import write_test_tokenizer
 from .weights import qwen_vl_weights
@@ -65,7 +65,8 @@ def _tokens(config, grid) -> int:
 
 
 QWEN_VL_VISION = VisionSpec(tower=_tower, placeholders=_placeholders, positions=_positions, tokens=_tokens,
-                            example=_example, projector_prefix="vision_model.merger.")
+                            example=_example, projector_prefix="vision_model.merger.",
+                            parameters=tower_parameters)
 
 #: transformers 5 holds the language model and the tower under model.language_model. / model.visual. in memory and
 #: saves them as the published checkpoints name them (model., visual.); lm_head is the same in both.
@@ -85,6 +86,7 @@ QWEN2_VL = Family(
     test_tokenizer=write_test_tokenizer,
     vision=QWEN_VL_VISION,
     hf_module_prefixes=MODULE_PREFIXES,
+    backends=("local",),  # the tower is megatron-core's local layers; Transformer Engine is untested here
     description="Qwen2-VL (Qwen2VLForConditionalGeneration): images and video, M-RoPE",
 )
 
@@ -102,6 +104,7 @@ QWEN2_5_VL = Family(
     test_tokenizer=write_test_tokenizer,
     vision=QWEN_VL_VISION,
     hf_module_prefixes=MODULE_PREFIXES,
+    backends=("local",),  # the tower is megatron-core's local layers; Transformer Engine is untested here
     description="Qwen2.5-VL (Qwen2_5_VLForConditionalGeneration): window-attention tower, video time in M-RoPE",
 )
 

@@ -127,3 +127,20 @@ def tower_settings(config: McoreConfig) -> dict:
         "full_layers": tuple(v.get("fullatt_block_indexes") or ()),
         "tokens_per_second": v.get("tokens_per_second") if qwen25 else None,
     }
+
+
+def tower_parameters(config: McoreConfig, tp: int = 1) -> tuple[int, int]:
+    """``(tower, projector)`` parameters on one tensor-parallel rank: the blocks' linears split as megatron-core's
+    (column-parallel biases split, row-parallel biases and norms replicated), the patch embedding and the merger
+    replicated."""
+    s = tower_settings(config)
+    dim, ffn, glu = s["dim"], s["ffn"], 2 if s["qwen25"] else 1
+    norm = dim * (1 if s["qwen25"] else 2)
+    block = 2 * norm
+    block += (3 * dim * dim + 3 * dim) // tp + dim * dim // tp + dim  # qkv (bias), proj (replicated bias)
+    block += (glu * ffn * dim + glu * ffn) // tp + ffn * dim // tp + dim  # fc1 (bias), fc2 (replicated bias)
+    width = dim * s["merge"] ** 2
+    projector = norm + width * width + width + width * s["out"] + s["out"]
+    patch = s["channels"] * s["temporal"] * s["patch"] ** 2 * dim
+    return patch + s["depth"] * block + projector, projector
+

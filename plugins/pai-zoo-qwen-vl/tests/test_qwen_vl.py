@@ -228,3 +228,24 @@ def test_generate_refuses_bad_images_in_one_line(models, pictures, tmp_path):
         lines = proc.stderr.strip().splitlines()
         assert proc.returncode == 1 and len(lines) == 1 and lines[0].startswith("pai-zoo: error: "), proc.stderr
         assert message in lines[0] and "Traceback" not in proc.stderr and not out.exists(), (message, lines)
+
+
+# -- inspect, train --plan, list ------------------------------------------------------------------------------
+def test_inspect_plan_and_list_show_the_tower(models, tmp_path):
+    """The tower's parameters as train --plan counts them (no torch) equal the built megatron-core tower's; inspect
+    shows them for the HF folder and its Megatron-Core checkpoint; pai-zoo list names the modalities."""
+    folder, _, mc = models
+    tower = sum(p.numel() for p in mc.model.vision_model.parameters())
+    projector = sum(p.numel() for p in mc.model.vision_model.merger.parameters())
+    assert mc.family.vision.parameters(mc.mcore_config, 1) == (tower, projector)
+    total = sum(p.numel() for p in mc.model.parameters())
+    proc = run_cli(["train", "--model", folder, "--data", "x", "--save", tmp_path / "x", "--plan"])
+    assert proc.returncode == 0, proc.stderr
+    assert f"parameters per GPU (fullest pipeline stage): {total:,}" in proc.stdout
+    assert f"vision tower (first stage, counted above): {tower:,}, its projector {projector:,}" in proc.stdout
+    assert run_cli(["convert", folder, tmp_path / "mcore", "--to", "mcore"]).returncode == 0
+    for source in (folder, tmp_path / "mcore"):
+        proc = run_cli(["inspect", source])
+        assert f"vision:       image, video: a tower of {tower:,} parameters (projector {projector:,})" in proc.stdout
+    listing = run_cli(["list"]).stdout
+    assert f"{mc.family.name} ({', '.join(mc.family.aliases)}) [text, image, video]" in listing
