@@ -23,7 +23,8 @@ def blocks() -> list[str]:
 def test_the_tutorial_has_the_whole_workflow():
     text = "\n".join(blocks())
     for command in ("pai-zoo inspect", "--to mcore", "pai-zoo preprocess", "pai-zoo train cpt.yaml", "kill -INT",
-                    "--to hf", "pai-zoo generate", "--sft", "rl reward", "rl ppo", "pai-zoo eval", "--tasks"):
+                    "--to hf", "pai-zoo generate", "--sft", "rl reward", "rl ppo", "dataset prepare", "--image",
+                    "pai-zoo eval", "--tasks"):
         assert command in text, command
 
 
@@ -67,3 +68,8 @@ def test_tutorial_runs_and_keeps_its_promises(walkthrough):
     assert after["loss"] < before["loss"] - 0.5 and after["tokens"] == before["tokens"] > 1000
     assert hf["loss"] == pytest.approx(after["loss"], rel=1e-5)  # the HF conversion: the same loss
     assert 0.0 <= json.loads((folder / "tasks.json").read_text())["results"]["tutorial_cloze"]["acc,none"] <= 1.0
+    vl = _losses(folder / "runs" / "vl")  # the vision-language fine-tuning on energon shards: the loss falls
+    assert len(vl) == 12 and vl[-1] < vl[0] - 1.0, vl
+    assert (folder / "data" / "pictures" / ".nv-meta" / "dataset.yaml").is_file()
+    assert (folder / "vl-trained-hf" / "preprocessor_config.json").is_file()
+    assert "[length: 4 tokens]" in output

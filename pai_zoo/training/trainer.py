@@ -139,6 +139,11 @@ class Trainer:
         self.first_stage = parallel_state.is_pipeline_first_stage()
         self.last_stage = parallel_state.is_pipeline_last_stage()
         self.dtype = torch.bfloat16 if cfg.bf16 else torch.float32
+        self.vision_data = None
+        if data.is_vision_sft(cfg):  # records and images processed before anything is written: a bad one stops here
+            self.vision_data = data.build_vision_sft_datasets(
+                cfg, self.family, self.mcore_config, model_tokenizer(source, self.mcore_config["vocab_size"]),
+                model_files_folder(source))
         if self.rank == 0:
             self.save_dir.mkdir(parents=True, exist_ok=True)
         torch.distributed.barrier()
@@ -353,11 +358,8 @@ class Trainer:
         # evaluation k (k = 1, 2 ...: at step k x eval_interval) reads validation batches (k-1) x eval_iters on, as
         # Megatron-LM's validation iterator does: the first evaluation reads the first validation samples
         eval_batches = cfg.train_steps // cfg.eval_interval * cfg.eval_iters if cfg.eval_interval else 0
-        if data.is_vision_sft(cfg):
-            source = self._source()
-            train, valid = data.build_vision_sft_datasets(
-                cfg, self.family, self.mcore_config, model_tokenizer(source, self.mcore_config["vocab_size"]),
-                model_files_folder(source))
+        if self.vision_data is not None:
+            train, valid = self.vision_data
         elif cfg.sft:
             train, valid = data.build_sft_datasets(cfg)
         else:
