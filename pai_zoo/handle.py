@@ -53,7 +53,8 @@ class ModelHandle:
     def vocab_size(self) -> int:
         return self.mcore_config["vocab_size"]
 
-    def logits(self, input_ids, attention_mask=None, **vision):
+    def logits(self, input_ids, attention_mask=None, pixel_values=None, image_grid_thw=None, pixel_values_videos=None,
+               video_grid_thw=None, second_per_grid_ts=None):
         """Next-token logits ``FloatTensor[batch, seq, vocab]``, vocabulary padding trimmed.
 
         ``attention_mask`` (``[batch, seq]``, 1 = real token) handles padded batches: padding is
@@ -69,7 +70,9 @@ class ModelHandle:
         input_ids = torch.as_tensor(input_ids)
         if input_ids.dim() == 1:
             input_ids = input_ids.unsqueeze(0)
-        vision = check_vision_inputs(self.family, vision)
+        vision = check_vision_inputs(self.family, {
+            "pixel_values": pixel_values, "image_grid_thw": image_grid_thw, "pixel_values_videos": pixel_values_videos,
+            "video_grid_thw": video_grid_thw, "second_per_grid_ts": second_per_grid_ts})
         with torch.no_grad():
             if self.backend == "hf":
                 if self.family.vision is not None:

@@ -23,15 +23,15 @@ imported here; images go through the checkpoint's own transformers image process
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..errors import DataError, PaiZooError
+from ..errors import DataError, PaiZooError, no_such_path
 from ..vision import read_image
 from .sft import ROLES, build_example
+from .sources import BadRecord, iter_json_lines, parse_record
 
 __all__ = ["VisionExample", "read_vision_records", "vision_example"]
 
@@ -138,17 +138,14 @@ def _messages(record: dict, where: str, folder: Path) -> tuple[list[dict], list[
 def read_vision_records(path) -> list[tuple[str, list[dict], list[str]]]:
     """``(where, messages, image paths)`` per non-blank line of a vision SFT JSON Lines file."""
     path = Path(path)
+    if not path.is_file():
+        raise no_such_path(path, "the vision SFT data")
     out = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{number}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{where}: malformed JSON: {exc.msg} (column {exc.colno})") from None
-            out.append((where, *_messages(record, where, path.parent)))
+    for where, line in iter_json_lines(path):  # plain, .gz or .zst, as preprocess reads them
+        record = parse_record(where, line)
+        if isinstance(record, BadRecord):
+            raise DataError(str(record))
+        out.append((where, *_messages(record, where, path.parent)))
     if not out:
         raise DataError(f"{path}: no records")
     return out

@@ -72,41 +72,32 @@ QWEN_VL_VISION = VisionSpec(tower=_tower, placeholders=_placeholders, positions=
 #: saves them as the published checkpoints name them (model., visual.); lm_head is the same in both.
 MODULE_PREFIXES = (("model.", "model.language_model."), ("visual.", "model.visual."))
 
-QWEN2_VL = Family(
-    name="qwen2-vl",
-    aliases=("qwen2_vl",),
-    hf_architectures=("Qwen2VLForConditionalGeneration",),
-    model_types=("qwen2_vl",),
-    presets=QWEN2_VL_PRESETS,
-    tiny="qwen2-vl-tiny",
-    odd="qwen2-vl-odd",
-    config_map=VisionLanguageConfig("qwen2_vl_text", "qwen2_vl_vision"),
-    weight_map=qwen_vl_weights,
-    hf_model_class=LazyClass("transformers:Qwen2VLForConditionalGeneration"),
-    test_tokenizer=write_test_tokenizer,
-    vision=QWEN_VL_VISION,
-    hf_module_prefixes=MODULE_PREFIXES,
-    backends=("local",),  # the tower is megatron-core's local layers; Transformer Engine is untested here
-    description="Qwen2-VL (Qwen2VLForConditionalGeneration): images and video, M-RoPE",
-)
+def _family(name: str, aliases: tuple, architecture: str, model_type: str, presets: dict, description: str):
+    """One Qwen-VL family: the nested config, the table, transformers' class, the tower, the test tokenizer."""
+    return Family(
+        name=name,
+        aliases=aliases,
+        hf_architectures=(architecture,),
+        model_types=(model_type,),
+        presets=presets,
+        tiny=f"{name}-tiny",
+        odd=f"{name}-odd",
+        config_map=VisionLanguageConfig(f"{model_type}_text", f"{model_type}_vision"),
+        weight_map=qwen_vl_weights,
+        hf_model_class=LazyClass(f"transformers:{architecture}"),
+        test_tokenizer=write_test_tokenizer,
+        vision=QWEN_VL_VISION,
+        hf_module_prefixes=MODULE_PREFIXES,
+        backends=("local",),  # the tower is megatron-core's local layers; Transformer Engine is untested here
+        description=description,
+    )
 
-QWEN2_5_VL = Family(
-    name="qwen2.5-vl",
-    aliases=("qwen2_5_vl", "qwen2_5-vl"),
-    hf_architectures=("Qwen2_5_VLForConditionalGeneration",),
-    model_types=("qwen2_5_vl",),
-    presets=QWEN2_5_VL_PRESETS,
-    tiny="qwen2.5-vl-tiny",
-    odd="qwen2.5-vl-odd",
-    config_map=VisionLanguageConfig("qwen2_5_vl_text", "qwen2_5_vl_vision"),
-    weight_map=qwen_vl_weights,
-    hf_model_class=LazyClass("transformers:Qwen2_5_VLForConditionalGeneration"),
-    test_tokenizer=write_test_tokenizer,
-    vision=QWEN_VL_VISION,
-    hf_module_prefixes=MODULE_PREFIXES,
-    backends=("local",),  # the tower is megatron-core's local layers; Transformer Engine is untested here
-    description="Qwen2.5-VL (Qwen2_5_VLForConditionalGeneration): window-attention tower, video time in M-RoPE",
-)
+
+QWEN2_VL = _family("qwen2-vl", ("qwen2_vl",), "Qwen2VLForConditionalGeneration", "qwen2_vl", QWEN2_VL_PRESETS,
+                   "Qwen2-VL (Qwen2VLForConditionalGeneration): images and video, M-RoPE")
+QWEN2_5_VL = _family("qwen2.5-vl", ("qwen2_5_vl", "qwen2_5-vl"), "Qwen2_5_VLForConditionalGeneration", "qwen2_5_vl",
+                     QWEN2_5_VL_PRESETS, "Qwen2.5-VL (Qwen2_5_VLForConditionalGeneration): window-attention tower, "
+                     "video time in M-RoPE")
 
 
 @hookimpl

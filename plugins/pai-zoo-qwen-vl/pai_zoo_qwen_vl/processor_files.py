@@ -7,12 +7,11 @@ the published tokenizer puts them after its own (151652-151656).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
-from pai_zoo.testing.tokenizers import ByteLevelBPE
-from pai_zoo.tokenizers import QWEN_PAT_STR
-from pai_zoo_qwen.tokenizer_files import _CORPUS, ENDOFTEXT, IM_END, IM_START
+from pai_zoo_qwen.tokenizer_files import ENDOFTEXT, IM_END, IM_START, write_qwen2_tokenizer
 
 VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD = "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"
 _SPECIALS = (ENDOFTEXT, IM_START, IM_END, VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD)
@@ -38,22 +37,11 @@ VL_CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
-_TOKENIZER = ByteLevelBPE(
-    special_tokens=_SPECIALS,
-    specials_first=False,
-    added_tokens_in_config=True,
-    nfc=True,
-    pre_tokenizers=("split", "byte_level"),
-    split_pattern=QWEN_PAT_STR,
-    trim_offsets=False,
-    vocab_size=_LEARNT,
-    repeat=4,
-    corpus=_CORPUS,
-    config={
-        "tokenizer_class": "Qwen2Tokenizer", "bos_token": None, "eos_token": IM_END, "pad_token": ENDOFTEXT,
-        "unk_token": None, "errors": "replace", "split_special_tokens": False, "clean_up_tokenization_spaces": False,
-        "model_max_length": 32768, "chat_template": VL_CHAT_TEMPLATE,
-    },
+#: Qwen2's test tokenizer (:data:`pai_zoo_qwen.tokenizer_files.write_qwen2_tokenizer`) with the vision tokens, the
+#: instruct models' EOS (``<|im_end|>``) and the content-list chat template
+_TOKENIZER = dataclasses.replace(
+    write_qwen2_tokenizer, special_tokens=_SPECIALS, vocab_size=_LEARNT,
+    config={**write_qwen2_tokenizer.config, "eos_token": IM_END, "chat_template": VL_CHAT_TEMPLATE},
 )
 
 #: The image processor's pixel bounds for tests: 28 x 28 pixels per merged token, 4 to 64 merged tokens an image.
