@@ -122,9 +122,12 @@ def test_video_frames(models):
     _agree(hf, mc, _ids(hf, 5, ("video", n), 7, 8), **vision)
 
 
-def test_conversion_is_bit_identical(models, tmp_path):
+@pytest.mark.parametrize("layout", [("1", "1"), ("2", "2")])
+def test_conversion_is_bit_identical(models, layout, tmp_path):
+    """HF -> Megatron-Core (one process, or written as TP 2 x PP 2 shards) -> HF: the same bytes and config.json."""
     folder, _, _ = models
-    assert run_cli(["convert", folder, tmp_path / "mcore", "--to", "mcore"]).returncode == 0
+    tp, pp = layout
+    assert run_cli(["convert", folder, tmp_path / "mcore", "--to", "mcore", "--tp", tp, "--pp", pp]).returncode == 0
     proc = run_cli(["convert", tmp_path / "mcore", tmp_path / "back", "--to", "hf"])
     assert proc.returncode == 0, proc.stderr
     want, got = load_file(folder / "model.safetensors"), load_file(tmp_path / "back" / "model.safetensors")
