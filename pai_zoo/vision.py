@@ -57,10 +57,10 @@ class VisionSpec:
     tower: Callable[[Any, Any], Any]
     placeholders: Callable[[Any], dict[str, int]]
     positions: Callable[..., Any]
+    tokens: Callable[[Any, Any], int]
     tower_prefix: str = "vision_model."
     projector_prefix: str = ""
     modalities: tuple[str, ...] = ("image", "video")
-    tokens: Callable[[Any, Any], int] | None = None
     parameters: Callable[[Any, int], tuple[int, int]] | None = None
     example: Callable[[Any, Any], dict] | None = None
 
@@ -100,3 +100,23 @@ def read_image(path, where: str = "image"):
     except (UnidentifiedImageError, OSError) as exc:
         raise PaiZooError(f"{where}: {path} is not an image PIL can read ({type(exc).__name__}); "
                           "give a PNG, JPEG or another format PIL opens") from None
+
+
+def expand_placeholders(spec, config, ids: list[int], grids, mask: list[int] | None = None):
+    """``ids`` (and its loss ``mask``, the repeats getting 0) with each run of the image placeholder repeated as
+    many times as the tower gives rows for its image (:attr:`VisionSpec.tokens` of each ``grids`` row, in order).
+    The caller has checked that the runs and the grids are as many."""
+    token = spec.placeholders(config)["image"]
+    mask = list(mask) if mask is not None else [0] * len(ids)
+    rows, out, out_mask = iter(grids.tolist()), [], []
+    for i, (t, m) in enumerate(zip(ids, mask)):
+        if t == token and i > 0 and ids[i - 1] == token:
+            continue  # an already expanded run: counted once
+        if t == token:
+            count = spec.tokens(config, next(rows))
+            out += [token] * count
+            out_mask += [0] * count
+        else:
+            out.append(t)
+            out_mask.append(m)
+    return out, out_mask

@@ -9,7 +9,6 @@ from .expert_names import sequential_name
 from .family import Family
 from .mapping import TO_HF, TO_MCORE, MappingContext
 from .registry import get_registry
-from .vision import VISION_KEY
 
 
 def mcore_tensors(model) -> dict:
@@ -63,12 +62,12 @@ def hf_state_dict(hf_model, config: McoreConfig | None = None) -> dict:
     a mixture of experts' weights fused in memory (``mlp.experts.gate_up_proj``, one 3-D tensor) and splits
     them per expert when it saves (``mlp.experts.{e}.gate_proj.weight``; Mixtral's
     ``block_sparse_moe.experts.{e}.w1.weight``); for a MoE config (``num_moe_experts``) this applies that
-    saving conversion, and so for a vision-language model (:data:`pai_zoo.vision.VISION_KEY`), whose saving renames
+    saving conversion, and so for a vision-language model (``Family.vision``), whose saving renames
     its parts. Other models: their ``state_dict()``."""
     state = dict(hf_model.state_dict())
     # a vision-language model holds its parts under new names in memory (model.language_model.*, model.visual.*)
     # and saves them under the published ones (model.*, visual.*)
-    if config is None or not (config.get("num_moe_experts") or VISION_KEY in config.arch):
+    if config is None or not (config.get("num_moe_experts") or get_registry().family(config.family).vision):
         return state
     from transformers.core_model_loading import revert_weight_conversion
 

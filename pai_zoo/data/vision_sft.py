@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import DataError, PaiZooError, no_such_path
-from ..vision import read_image
+from ..vision import expand_placeholders, read_image
 from .sft import ROLES, build_example
 from .sources import BadRecord, iter_json_lines, parse_record
 
@@ -177,16 +177,7 @@ def vision_example(where: str, messages, images, tokenizer, family, config, proc
             raise DataError(str(exc)) from None
         out = processor(images=pictures, return_tensors="pt")
         pixel_values, grid = out["pixel_values"], out["image_grid_thw"]
-        rows, tokens, masks = iter(grid.tolist()), [], []
-        for t, m in zip(ids, mask):
-            if t == token:
-                count = spec.tokens(config, next(rows))
-                tokens += [token] * count
-                masks += [0] * count
-            else:
-                tokens.append(t)
-                masks.append(m)
-        ids, mask = tokens, masks
+        ids, mask = expand_placeholders(spec, config, ids, grid, mask)
     import torch
 
     tensor = torch.tensor([ids])

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..errors import PaiZooError
-from ..vision import read_image
+from ..vision import expand_placeholders, read_image
 from .params import GenerationError
 
 __all__ = ["VisionPrompts", "chat_images", "decode_positions", "read_image", "record_images", "with_image_paths"]
@@ -115,14 +115,7 @@ class VisionPrompts:
                                   f"{given} image(s) are given; give one image per placeholder")
         if given == 0:
             return ids
-        out, grid_rows = [], iter(grids.tolist())
-        for i, t in enumerate(ids):
-            if t == token and i > 0 and ids[i - 1] == token:
-                continue  # an expanded run: counted once
-            if t == token:
-                out += [token] * self.spec.tokens(self.config, next(grid_rows))
-            else:
-                out.append(t)
+        out, _ = expand_placeholders(self.spec, self.config, ids, grids)
         if context is not None and len(out) > context:
             raise GenerationError(f"{where}: with its images the prompt is {len(out)} tokens, over the model's "
                                   f"{context} positions; give smaller images (the processor's max_pixels) or fewer")

@@ -67,8 +67,3 @@ def attach_vision_tower(model, family, config, tconfig) -> None:
     model.vision_spec, model.vision_config = family.vision, config
     if model.pre_process:
         model.vision_model = family.vision.tower(config, tconfig)
-
-
-def is_vision_language(model) -> bool:
-    """Whether ``model`` was built for a vision-language family."""
-    return getattr(model, "vision_spec", None) is not None
