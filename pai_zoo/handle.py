@@ -322,7 +322,7 @@ def _load_hf(source: Source, hf_config, dtype, mcore_config: McoreConfig):
 
     with torch.device("meta"):  # the model's checkpoint names, without memory
         skeleton = hf.build_hf_model(source.family, hf_config, dtype)
-    names = hf_state_dict(skeleton, mcore_config).keys()
+    names = hf_state_dict(skeleton, mcore_config, source.family).keys()
     with source.open_megatron() as checkpoint:
         state = {k: v.to(dtype) for k, v in checkpoint.hf_tensors(expected=names, mtp=False)}
     return load_hf_checkpoint_state(type(skeleton), hf_config, state, dtype, f"{source.path} -> transformers")

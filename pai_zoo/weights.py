@@ -57,17 +57,17 @@ def load_into(model, state: Mapping, where: str) -> None:
             own[name].copy_(tensor)
 
 
-def hf_state_dict(hf_model, config: McoreConfig | None = None) -> dict:
+def hf_state_dict(hf_model, config: McoreConfig | None = None, family: Family | None = None) -> dict:
     """A transformers model's tensors under its checkpoint names, the names tables use. transformers 5 holds
     a mixture of experts' weights fused in memory (``mlp.experts.gate_up_proj``, one 3-D tensor) and splits
     them per expert when it saves (``mlp.experts.{e}.gate_proj.weight``; Mixtral's
     ``block_sparse_moe.experts.{e}.w1.weight``); for a MoE config (``num_moe_experts``) this applies that
-    saving conversion, and so for a vision-language model (``Family.vision``), whose saving renames
+    saving conversion, and so for a vision-language ``family`` (``Family.vision``), whose saving renames
     its parts. Other models: their ``state_dict()``."""
     state = dict(hf_model.state_dict())
     # a vision-language model holds its parts under new names in memory (model.language_model.*, model.visual.*)
     # and saves them under the published ones (model.*, visual.*)
-    if config is None or not (config.get("num_moe_experts") or get_registry().family(config.family).vision):
+    if not ((config is not None and config.get("num_moe_experts")) or (family is not None and family.vision)):
         return state
     from transformers.core_model_loading import revert_weight_conversion
 
@@ -88,6 +88,6 @@ def load_hf_checkpoint_state(cls, hf_config, state: Mapping, dtype, where: str):
 
 def hf_model_to_mcore(family: Family, config: McoreConfig, hf_model, mcore_model) -> None:
     """Load a transformers model's weights into a megatron-core model (single process)."""
-    hf_state = hf_state_dict(hf_model, config)
+    hf_state = hf_state_dict(hf_model, config, family)
     target = mcore_tensors(mcore_model)
     load_into(mcore_model, hf_to_mcore(family, config, hf_state, expected=target.keys()), "megatron-core model")

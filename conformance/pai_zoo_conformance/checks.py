@@ -216,7 +216,7 @@ def check_mapping_coverage(case: Case) -> None:
 
     table = get_registry().weight_map(case.family, case.mcore_config)
     ctx = MappingContext.from_config(case.mcore_config)
-    hf_names = list(hf_state_dict(case.hf_model, case.mcore_config))  # checkpoint names (MoE experts split)
+    hf_names = list(hf_state_dict(case.hf_model, case.mcore_config, case.family))  # checkpoint names (experts split)
     mcore_names = list(mcore_tensors(case.mcore_model))
     try:
         table.check_coverage(TO_MCORE, ctx, hf_names, mcore_names)
@@ -229,7 +229,7 @@ def check_weight_round_trip(case: Case) -> float:
     """HF weights -> mcore -> HF are bit-identical. Returns max |delta| (0.0)."""
     from pai_zoo.weights import hf_state_dict, hf_to_mcore, mcore_to_hf
 
-    original = hf_state_dict(case.hf_model, case.mcore_config)
+    original = hf_state_dict(case.hf_model, case.mcore_config, case.family)
     there = hf_to_mcore(case.family, case.mcore_config, original)
     back = mcore_to_hf(case.family, case.mcore_config, there)
     if set(back) != set(original):
