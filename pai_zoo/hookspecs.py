@@ -64,3 +64,13 @@ def pai_zoo_rl_trainers():
     """RL trainers: return ``{name: trainer_class}``. A trainer class subclasses
     :class:`pai_zoo.rl.RLTrainer`; ``pai-zoo rl list`` shows it and ``pai_zoo.rl.get_trainer(name)``
     returns it. Names must be unique across plugins."""
+
+
+@hookspec
+def pai_zoo_reward_funcs():
+    """Reward functions (``pai-zoo rl grpo --reward-funcs NAME[,NAME]``): return ``{name: function}``. A function
+    is called on a batch of completions as ``function(prompts, completions, **fields) -> list[float]``, TRL's
+    reward-function contract: ``prompts`` and ``completions`` are lists of texts (of token-id lists for a model
+    without a tokenizer), one entry per completion, and ``fields`` the prompt records' other fields, each a list
+    in the same order. ``pai_zoo.rl.reward_funcs.list_reward_funcs()`` lists them. Names must be unique across
+    plugins."""

@@ -36,7 +36,7 @@ def test_rl_list_shows_the_core_and_the_plugin_trainers():
     proc = pai_zoo("rl", "list")
     assert proc.returncode == 0, proc.stderr
     names = [line.split()[0] for line in proc.stdout.splitlines()]
-    assert names == ["best-of-n", "ppo", "reward"], proc.stdout
+    assert names == ["best-of-n", "dpo", "grpo", "ppo", "reward"], proc.stdout
     assert "pai_zoo_rl_bestofn.BestOfN" in proc.stdout and "third-party test plugin" in proc.stdout
     listed = pai_zoo("list")
     assert "bestofn" in listed.stdout and "pai-zoo-rl-bestofn" in listed.stdout, listed.stdout

@@ -1,4 +1,5 @@
-"""Run ``pai-zoo train`` and SIGKILL the process at a chosen moment of a checkpoint save, or signal it at a step.
+"""Run ``pai-zoo train`` (or ``pai-zoo rl NAME``, when the arguments start with ``rl``) and SIGKILL the process
+at a chosen moment of a checkpoint save, or signal it at a step.
 
     python tests/train_interrupt.py MOMENT ITERATION -- <pai-zoo train arguments>
 
@@ -60,4 +61,5 @@ if __name__ == "__main__":
         MetricsLog.write = signalling_write
     else:
         raise SystemExit(f"unknown moment {moment}")
-    sys.exit(main(["train", *sys.argv[sys.argv.index("--") + 1:]]))
+    argv = sys.argv[sys.argv.index("--") + 1:]
+    sys.exit(main(argv if argv[:1] == ["rl"] else ["train", *argv]))  # pai-zoo train, or an RL trainer's command

@@ -23,7 +23,9 @@ def mcore_generate(
 ) -> None:
     """Run a megatron-core ``GPTModel`` on a batch of prompts (lists of ids), feeding each
     :class:`Finisher` its row's tokens until all are done. ``use_cache=False`` recomputes the
-    whole sequence for every token (slow; a reference for the cache). ``vision``: a vision-language model's
+    whole sequence for every token (slow; a reference for the cache). A pipeline-parallel model always recomputes,
+    each forward passing through the stages (:func:`~pai_zoo.mcore.pipeline.forward_logits`; every rank then
+    draws the same tokens). ``vision``: a vision-language model's
     ``(inputs, positions)``, its image inputs for the prompt's forward and ``positions(ids, keep, total, inputs)``
     giving the batch's M-RoPE ids (:class:`pai_zoo.generation.images.VisionPrompts`). See the module docstring."""
     import torch
@@ -32,9 +34,12 @@ def mcore_generate(
     from ..mcore.arena import pack_parameters
     from ..mcore.forward import decode_mask, positions_of, prefill_mask
     from ..mcore.inference import KVCache
+    from ..mcore.pipeline import forward_logits
 
-    if ps.model_parallel_is_initialized() and ps.get_pipeline_model_parallel_world_size() > 1:
-        raise GenerationError("generation with pipeline parallelism is not supported; load the model with pp=1")
+    staged = ps.model_parallel_is_initialized() and ps.get_pipeline_model_parallel_world_size() > 1
+    if staged and vision is not None:
+        raise GenerationError("a vision-language model generates with pipeline parallelism 1; load it with pp=1")
+    use_cache = use_cache and not staged
     if getattr(model.config, "window_size", None) is not None and len({len(p) for p in prompts}) > 1:
         # megatron's sliding-window attention builds its own mask and would attend to padding:
         # run prompts of equal length together instead.
@@ -68,14 +73,17 @@ def mcore_generate(
     model.eval()
     try:
         with inference_mode():
-            logits = model(
-                ids,
-                positions[..., :length],
-                prefill_mask(keep[:, :length]),
-                inference_context=context,
-                runtime_gather_output=True,
-                **inputs,
-            )[:, -1, :vocab_size]
+            if staged:
+                logits = forward_logits(model, ids, keep[:, :length], positions[..., :length])[:, -1, :vocab_size]
+            else:
+                logits = model(
+                    ids,
+                    positions[..., :length],
+                    prefill_mask(keep[:, :length]),
+                    inference_context=context,
+                    runtime_gather_output=True,
+                    **inputs,
+                )[:, -1, :vocab_size]
             for step in range(params.max_new_tokens):
                 token = choose_tokens(logits.float(), params, generator)
                 if tp > 1:
@@ -94,6 +102,9 @@ def mcore_generate(
                         inference_context=context,
                         runtime_gather_output=True,
                     )
+                elif staged:
+                    ids = torch.cat([ids, token[:, None]], dim=1)
+                    out = forward_logits(model, ids, keep[:, :seen], positions[..., :seen])
                 else:
                     ids = torch.cat([ids, token[:, None]], dim=1)
                     out = model(ids, positions[..., :seen], prefill_mask(keep[:, :seen]), runtime_gather_output=True,

@@ -66,11 +66,9 @@ def _chat_pair(where: str, record: dict, tokenizer, vocab_size: int) -> Pair:
     prompt = record["prompt"]
     if not isinstance(prompt, str) and not (isinstance(prompt, list) and all(isinstance(m, dict) for m in prompt)):
         raise PaiZooError(f"{where}: with --chat, 'prompt' must be text or a list of {{role, content}} messages")
-    for key in ("chosen", "rejected"):
-        if not isinstance(record[key], str):
-            raise PaiZooError(f"{where}: with --chat, {key!r} must be text (the assistant's answer)")
-    prompt_ids, chosen = encode_chat_response(prompt, record["chosen"], tokenizer, where)
-    other, rejected = encode_chat_response(prompt, record["rejected"], tokenizer, where)
+    answers = {key: _assistant_text(where, key, record[key]) for key in ("chosen", "rejected")}
+    prompt_ids, chosen = encode_chat_response(prompt, answers["chosen"], tokenizer, where)
+    other, rejected = encode_chat_response(prompt, answers["rejected"], tokenizer, where)
     if other != prompt_ids:
         raise PaiZooError(f"{where}: the chat template renders the prompt differently before 'chosen' and "
                           "'rejected'; cannot split them at one prompt")
@@ -79,15 +77,31 @@ def _chat_pair(where: str, record: dict, tokenizer, vocab_size: int) -> Pair:
     return Pair(prompt_ids, chosen, rejected, where)
 
 
+def _assistant_text(where: str, key: str, value) -> str:
+    """A chat pair's answer: text, or TRL's conversational form, one assistant message."""
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], dict) \
+            and value[0].get("role") == "assistant" and isinstance(value[0].get("content"), str):
+        return value[0]["content"]
+    if not isinstance(value, str):
+        raise PaiZooError(f"{where}: with --chat, {key!r} must be text or one assistant message "
+                          '([{"role": "assistant", "content": "..."}])')
+    return value
+
+
+def _is_conversation(value) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(m, dict) and "role" in m for m in value)
+
+
 def read_pairs(path, tokenizer=None, vocab_size: int = 1 << 62, chat: bool = False) -> list[Pair]:
-    """Every preference pair of a JSON Lines file, tokenized (``chat``: with the chat template)."""
+    """Every preference pair of a JSON Lines file, tokenized (``chat``: with the chat template, which a record in
+    TRL's conversational form -- ``prompt`` a list of messages -- gets without it)."""
     pairs = []
     for where, record in _records(path):
         missing = [k for k in PAIR_FIELDS if k not in record]
         if missing:
             raise PaiZooError(f"{where}: preference record lacks {', '.join(repr(m) for m in missing)} "
                               f"(needs {', '.join(PAIR_FIELDS)})")
-        if chat:
+        if chat or _is_conversation(record["prompt"]):
             pair = _chat_pair(where, record, tokenizer, vocab_size)
         else:
             prompt = _ids(where, "prompt", record["prompt"], tokenizer, vocab_size, True)

@@ -13,12 +13,14 @@ from ..mcore.pipeline import forward_logits
 from ..training.optim import megatron_optimizer
 
 
-def load_model(spec, tensor_parallel_size: int = 1, seed: int = 0, **overrides):
+def load_model(spec, tensor_parallel_size: int = 1, seed: int = 0, pipeline_parallel_size: int = 1, **overrides):
     """A :class:`~pai_zoo.handle.ModelHandle` (megatron-core backend) for a preset, HF folder or
-    Megatron-Core checkpoint; an existing handle is returned as is."""
+    Megatron-Core checkpoint, sharded ``tensor_parallel_size`` x ``pipeline_parallel_size`` ways (the other
+    ranks of the world are data-parallel); an existing handle is returned as is."""
     if hasattr(spec, "model") and hasattr(spec, "mcore_config"):
         return spec
-    return load(str(spec), backend="mcore", seed=seed, tensor_parallel_size=tensor_parallel_size, **overrides)
+    return load(str(spec), backend="mcore", seed=seed, tensor_parallel_size=tensor_parallel_size,
+                pipeline_parallel_size=pipeline_parallel_size, **overrides)
 
 
 def value_model(spec, tensor_parallel_size: int = 1, seed: int = 0, init_std: float = 0.02):
@@ -95,12 +97,14 @@ class Optimizer:
         self.ddp.zero_grad_buffer()
         self.optimizer.zero_grad()
 
-    def step(self) -> float:
-        """Reduce the gradients of the losses backpropagated since :meth:`zero_grad`, clip them,
-        update the weights, zero the gradients; returns the gradient norm before clipping."""
+    def step(self, reduce: bool = True) -> float:
+        """Reduce the gradients of the losses backpropagated since :meth:`zero_grad` (``reduce=False``: megatron's
+        schedule has reduced them already), clip them, update the weights, zero the gradients; returns the gradient
+        norm before clipping."""
         from megatron.core.distributed import finalize_model_grads
 
-        finalize_model_grads([self.ddp])
+        if reduce:
+            finalize_model_grads([self.ddp])
         ok, norm, _ = self.optimizer.step()
         if not ok:
             raise PaiZooError("the optimizer step failed (non-finite gradients)")
