@@ -38,8 +38,8 @@ DEFAULTS = {
     "ref_model": None, "chat": False, "reward_funcs": "exact_match", "reward_weights": None, "num_generations": 8,
     "batch_size": 4, "steps": 20, "max_completion_length": 32, "temperature": 1.0, "top_k": 0, "top_p": 1.0,
     "beta": 0.04, "epsilon": 0.2, "epsilon_high": None, "loss_type": "dapo", "scale_rewards": "group",
-    "num_iterations": 1, "lr": 1e-6, "weight_decay": 0.0, "max_grad_norm": 1.0, "seed": 0, "save_every": 0,
-    "resume": True, "tensor_parallel_size": 1, "pipeline_parallel_size": 1, "quiet": False,
+    "num_iterations": 1, "bias_correction_kl": True, "lr": 1e-6, "weight_decay": 0.0, "max_grad_norm": 1.0,
+    "seed": 0, "save_every": 0, "resume": True, "tensor_parallel_size": 1, "pipeline_parallel_size": 1, "quiet": False,
 }
 PROMPT_KEYS = ("prompt", "messages")  # a record's prompt; its other fields go to the reward functions
 
@@ -92,6 +92,8 @@ class GRPOTrainer(RLTrainer):
           help="divide the advantages by the group's std, the batch's, or none (Dr. GRPO)")
         a("--num-iterations", type=int, default=DEFAULTS["num_iterations"],
           help="optimisation steps per rollout batch (the sampling policy's log-probabilities are kept)")
+        a("--no-bias-correction-kl", dest="bias_correction_kl", action="store_false",
+          help="leave the KL term unweighted by the ratio (TRL's use_bias_correction_kl=False)")
         a("--lr", type=float, default=DEFAULTS["lr"], help="learning rate (constant)")
         a("--weight-decay", type=float, default=DEFAULTS["weight_decay"], help="AdamW weight decay")
         add_run_arguments(parser, DEFAULTS)
@@ -300,7 +302,8 @@ class _GRPORun:
         s = self.s
         return batch_loss(logits, batch, self.vocab_size, temperature=s["temperature"], beta=s["beta"],
                           epsilon=s["epsilon"], epsilon_high=s["epsilon_high"], loss_type=s["loss_type"],
-                          max_completion_length=s["max_completion_length"])
+                          max_completion_length=s["max_completion_length"],
+                          bias_correction_kl=s["bias_correction_kl"])
 
     def _checkpoint(self) -> None:
         from pai_zoo.rl.checkpoint import save_model
@@ -347,7 +350,8 @@ class _GRPORun:
 
 
 def batch_loss(logits, batch: dict, vocab_size: int, *, temperature: float, beta: float, epsilon: float,
-               epsilon_high: float | None, loss_type: str, max_completion_length: int):
+               epsilon_high: float | None, loss_type: str, max_completion_length: int,
+               bias_correction_kl: bool = True):
     """The GRPO loss of a rollout batch (``ids``, ``mask``, ``completion``, ``P``, ``advantages``, ``batch_tokens``,
     and ``ref`` / ``old`` per-token log-probabilities where used) from the policy's logits, and TRL's metrics."""
     import torch
@@ -363,7 +367,8 @@ def batch_loss(logits, batch: dict, vocab_size: int, *, temperature: float, beta
     loss, kl, (low, high) = grpo_loss(
         logps, batch.get("old"), batch.get("ref"), batch["advantages"], mask, beta=beta, epsilon_low=epsilon,
         epsilon_high=epsilon if epsilon_high is None else epsilon_high, loss_type=loss_type,
-        max_completion_length=max_completion_length, batch_tokens=batch["batch_tokens"])
+        max_completion_length=max_completion_length, batch_tokens=batch["batch_tokens"],
+        bias_correction_kl=bias_correction_kl)
     with torch.no_grad():
         entropy = masked_mean(entropy_of(logits[:, P - 1:-1, :vocab_size].float() / temperature), mask)
         values = {"entropy": entropy, "clip_ratio/low_mean": masked_mean(low, mask),

@@ -7,7 +7,8 @@ the whole batch's (``"batch"``) or not at all (``"none"``, Dr. GRPO).
 
 Loss, per completion token: ``-min(r * A, clip(r, 1 - eps_low, 1 + eps_high) * A)`` with ``r = pi / pi_old``
 (DAPO's ``eps_high``), plus ``beta * KL`` against the reference with the k3 estimator
-``exp(ref - logp) - (ref - logp) - 1``. Aggregated as TRL names it:
+``exp(ref - logp) - (ref - logp) - 1``, multiplied by ``r`` (TRL's default ``use_bias_correction_kl``: the unbiased
+reverse-KL gradient of DeepSeek-V3.2; ``bias_correction_kl=False`` leaves it out). Aggregated as TRL names it:
 
 - ``grpo``: each completion's token mean, then the mean over completions (sequence level);
 - ``bnpo``: the mean over the batch's tokens;
@@ -37,7 +38,8 @@ def group_advantages(rewards: torch.Tensor, group: int, scale: str = "group") ->
 
 
 def grpo_loss(logps, old_logps, ref_logps, advantages, mask, *, beta: float, epsilon_low: float,
-              epsilon_high: float, loss_type: str, max_completion_length: int, batch_tokens: float):
+              epsilon_high: float, loss_type: str, max_completion_length: int, batch_tokens: float,
+              bias_correction_kl: bool = True):
     """The loss of a batch (``[b, T]`` per-token log-probabilities, ``mask`` 1 on completion tokens) and the
     per-token KL and clip indicators for the logs: ``(loss, kl [b, T] or None, (low, high) clipped [b, T])``.
     ``old_logps`` None: the policy that sampled is this one (``logps.detach()``); ``batch_tokens``: the completion
@@ -51,6 +53,8 @@ def grpo_loss(logps, old_logps, ref_logps, advantages, mask, *, beta: float, eps
     kl = None
     if beta != 0.0:
         kl = torch.exp(ref_logps - logps) - (ref_logps - logps) - 1
+        if bias_correction_kl:
+            kl = kl * ratio
         per_token = per_token + beta * kl
     if loss_type == "grpo":
         loss = ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
