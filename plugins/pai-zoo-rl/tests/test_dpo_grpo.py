@@ -1,0 +1,189 @@
+"""``pai-zoo rl dpo`` and ``pai-zoo rl grpo`` end to end on a tiny Llama: learning on toy tasks, TP=2 and PP=2
+equal to one process, exact resume after SIGKILL, a third party's reward function, and bad input refused in one
+line with nothing written."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pai_zoo_conformance.cli_runs import run_cli, run_cli_on_ranks
+
+pytestmark = pytest.mark.megatron
+INTERRUPT = Path(__file__).resolve().parents[3] / "tests" / "train_interrupt.py"
+WORDS = "the cat sat on a mat with some red hats and blue dogs".split()
+TARGET = r"^[a-m].*"  # the toy task: answer with a word that starts with a to m (1 in 8 tokens at random)
+
+
+def _ok(proc):
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
+def _log(folder: Path) -> list[dict]:
+    return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("rl")
+    rng = random.Random(0)
+    pairs = []
+    for _ in range(48):  # chosen answers are ids 10-29, rejected ones 300-319: a preference a model can learn
+        prompt = [rng.randrange(300, 1000) for _ in range(rng.randint(2, 5))]
+        pairs.append({"prompt": prompt, "chosen": [rng.randrange(10, 30) for _ in range(rng.randint(1, 3))],
+                      "rejected": [rng.randrange(300, 320) for _ in range(rng.randint(1, 3))]})
+    (root / "pairs.jsonl").write_text("".join(json.dumps(p) + "\n" for p in pairs))
+    prompts = [{"prompt": " ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 5))), "pattern": TARGET}
+               for _ in range(16)]
+    (root / "prompts.jsonl").write_text("".join(json.dumps(p) + "\n" for p in prompts))
+    return root
+
+
+def _dpo(data, save, *extra):
+    return ["rl", "dpo", "--model", "llama3-tiny", "--data", data / "pairs.jsonl", "--save", save, "--batch-size",
+            "8", "--lr", "3e-3", "--eval-fraction", "0.25", "--quiet", *extra]
+
+
+def _grpo(data, save, *extra):
+    return ["rl", "grpo", "--model", "llama3-tiny", "--data", data / "prompts.jsonl", "--save", save,
+            "--reward-funcs", "format", "--num-generations", "8", "--batch-size", "4", "--max-completion-length", "2",
+            "--lr", "1e-2", "--quiet", *extra]
+
+
+def test_dpo_raises_the_held_out_preference_accuracy(data, tmp_path):
+    """12 held-out pairs, 36 trained on for 4 epochs: the reward accuracy on the held-out pairs starts at or below
+    a half and ends at 0.75 or more."""
+    _ok(run_cli(_dpo(data, tmp_path / "dpo", "--epochs", "4")))
+    log = _log(tmp_path / "dpo")
+    before, after = log[0], log[-1]
+    assert before["step"] == 0 and after["step"] == 16
+    assert before["eval_rewards/accuracies"] <= 0.5 and after["eval_rewards/accuracies"] >= 0.75, (before, after)
+    assert after["eval_rewards/margins"] > before["eval_rewards/margins"] + 0.1
+    steps = [r for r in log if "loss" in r]
+    assert {"loss", "rewards/margins", "rewards/accuracies", "rewards/chosen", "rewards/rejected"} <= set(steps[0])
+    assert steps[-1]["loss"] < steps[0]["loss"] - 0.1
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_grpo_raises_the_mean_reward(data, tmp_path, seed):
+    """On two seeds: the mean reward of the last 5 of 25 steps exceeds the first 5 steps' by 0.25 or more."""
+    _ok(run_cli(_grpo(data, tmp_path / "grpo", "--steps", "25", "--seed", str(seed), "--beta", "0.04")))
+    rewards = [r["reward"] for r in _log(tmp_path / "grpo")]
+    assert len(rewards) == 25
+    first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
+    assert last >= first + 0.25, rewards
+    record = _log(tmp_path / "grpo")[-1]
+    for key in ("reward", "kl", "reward_std", "rewards/format/mean", "clip_ratio/region_mean", "entropy",
+                "completions/mean_length", "rollout_tokens_per_s", "train_tokens_per_s", "loss", "grad_norm"):
+        assert key in record, key
+
+
+def _same(a: list[dict], b: list[dict], keys: tuple[str, ...]) -> None:
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        for key in keys:
+            if key in x:
+                assert abs(x[key] - y[key]) <= 1e-5 * max(1.0, abs(x[key])), (key, x, y)
+
+
+@pytest.mark.parametrize("layout", ["--tp", "--pp"])
+def test_parallel_rollouts_and_first_losses_equal_one_process(data, tmp_path, layout):
+    """At TP=2 and PP=2 on the session's 2 worker ranks, the first step equals one process's: GRPO's rollout samples
+    the same tokens (the rewards, lengths, KL and loss agree; under PP a full forward per token through the
+    stages) and DPO's loss and rewards agree. (Later steps do not yet agree: see the issue's closing note.)"""
+    grpo = ("--steps", "1", "--beta", "0.1")
+    dpo = ("--epochs", "1", "--max-steps", "1")
+    _ok(run_cli(_grpo(data, tmp_path / "grpo1", *grpo)))
+    _ok(run_cli(_dpo(data, tmp_path / "dpo1", *dpo)))
+    _ok(run_cli_on_ranks(_grpo(data, tmp_path / "grpo2", *grpo, layout, "2"), timeout=600))
+    _ok(run_cli_on_ranks(_dpo(data, tmp_path / "dpo2", *dpo, layout, "2"), timeout=600))
+    _same(_log(tmp_path / "grpo1"), _log(tmp_path / "grpo2"),
+          ("loss", "reward", "kl", "completions/mean_length", "completions/max_length"))
+    _same(_log(tmp_path / "dpo1")[:2], _log(tmp_path / "dpo2")[:2], ("loss", "rewards/margins", "eval_loss"))
+
+
+@pytest.mark.parametrize("trainer", ["dpo", "grpo"])
+def test_a_killed_run_resumes_exactly(data, tmp_path, trainer):
+    """Killed (SIGKILL) while publishing its step-4 checkpoint, the run resumes from step 2 and logs what an
+    uninterrupted run logs."""
+    build, extra = (_dpo, ("--epochs", "2", "--max-steps", "6")) if trainer == "dpo" else (_grpo, ("--steps", "6"))
+    _ok(run_cli(build(data, tmp_path / "whole", *extra)))
+    argv = [str(a) for a in build(data, tmp_path / "killed", *extra, "--save-every", "2")]
+    killed = subprocess.run([sys.executable, str(INTERRUPT), "publish", "4", "--", *argv], capture_output=True,
+                            text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    assert (tmp_path / "killed" / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
+    _ok(run_cli(build(data, tmp_path / "killed", *extra, "--save-every", "2")))
+    whole, resumed = _log(tmp_path / "whole"), _log(tmp_path / "killed")
+    assert [r["step"] for r in resumed] == [r["step"] for r in whole]
+    _same(whole, resumed, ("loss", "reward", "rewards/margins", "eval_loss", "grad_norm"))
+
+
+def test_a_third_party_reward_function_is_found_and_used(data, tmp_path):
+    """A package installed only as a distribution on the path (its entry point in a ``.dist-info``) registers a
+    reward function through ``pai_zoo_reward_funcs``; ``rl grpo --help`` lists it and a run scores with it."""
+    site = tmp_path / "site"
+    (site / "pai_zoo_shortest").mkdir(parents=True)
+    (site / "pai_zoo_shortest" / "__init__.py").write_text(
+        "from pai_zoo import hookimpl\n\n\n"
+        "def shortest(prompts, completions, **fields):\n"
+        "    return [10.0 - len(c) for c in completions]\n\n\n"
+        "@hookimpl\ndef pai_zoo_reward_funcs():\n    return {'shortest': shortest}\n")
+    meta = site / "pai_zoo_shortest-0.1.dist-info"
+    meta.mkdir()
+    (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: pai-zoo-shortest\nVersion: 0.1\n")
+    (meta / "entry_points.txt").write_text("[pai_zoo]\nshortest = pai_zoo_shortest\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}
+    env.pop("PAI_ZOO_PLUGINS", None)
+    script = ("import sys\nfrom pai_zoo.cli import main\nfrom pai_zoo.rl.reward_funcs import list_reward_funcs\n"
+              "print(sorted(list_reward_funcs()))\nsys.exit(main(sys.argv[1:]))\n")
+    argv = [str(a) for a in _grpo(data, tmp_path / "run", "--steps", "2")]
+    argv[argv.index("format")] = "shortest,format"
+    proc = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True, env=env,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "['exact_match', 'format', 'shortest']" in proc.stdout
+    record = _log(tmp_path / "run")[0]
+    shortest, fmt = record["rewards/shortest/mean"], record["rewards/format/mean"]
+    assert 0.0 < shortest < 10.0 and abs(record["reward"] - (shortest + fmt)) <= 1e-5  # the weighted sum, weights 1
+    helped = subprocess.run([sys.executable, "-c", script, "rl", "grpo", "--help"], capture_output=True, text=True,
+                            env=env, timeout=600)
+    assert "registered: exact_match, format, shortest" in " ".join(helped.stdout.split()), helped.stdout
+
+
+def _refused(argv, message: str, save: Path) -> None:
+    proc = run_cli(argv)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode != 0 and len(lines) == 1 and message in lines[0], proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and not save.exists(), save
+
+
+def test_bad_input_is_refused_in_one_line_with_nothing_written(data, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"prompt": [400, 401], "chosen": [20]}) + "\n")
+    _refused(_dpo(tmp_path, tmp_path / "a", "--data", bad), f"{bad}:1: preference record lacks 'rejected'",
+             tmp_path / "a")
+    _refused(_grpo(data, tmp_path / "b", "--num-generations", "1"), "--num-generations 1: GRPO needs at least 2",
+             tmp_path / "b")
+    raising = tmp_path / "raising.jsonl"  # exact_match needs an answer field: the function raises on every sample
+    raising.write_text(json.dumps({"prompt": "the cat", "answr": "a"}) + "\n" + json.dumps({"prompt": "a mat"}) + "\n")
+    _refused(_grpo(data, tmp_path / "c", "--data", raising, "--reward-funcs", "exact_match", "--batch-size", "1"),
+             "fields", tmp_path / "c")
+    raising.write_text("".join(json.dumps({"prompt": p, "answer": None}) + "\n" for p in ("the cat", "a mat")))
+    _refused(_grpo(data, tmp_path / "d", "--data", raising, "--reward-funcs", "exact_match", "--batch-size", "1"),
+             f"reward function 'exact_match' raised KeyError on {raising}:", tmp_path / "d")
+
+
+def test_a_nan_reward_is_refused_naming_the_function_and_sample(data, tmp_path, monkeypatch):
+    import pai_zoo_rl.rewards as rewards
+
+    monkeypatch.setitem(rewards.BUILTIN, "format", lambda prompts, completions, **f: [float("nan")] * len(completions))
+    _refused(_grpo(data, tmp_path / "e", "--steps", "1"), "reward function 'format' returned nan for ",
+             tmp_path / "e")
