@@ -5,14 +5,17 @@
     pai-zoo rl run NAME [FLAGS]          the same
 
 A trainer's flags come from its :meth:`~pai_zoo.rl.RLTrainer.add_arguments` (their defaults are its
-settings' defaults); the parsed values are its settings. The summary ``run()`` returns is printed as JSON.
+settings' defaults); the parsed values are its settings. ``--config FILE.yaml`` gives settings from YAML as
+``pai-zoo train CONFIG.yaml`` does: each key a flag's name without ``--`` (``num-generations`` or
+``num_generations``); a flag given on the command line with a value other than its default wins. The summary
+``run()`` returns is printed as JSON.
 """
 from __future__ import annotations
 
 import argparse
 import json
 
-from ..errors import PaiZooError
+from ..errors import PaiZooError, SettingError
 from ..rl import list_trainers
 from ._common import add_command
 
@@ -42,8 +45,15 @@ def _add_trainers(subparsers, trainers: dict) -> None:
         before = {a.dest for a in q._actions}
         cls.add_arguments(q)
         _show_defaults(q)
-        q.set_defaults(func=run_trainer, rl_class=cls,
-                       rl_settings=tuple(a.dest for a in q._actions if a.dest not in before))
+        own = [a for a in q._actions if a.dest not in before]
+        required = [a for a in own if a.required and a.option_strings]
+        for action in required:  # they may come from --config instead
+            action.required = False
+        q.add_argument("--config", metavar="FILE.yaml", help="settings from a YAML mapping (keys: the flags' names "
+                       "without --); flags given here with other values than their defaults win")
+        names = {name: a for a in own for name in (a.dest, *(o.lstrip("-") for o in a.option_strings))}
+        q.set_defaults(func=run_trainer, rl_class=cls, rl_settings=tuple(a.dest for a in own), rl_names=names,
+                       rl_required=tuple(required), rl_name=name)
 
 
 def _show_defaults(parser: argparse.ArgumentParser) -> None:
@@ -76,6 +86,39 @@ def run_list(args) -> int:
 
 def run_trainer(args) -> int:
     settings = {dest: getattr(args, dest) for dest in args.rl_settings if hasattr(args, dest)}
+    if args.config:
+        for key, value in _read_settings(args.config).items():
+            action = args.rl_names.get(key) or args.rl_names.get(key.replace("_", "-"))
+            if action is None:
+                known = ", ".join(sorted({a.option_strings[0].lstrip("-") for a in args.rl_names.values()
+                                          if a.option_strings}))
+                raise SettingError(f"{args.config}: {key!r} is no setting of `pai-zoo rl {args.rl_name}`; "
+                                   f"the settings: {known}")
+            if settings.get(action.dest) == action.default:  # not given on the command line
+                settings[action.dest] = value
+    missing = [a.option_strings[0] for a in args.rl_required if settings.get(a.dest) in (None, "")]
+    if missing:
+        raise SettingError(f"pai-zoo rl {args.rl_name}: {', '.join(missing)} required (on the command line or in "
+                           "--config FILE.yaml)")
     summary = args.rl_class(**settings).run()
     print(json.dumps(summary, indent=2, default=str))
     return 0
+
+
+def _read_settings(path: str) -> dict:
+    """A YAML mapping of settings, or one line naming the file (and line) that is not one."""
+    import yaml
+
+    try:
+        values = yaml.safe_load(open(path, encoding="utf-8").read())
+    except FileNotFoundError:
+        raise SettingError(f"--config {path}: no such file") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else path
+        raise SettingError(f"{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    if values is None:
+        return {}
+    if not isinstance(values, dict):
+        raise SettingError(f"{path}: expected a mapping of settings, found {type(values).__name__}")
+    return {str(k): v for k, v in values.items()}

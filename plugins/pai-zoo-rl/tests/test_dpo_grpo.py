@@ -204,3 +204,16 @@ def test_a_nan_reward_is_refused_naming_the_function_and_sample(data, tmp_path, 
     monkeypatch.setitem(rewards.BUILTIN, "format", lambda prompts, completions, **f: [float("nan")] * len(completions))
     _refused(_grpo(data, tmp_path / "e", "--steps", "1"), "reward function 'format' returned nan for ",
              tmp_path / "e")
+
+
+@once
+def test_settings_from_yaml_with_the_command_line_winning(data, tmp_path):
+    config = tmp_path / "dpo.yaml"
+    config.write_text(f"model: {data / 'model'}\ndata: {data / 'pairs.jsonl'}\nbatch_size: 8\nmax-steps: 1\n"
+                      "beta: 0.5\nlr: 0.5\nquiet: true\n")
+    _ok(run_cli(["rl", "dpo", "--config", config, "--save", tmp_path / "run", "--lr", "1e-4"]))
+    [before, step, after] = _log(tmp_path / "run")
+    assert step["step"] == 1 and step["lr"] == 1e-4  # the flag beat the YAML's 0.5
+    config.write_text("model: x\nnum_generations: 3\n")
+    _refused(["rl", "dpo", "--config", config, "--save", tmp_path / "bad"],
+             f"{config}: 'num_generations' is no setting of `pai-zoo rl dpo`", tmp_path / "bad")
