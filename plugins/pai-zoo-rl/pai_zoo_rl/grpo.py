@@ -51,7 +51,8 @@ def _reward_help() -> str:
         names = ", ".join(sorted(list_reward_funcs()))
     except PaiZooError as exc:
         names = f"(none: {exc})"
-    return f"reward functions, comma-separated; registered: {names}"
+    return (f"reward functions, comma-separated; registered: {names}; or model:PATH, a reward model trained by "
+            "`pai-zoo rl reward`")
 
 
 class GRPOTrainer(RLTrainer):
@@ -133,11 +134,17 @@ class _GRPORun:
 
         _check(s)
         self.s, self.save = s, Path(s["save"])
-        self.functions = get_reward_funcs(s["reward_funcs"])
-        self.weights = self._weights(s["reward_weights"])
-        torch.manual_seed(s["seed"])
         tp, pp, seed = s["tensor_parallel_size"], s["pipeline_parallel_size"], s["seed"]
+        names = [n.strip() for n in str(s["reward_funcs"]).split(",") if n.strip()]
+        models = {n: n.removeprefix("model:") for n in names if n.startswith("model:")}
+        found = get_reward_funcs([n for n in names if n not in models]) if len(models) < len(names) else {}
+        torch.manual_seed(s["seed"])
         self.policy = load_model(s["model"], tp, seed, pp)
+        self.functions = {}  # in --reward-funcs order; a reward model is named by its folder, as TRL names it
+        for name in names:
+            self.functions[Path(models[name]).name if name in models else name] = (
+                reward_model_function(models[name], self.policy, tp, seed, pp) if name in models else found[name])
+        self.weights = self._weights(s["reward_weights"])
         self.vocab_size = self.policy.vocab_size
         self.records = []  # (where, prompt as the record gives it, token ids, fields)
         from pai_zoo.generation import encode_prompt
@@ -229,6 +236,7 @@ class _GRPORun:
         rollout_time = time.perf_counter() - start
         texts = self._texts(mine, completions, decoded)
         fields = {k: [self.records[i][3][k] for i in mine for _ in range(G)] for k in self.records[mine[0]][3]}
+        fields.update(completion_ids=completions, prompt_ids=prompts)  # TRL passes completion_ids too
         where = [f"{self.records[i][0]} (completion {g + 1} of {G}: {texts[n * G + g]!r:.80})"
                  for n, i in enumerate(mine) for g in range(G)]
         shown = [self.records[i][1] for i in mine for _ in range(G)]
@@ -347,6 +355,26 @@ class _GRPORun:
             self.log.close()
         return {"steps": self.step, "last": record, "resumed_from": self.resumed_from, "checkpoint": str(self.save),
                 "log": str(self.save / METRICS_FILE)}
+
+
+def reward_model_function(path, policy, tensor_parallel_size: int, seed: int, pipeline_parallel_size: int):
+    """A reward model (``pai-zoo rl reward``'s checkpoint, sharing the policy's tokenizer) as a reward function:
+    the score of ``prompt + completion`` ids at the completion's last token (``--reward-funcs model:PATH``)."""
+    from pai_zoo.mcore.heads import has_score_head
+    from pai_zoo.rl.models import check_same_tokenizer, load_model, pad_id_of
+    from pai_zoo.rl.rewards import ModelReward
+
+    handle = load_model(path, tensor_parallel_size, seed, pipeline_parallel_size)
+    if not has_score_head(handle.model):
+        raise PaiZooError(f"--reward-funcs model:{path}: not a reward model (it has a language-model head); train one "
+                          "with `pai-zoo rl reward`")
+    check_same_tokenizer(policy, handle, "policy", "reward model")
+    scorer = ModelReward(handle, pad_id_of(handle))
+
+    def reward_model(prompts, completions, prompt_ids, completion_ids, **fields):
+        return scorer(prompt_ids, completion_ids).tolist()
+
+    return reward_model
 
 
 def batch_loss(logits, batch: dict, vocab_size: int, *, temperature: float, beta: float, epsilon: float,

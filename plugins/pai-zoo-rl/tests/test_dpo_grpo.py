@@ -217,3 +217,15 @@ def test_settings_from_yaml_with_the_command_line_winning(data, tmp_path):
     config.write_text("model: x\nnum_generations: 3\n")
     _refused(["rl", "dpo", "--config", config, "--save", tmp_path / "bad"],
              f"{config}: 'num_generations' is no setting of `pai-zoo rl dpo`", tmp_path / "bad")
+
+
+@once
+def test_a_reward_model_is_a_reward_function(data, tmp_path):
+    """``--reward-funcs model:RM`` scores with a reward model trained by ``pai-zoo rl reward`` (the existing RM),
+    beside a built-in; the log names it by its folder, as TRL names a reward model."""
+    _ok(run_cli(["rl", "reward", "--model", data / "model", "--data", data / "pairs.jsonl", "--save", tmp_path / "rm",
+                 "--epochs", "1"]))
+    _ok(run_cli(_grpo(data, tmp_path / "run", "--steps", "1", "--reward-funcs", f"model:{tmp_path / 'rm'},format")))
+    record = _log(tmp_path / "run")[0]
+    assert abs(record["reward"] - record["rewards/rm/mean"] - record["rewards/format/mean"]) <= 1e-5
+    assert record["rewards/rm/std"] > 0  # scores that differ between completions

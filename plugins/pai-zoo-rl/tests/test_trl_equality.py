@@ -2,7 +2,7 @@
 ``trl.GRPOTrainer._compute_loss``) on the same weights, batch and reference log-probabilities, within 1e-5 (fp32),
 and so do their gradients -- on every parameter, TRL's taken on the transformers model and pai-zoo's on the
 megatron-core model, brought to Hugging Face names by the family's own weight table. The model is llama-odd
-(3 query heads over 1 key-value head: GQA ratio 3, head_dim not hidden/heads) at a vocabulary of 300 (not a
+(6 query heads over 2 key-value heads: GQA ratio 3; head_dim 16, not hidden 72 / 6) at a vocabulary of 300 (not a
 multiple of 128: the megatron-core model's padded rows must never count). The batches hold prompts and answers of
 different lengths (padding on both sides)."""
 from __future__ import annotations
