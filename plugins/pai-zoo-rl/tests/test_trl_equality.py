@@ -3,8 +3,9 @@
 and so do their gradients -- on every parameter, TRL's taken on the transformers model and pai-zoo's on the
 megatron-core model, brought to Hugging Face names by the family's own weight table. The model is llama-odd
 (6 query heads over 2 key-value heads: GQA ratio 3; head_dim 16, not hidden 72 / 6) at a vocabulary of 300 (not a
-multiple of 128: the megatron-core model's padded rows must never count). The batches hold prompts and answers of
-different lengths (padding on both sides)."""
+multiple of 128: the megatron-core model's padded rows must never count). The DPO pairs' prompts and answers differ
+in length, and so do the GRPO completions (right padding); left-padded GRPO prompts are checked against
+transformers given the positions (see the GRPO test)."""
 from __future__ import annotations
 
 import random
@@ -48,7 +49,7 @@ def _logits(handle, ids, mask):
 
 
 def _close_grads(handle, hf_model, where: str) -> float:
-    """Max |grad_pai-zoo - grad_TRL| over every parameter, in HF names; fails past TOL (relative to the scale)."""
+    """Max |grad_pai-zoo - grad_TRL| over every parameter, in HF names; fails past TOL (relative above 1)."""
     grads = {name: (p.grad if p.grad is not None else torch.zeros_like(p))
              for name, p in handle.model.named_parameters()}
     named = mcore_tensors(handle.model)
@@ -61,7 +62,7 @@ def _close_grads(handle, hf_model, where: str) -> float:
         got = hf_grads[name if name in hf_grads else "lm_head.weight"]
         scale = max(float(ref.abs().max()), 1e-3)
         delta = float((got.float() - ref.float()).abs().max())
-        assert delta <= TOL * scale * 10 + TOL, f"{where}: {name} gradient differs by {delta} (scale {scale})"
+        assert delta <= TOL * max(1.0, scale), f"{where}: {name} gradient differs by {delta} (scale {scale})"
         worst = max(worst, delta)
     return worst
 
