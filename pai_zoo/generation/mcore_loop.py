@@ -72,7 +72,7 @@ def mcore_generate(
     model_was_training = model.training
     model.eval()
     try:
-        with inference_mode():
+        with inference_mode(engine=not staged):  # a staged forward is a scoring pass, not the engine's
             if staged:
                 logits = forward_logits(model, ids, keep[:, :length], positions[..., :length])[:, -1, :vocab_size]
             else:

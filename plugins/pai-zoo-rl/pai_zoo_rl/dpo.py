@@ -28,8 +28,8 @@ from pai_zoo.rl import RLTrainer
 from pai_zoo.util.files import write_text_atomic
 from pai_zoo.util.metrics import METRICS_FILE, MetricsLog
 
-from .dpo_loss import LOSS_TYPES
 from .runs import add_run_arguments, check_run_settings
+from .variants import DPO_LOSS_TYPES as LOSS_TYPES
 
 DEFAULTS = {
     "ref_model": None, "chat": False, "beta": 0.1, "loss_type": "sigmoid", "label_smoothing": 0.0,

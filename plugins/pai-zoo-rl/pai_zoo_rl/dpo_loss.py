@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-LOSS_TYPES = ("sigmoid", "hinge", "ipo", "robust", "sigmoid_norm")
+from .variants import DPO_LOSS_TYPES as LOSS_TYPES
 
 
 def dpo_losses(chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps, beta: float, loss_type: str,

@@ -31,8 +31,9 @@ from pai_zoo.errors import PaiZooError, SettingError
 from pai_zoo.rl import RLTrainer
 from pai_zoo.util.metrics import METRICS_FILE, MetricsLog
 
-from .grpo_loss import LOSS_TYPES, SCALES
 from .runs import add_run_arguments, check_run_settings
+from .variants import GRPO_LOSS_TYPES as LOSS_TYPES
+from .variants import REWARD_SCALES as SCALES
 
 DEFAULTS = {
     "ref_model": None, "chat": False, "reward_funcs": "exact_match", "reward_weights": None, "num_generations": 8,

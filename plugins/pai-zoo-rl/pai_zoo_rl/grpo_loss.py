@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import torch
 
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
-SCALES = ("group", "batch", "none")
+from .variants import GRPO_LOSS_TYPES as LOSS_TYPES
 
 
 def group_advantages(rewards: torch.Tensor, group: int, scale: str = "group") -> tuple[torch.Tensor, torch.Tensor]:
