@@ -28,14 +28,14 @@ from pai_zoo.rl import RLTrainer
 from pai_zoo.util.files import write_text_atomic
 from pai_zoo.util.metrics import METRICS_FILE, MetricsLog
 
-from .runs import add_run_arguments, check_run_settings
+from .runs import LORA_DEFAULTS, add_lora_arguments, add_run_arguments, check_run_settings
 from .variants import DPO_LOSS_TYPES as LOSS_TYPES
 
 DEFAULTS = {
     "ref_model": None, "chat": False, "beta": 0.1, "loss_type": "sigmoid", "label_smoothing": 0.0,
     "precompute_ref": True, "batch_size": 8, "epochs": 1, "max_steps": 0, "lr": 1e-6, "weight_decay": 0.0,
     "max_grad_norm": 1.0, "eval_fraction": 0.1, "eval_every": 0, "seed": 0, "save_every": 0, "resume": True,
-    "tensor_parallel_size": 1, "pipeline_parallel_size": 1, "quiet": False,
+    "tensor_parallel_size": 1, "pipeline_parallel_size": 1, "quiet": False, **LORA_DEFAULTS,
 }
 REFERENCE_FILE = "reference_logps.json"
 STEP_KEYS = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
@@ -76,6 +76,7 @@ class DPOTrainer(RLTrainer):
         a("--eval-every", type=int, default=DEFAULTS["eval_every"],
           help="evaluate every N steps (0: before the first and after the last only)")
         add_run_arguments(parser, DEFAULTS)
+        add_lora_arguments(parser)
 
     def run(self) -> dict:
         return _DPORun({**DEFAULTS, **self.settings}).train()
@@ -89,6 +90,8 @@ class _DPORun:
         from pai_zoo.rl.data import read_pairs
         from pai_zoo.rl.models import Optimizer, check_same_tokenizer, load_model, pad_id_of
         from pai_zoo.rl.policy import data_parallel_layout
+
+        from .runs import attach_lora, check_lora_base, lora_settings
 
         check_run_settings("dpo", s, ("model", "data", "save"))
         if not s["beta"] > 0:
@@ -105,6 +108,7 @@ class _DPORun:
         torch.manual_seed(s["seed"])
         tp, pp, seed = s["tensor_parallel_size"], s["pipeline_parallel_size"], s["seed"]
         self.policy = load_model(s["model"], tp, seed, pp)
+        check_lora_base(self.policy, lora_settings(s))
         self.vocab_size = self.policy.vocab_size
         pairs = read_pairs(s["data"], self.policy.tokenizer, self.vocab_size, chat=s["chat"])  # bad records first
         context = self.policy.mcore_config.get("max_sequence_length")
@@ -128,17 +132,23 @@ class _DPORun:
                                f"{s['batch_size']}")
         total = s["epochs"] * self.steps_per_epoch
         self.total = min(total, s["max_steps"]) if s["max_steps"] else total
+        lora = lora_settings(s)
         reference_spec = s["ref_model"] if s["ref_model"] is not None else s["model"]
-        self.reference = load_model(reference_spec, tp, seed, pp)
-        check_same_tokenizer(self.policy, self.reference, "policy", "reference model")
-        self.reference.model.eval()
-        for p in self.reference.model.parameters():
-            p.requires_grad_(False)
+        if lora is not None and s["ref_model"] is None and s["precompute_ref"]:
+            self.reference = self.policy  # the base, before its adapters: no second model (TRL's way with PEFT)
+        else:
+            self.reference = load_model(reference_spec, tp, seed, pp)
+            check_same_tokenizer(self.policy, self.reference, "policy", "reference model")
+            for p in self.reference.model.parameters():
+                p.requires_grad_(False)
         self.pad_id = pad_id_of(self.policy)
         resume_at = latest_iteration(self.save) if s["resume"] else None
         self.ref_logps = self._reference_logps(reference_spec, resume_at) if s["precompute_ref"] else None
         if s["precompute_ref"]:
             self.reference = None  # its log-probabilities are all it was needed for
+        if lora is not None:
+            attach_lora(self.policy, lora, seed)
+        self.lora = lora
         self.optimizer = Optimizer(self.policy.model, s["lr"], s["weight_decay"], s["max_grad_norm"])
         self.step = 0
         if resume_at is not None:
@@ -229,6 +239,10 @@ class _DPORun:
     def _checkpoint(self) -> None:
         from pai_zoo.rl.checkpoint import save_model
 
+        from .runs import write_lora_record
+
+        if self.lora is not None:
+            write_lora_record(self.policy, self.lora, self.save)
         save_model(self.save, self.policy, self.policy.model, self.optimizer, self.step, state={"step": self.step})
 
     def train(self) -> dict:

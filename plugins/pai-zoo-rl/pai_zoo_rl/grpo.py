@@ -3,12 +3,13 @@ objective (:mod:`pai_zoo_rl.grpo_loss`) on megatron-core's parallel layouts, wit
 
 A step takes ``--batch-size`` prompts (split over the data-parallel ranks) and samples ``--num-generations`` (G)
 completions of each from the policy with pai-zoo's own generation (:func:`pai_zoo.generation.generate`: the
-megatron-core KV-cached decode loop, or under pipeline parallelism a full forward per token through the stages;
-seeded by ``--seed`` and the step, so a resumed run samples what the first would have). The reward functions
-(``--reward-funcs``, any registered through ``pai_zoo_reward_funcs``) score each completion with TRL's contract;
-their weighted sum, normalised within each prompt's group, is every token's advantage. The policy then takes
-``--num-iterations`` optimisation steps on the batch against the clipped ratio to the policy that sampled, plus
-``--beta`` times the k3 KL to the reference model (none is loaded at ``--beta 0``).
+megatron-core KV-cached decode loop, or under pipeline parallelism a full forward per token through the stages).
+Each prompt's group is sampled with a seed of its own (``--seed``, the step and the prompt's number), so the tokens
+do not depend on the layout or the data-parallel size, and a resumed run samples what the first would have. The
+reward functions (``--reward-funcs``, any registered through ``pai_zoo_reward_funcs``) score each completion with
+TRL's contract; their weighted sum, normalised within each prompt's group, is every token's advantage. The policy
+then takes ``--num-iterations`` optimisation steps on the batch against the clipped ratio to the policy that
+sampled, plus ``--beta`` times the k3 KL to the reference model (none is loaded at ``--beta 0``).
 
 ``SAVE/metrics.jsonl`` has one record per step with TRL's names: ``reward``, ``reward_std``,
 ``rewards/NAME/mean``, ``rewards/NAME/std``, ``frac_reward_zero_std``, ``kl`` (when ``--beta`` is not 0),
@@ -31,7 +32,7 @@ from pai_zoo.errors import PaiZooError, SettingError
 from pai_zoo.rl import RLTrainer
 from pai_zoo.util.metrics import METRICS_FILE, MetricsLog
 
-from .runs import add_run_arguments, check_run_settings
+from .runs import LORA_DEFAULTS, add_lora_arguments, add_run_arguments, check_run_settings
 from .variants import GRPO_LOSS_TYPES as LOSS_TYPES
 from .variants import REWARD_SCALES as SCALES
 
@@ -41,6 +42,7 @@ DEFAULTS = {
     "beta": 0.04, "epsilon": 0.2, "epsilon_high": None, "loss_type": "dapo", "scale_rewards": "group",
     "num_iterations": 1, "bias_correction_kl": True, "lr": 1e-6, "weight_decay": 0.0, "max_grad_norm": 1.0,
     "seed": 0, "save_every": 0, "resume": True, "tensor_parallel_size": 1, "pipeline_parallel_size": 1, "quiet": False,
+    **LORA_DEFAULTS,
 }
 PROMPT_KEYS = ("prompt", "messages")  # a record's prompt; its other fields go to the reward functions
 
@@ -99,6 +101,7 @@ class GRPOTrainer(RLTrainer):
         a("--lr", type=float, default=DEFAULTS["lr"], help="learning rate (constant)")
         a("--weight-decay", type=float, default=DEFAULTS["weight_decay"], help="AdamW weight decay")
         add_run_arguments(parser, DEFAULTS)
+        add_lora_arguments(parser)
 
     def run(self) -> dict:
         return _GRPORun({**DEFAULTS, **self.settings}).train()
@@ -132,6 +135,8 @@ class _GRPORun:
         from pai_zoo.rl.models import Optimizer, check_same_tokenizer, load_model, pad_id_of
         from pai_zoo.rl.policy import data_parallel_layout
         from pai_zoo.rl.reward_funcs import get_reward_funcs
+
+        from .runs import attach_lora, lora_settings
 
         _check(s)
         self.s, self.save = s, Path(s["save"])
@@ -180,9 +185,12 @@ class _GRPORun:
             for p in self.reference.model.parameters():
                 p.requires_grad_(False)
         self.pad_id = pad_id_of(self.policy)
+        resume_at = latest_iteration(self.save) if s["resume"] else None
+        self.lora = lora = lora_settings(s)
+        if lora is not None:
+            attach_lora(self.policy, lora, seed)
         self.optimizer = Optimizer(self.policy.model, s["lr"], s["weight_decay"], s["max_grad_norm"])
         self.step = 0
-        resume_at = latest_iteration(self.save) if s["resume"] else None
         if resume_at is not None:
             self.step = load_model_state(self.save, self.policy.model, self.optimizer)["step"]
         self.resumed_from = resume_at
@@ -233,7 +241,11 @@ class _GRPORun:
         mine = data_parallel_share(indices, self.dp_rank, self.dp_size)
         prompts = [self.records[i][2] for i in mine for _ in range(G)]
         start = time.perf_counter()
-        completions, decoded = self.sample(prompts, seed=(s["seed"] * 1_000_003 + self.step) * 1009 + self.dp_rank)
+        completions, decoded = [], []
+        for i in mine:  # each prompt's group from a seed of its own: the same tokens on any layout and DP size
+            ids, texts = self.sample([self.records[i][2]] * G, seed=(s["seed"] * 1_000_003 + self.step) * 1009 + i)
+            completions += ids
+            decoded += texts
         rollout_time = time.perf_counter() - start
         texts = self._texts(mine, completions, decoded)
         fields = {k: [self.records[i][3][k] for i in mine for _ in range(G)] for k in self.records[mine[0]][3]}
@@ -317,6 +329,10 @@ class _GRPORun:
     def _checkpoint(self) -> None:
         from pai_zoo.rl.checkpoint import save_model
 
+        from .runs import write_lora_record
+
+        if self.lora is not None:
+            write_lora_record(self.policy, self.lora, self.save)
         save_model(self.save, self.policy, self.policy.model, self.optimizer, self.step, state={"step": self.step})
 
     def train(self) -> dict:

@@ -29,3 +29,70 @@ def check_run_settings(command: str, s: dict, required: tuple[str, ...]) -> None
             raise SettingError(f"{flag} {s[key]}: must be at least 1")
     if s["save_every"] < 0:
         raise SettingError(f"--save-every {s['save_every']}: must be 0 (at the end) or positive")
+
+
+def add_lora_arguments(parser) -> None:
+    """``--peft lora`` and its settings, as ``pai-zoo train`` names them."""
+    a = parser.add_argument
+    a("--peft", choices=("lora",), help="train LoRA adapters on the frozen policy (train's --peft lora): the run "
+                                       "folder is a LoRA run (pai-zoo lora export, pai_zoo.load(BASE, adapter=DIR))")
+    a("--lora-rank", type=int, default=8, help="with --peft lora: the adapters' rank (PEFT's r)")
+    a("--lora-alpha", type=float, default=16.0, help="with --peft lora: alpha; the update is scaled by alpha / rank")
+    a("--lora-dropout", type=float, default=0.0, help="with --peft lora: dropout on the adapters' input")
+    a("--lora-target-modules", help="with --peft lora: comma-separated HF projection names (q_proj,v_proj) or "
+                                    "megatron-core linear names (default: every linear of the decoder)")
+    a("--use-rslora", action="store_true", help="with --peft lora: rank-stabilised scaling, alpha / sqrt(rank)")
+
+
+LORA_DEFAULTS = {"peft": None, "lora_rank": 8, "lora_alpha": 16.0, "lora_dropout": 0.0, "lora_target_modules": None,
+                 "use_rslora": False}
+
+
+def lora_settings(s: dict):
+    """The run's :class:`~pai_zoo.lora.settings.LoraSettings` under ``--peft lora``, else None (a LoRA setting
+    without ``--peft lora`` is refused)."""
+    from pai_zoo.lora.settings import LoraSettings, parse_targets
+
+    if s.get("peft") is None:
+        given = [k for k, v in LORA_DEFAULTS.items() if k != "peft" and s.get(k, v) != v]
+        if given:
+            raise SettingError(f"--{given[0].replace('_', '-')}: a LoRA setting without --peft lora (add --peft lora)")
+        return None
+    return LoraSettings(rank=s["lora_rank"], alpha=s["lora_alpha"], dropout=s["lora_dropout"],
+                        targets=parse_targets(s["lora_target_modules"]), use_rslora=s["use_rslora"])
+
+
+def check_lora_base(handle, settings) -> None:
+    """LoRA adapts a base checkpoint folder, which its run names (checked before anything is written)."""
+    if settings is not None and handle.checkpoint is None:
+        raise SettingError("--peft lora adapts a base checkpoint folder (Hugging Face or Megatron-Core), not a "
+                           "preset's random weights; give --model FOLDER")
+
+
+def attach_lora(handle, settings, seed: int) -> None:
+    """Freeze the policy and give it the adapters, drawn from ``seed`` (a resumed run then loads its own)."""
+    from pai_zoo.mcore.lora import add_lora
+
+    check_lora_base(handle, settings)
+    add_lora(handle.model, handle.family, handle.mcore_config, settings, seed=seed)
+
+
+def write_lora_record(handle, settings, save) -> None:
+    """``SAVE/lora.json`` (rank 0, once, with the first checkpoint): it makes the run folder a LoRA run of the base
+    ``handle`` was loaded from, as ``pai-zoo train --peft lora`` writes it."""
+    from pathlib import Path
+
+    from pai_zoo.lora import run as lora_run
+    from pai_zoo.lora.targets import lora_targets, select
+    from pai_zoo.mcore.dist_ckpt import is_mcore_checkpoint
+    from pai_zoo.registry import get_registry
+    from pai_zoo.util.dist import is_rank0
+
+    if not is_rank0() or lora_run.is_lora_run(save):
+        return
+    chosen = select(lora_targets(get_registry().weight_map(handle.family, handle.mcore_config)), settings.targets,
+                    handle.family.name)
+    targets = sorted({t.leaves[i] for t, idx in chosen.items() for i in idx})
+    base = Path(handle.checkpoint)
+    Path(save).mkdir(parents=True, exist_ok=True)
+    lora_run.write_record(Path(save), settings, base, "mcore" if is_mcore_checkpoint(base) else "hf", targets)

@@ -102,23 +102,25 @@ def _same(a: list[dict], b: list[dict], keys: tuple[str, ...]) -> None:
                 assert abs(x[key] - y[key]) <= 1e-5 * max(1.0, abs(x[key])), (key, x, y)
 
 
-@pytest.mark.parametrize("layout", ["--tp", "--pp"])
+@pytest.mark.parametrize("layout", [("--tp", "2"), ("--pp", "2"), pytest.param((), marks=once, id="dp")])
 def test_parallel_layouts_equal_one_process(data, tmp_path, layout):
-    """DPO (live reference, robust loss) and GRPO (two optimisation steps per rollout) at TP=2 and PP=2 on the
-    session's 2 worker ranks: the same losses, gradient norms, rewards and metrics as one process, step for step.
-    The GRPO rollouts sample the same tokens (under PP a full forward per token through the stages): the rewards
-    and completion lengths agree."""
+    """DPO (live reference, robust loss) and GRPO (two optimisation steps per rollout) at TP=2, PP=2 and DP=2 on
+    the session's 2 worker ranks: the same losses, gradient norms, rewards and metrics as one process, step for
+    step. The GRPO rollouts sample the same tokens (under PP a full forward per token through the stages): the
+    rewards and completion lengths agree. (Under DP the per-token means a rank reports -- entropy, KL, clip
+    fraction -- are averaged over the ranks as TRL averages them, not over the batch's tokens: not compared.)"""
     dpo = ("--epochs", "1", "--max-steps", "3", "--loss-type", "robust", "--label-smoothing", "0.1",
            "--no-precompute-ref")
     grpo = ("--steps", "3", "--num-iterations", "2", "--beta", "0.1")
     _ok(run_cli(_dpo(data, tmp_path / "dpo1", *dpo)))
     _ok(run_cli(_grpo(data, tmp_path / "grpo1", *grpo)))
-    _ok(run_cli_on_ranks(_dpo(data, tmp_path / "dpo2", *dpo, layout, "2"), timeout=600))
-    _ok(run_cli_on_ranks(_grpo(data, tmp_path / "grpo2", *grpo, layout, "2"), timeout=600))
+    _ok(run_cli_on_ranks(_dpo(data, tmp_path / "dpo2", *dpo, *layout), timeout=600))
+    _ok(run_cli_on_ranks(_grpo(data, tmp_path / "grpo2", *grpo, *layout), timeout=600))
     _same(_log(tmp_path / "dpo1"), _log(tmp_path / "dpo2"),
           ("loss", "rewards/margins", "rewards/accuracies", "eval_loss", "eval_rewards/margins", "grad_norm"))
+    per_token = ("kl", "clip_ratio/region_mean", "entropy") if layout else ()
     _same(_log(tmp_path / "grpo1"), _log(tmp_path / "grpo2"),
-          ("loss", "reward", "kl", "completions/mean_length", "clip_ratio/region_mean", "entropy", "grad_norm"))
+          ("loss", "reward", "reward_std", "completions/mean_length", "grad_norm", *per_token))
 
 
 @once
@@ -229,3 +231,27 @@ def test_a_reward_model_is_a_reward_function(data, tmp_path):
     record = _log(tmp_path / "run")[0]
     assert abs(record["reward"] - record["rewards/rm/mean"] - record["rewards/format/mean"]) <= 1e-5
     assert record["rewards/rm/std"] > 0  # scores that differ between completions
+
+
+@once
+def test_lora_runs_are_peft_adapters_of_the_base(data, tmp_path):
+    """``--peft lora``: DPO trains adapters on the frozen base, whose own log-probabilities are the reference (no
+    second model); the run folder is a LoRA run that converts to a PEFT adapter, which PEFT applies as pai-zoo
+    applies the run (the HF backend applies it with PEFT itself); GRPO takes the same flags."""
+    import torch
+
+    _ok(run_cli(_dpo(data, tmp_path / "dpo", "--epochs", "1", "--max-steps", "3", "--peft", "lora", "--lora-rank",
+                     "4", "--lora-target-modules", "q_proj,v_proj,down_proj")))
+    steps = [r for r in _log(tmp_path / "dpo") if "loss" in r]
+    assert steps[0]["loss"] == pytest.approx(0.6931472, abs=1e-6) and steps[-1]["rewards/margins"] != 0.0
+    ids = torch.tensor([[5, 17, 33, 250, 9, 100, 44]])
+    base = pai_zoo.load(data / "model", backend="hf").logits(ids)
+    _ok(run_cli(["convert", tmp_path / "dpo", tmp_path / "peft", "--to", "hf-peft"]))
+    assert (tmp_path / "peft" / "adapter_config.json").is_file()
+    peft = pai_zoo.load(data / "model", backend="hf", adapter=tmp_path / "peft").logits(ids)
+    mcore = pai_zoo.load(data / "model", backend="mcore", adapter=tmp_path / "dpo").logits(ids)[..., :peft.shape[-1]]
+    assert float((peft - mcore).abs().max()) <= 1e-5 and float((peft - base).abs().max()) > 1e-4
+    _ok(run_cli(_grpo(data, tmp_path / "grpo", "--steps", "1", "--peft", "lora")))
+    assert (tmp_path / "grpo" / "lora.json").is_file()
+    _refused(_dpo(data, tmp_path / "preset", "--model", "llama3-tiny", "--peft", "lora"),
+             "--peft lora adapts a base checkpoint folder", tmp_path / "preset")
