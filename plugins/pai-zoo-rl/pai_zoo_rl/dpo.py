@@ -28,7 +28,7 @@ from pai_zoo.rl import RLTrainer
 from pai_zoo.util.files import write_text_atomic
 from pai_zoo.util.metrics import METRICS_FILE, MetricsLog
 
-from .runs import LORA_DEFAULTS, add_lora_arguments, add_run_arguments, check_run_settings
+from .runs import LORA_DEFAULTS, add_lora_arguments, add_run_arguments, check_run_settings, save_policy, step_slice
 from .variants import DPO_LOSS_TYPES as LOSS_TYPES
 
 DEFAULTS = {
@@ -229,21 +229,8 @@ class _DPORun:
         return {f"eval_{k}": v / len(self.eval_ids) for k, v in sums.items()}
 
     # -- the run --------------------------------------------------------------------------------
-    def _step_pairs(self, step: int) -> list[int]:
-        epoch, k = divmod(step, self.steps_per_epoch)
-        order = list(self.train_ids)
-        random.Random(self.s["seed"] * 1_000_003 + epoch).shuffle(order)
-        size = self.s["batch_size"]
-        return order[k * size:(k + 1) * size]
-
     def _checkpoint(self) -> None:
-        from pai_zoo.rl.checkpoint import save_model
-
-        from .runs import write_lora_record
-
-        if self.lora is not None:
-            write_lora_record(self.policy, self.lora, self.save)
-        save_model(self.save, self.policy, self.policy.model, self.optimizer, self.step, state={"step": self.step})
+        save_policy(self.policy, self.optimizer, self.save, self.step, self.lora)
 
     def train(self) -> dict:
         from pai_zoo.rl.policy import data_parallel_share, train_step
@@ -257,7 +244,7 @@ class _DPORun:
         while self.step < self.total:
             step_start = time.perf_counter()
             lr = self.optimizer.optimizer.param_groups[0]["lr"]
-            pairs = self._step_pairs(self.step)
+            pairs = step_slice(self.train_ids, s["seed"], self.step, s["batch_size"])
             batch = self._with_reference(self._batch(data_parallel_share(pairs, self.dp_rank, self.dp_size)))
             values, grad_norm = train_step(self.optimizer, batch, self.loss, STEP_KEYS)
             self.step += 1

@@ -24,7 +24,6 @@ the place is :meth:`_GRPORun.sample`, which returns token ids per completion; th
 """
 from __future__ import annotations
 
-import random
 import time
 from pathlib import Path
 
@@ -32,7 +31,7 @@ from pai_zoo.errors import PaiZooError, SettingError
 from pai_zoo.rl import RLTrainer
 from pai_zoo.util.metrics import METRICS_FILE, MetricsLog
 
-from .runs import LORA_DEFAULTS, add_lora_arguments, add_run_arguments, check_run_settings
+from .runs import LORA_DEFAULTS, add_lora_arguments, add_run_arguments, check_run_settings, save_policy, step_slice
 from .variants import GRPO_LOSS_TYPES as LOSS_TYPES
 from .variants import REWARD_SCALES as SCALES
 
@@ -209,14 +208,6 @@ class _GRPORun:
         return weights
 
     # -- rollout --------------------------------------------------------------------------------
-    def _step_records(self, step: int) -> list[int]:
-        per_epoch = len(self.records) // self.s["batch_size"]
-        epoch, k = divmod(step, per_epoch)
-        order = list(range(len(self.records)))
-        random.Random(self.s["seed"] * 1_000_003 + epoch).shuffle(order)
-        size = self.s["batch_size"]
-        return order[k * size:(k + 1) * size]
-
     def sample(self, prompts: list[list[int]], seed: int) -> tuple[list[list[int]], list[str | None]]:
         """Completions of ``prompts``, one per entry, sampled from the policy: their token ids (an ending EOS
         included) and texts (the decoding without the EOS; None without a tokenizer). The one place a rollout
@@ -327,13 +318,7 @@ class _GRPORun:
                           bias_correction_kl=s["bias_correction_kl"])
 
     def _checkpoint(self) -> None:
-        from pai_zoo.rl.checkpoint import save_model
-
-        from .runs import write_lora_record
-
-        if self.lora is not None:
-            write_lora_record(self.policy, self.lora, self.save)
-        save_model(self.save, self.policy, self.policy.model, self.optimizer, self.step, state={"step": self.step})
+        save_policy(self.policy, self.optimizer, self.save, self.step, self.lora)
 
     def train(self) -> dict:
         from pai_zoo.rl.policy import train_step
@@ -346,7 +331,8 @@ class _GRPORun:
         while self.step < s["steps"]:
             step_start = time.perf_counter()
             lr = self.optimizer.optimizer.param_groups[0]["lr"]
-            batch, stats = self.rollout(self._step_records(self.step))
+            batch, stats = self.rollout(step_slice(list(range(len(self.records))), s["seed"], self.step,
+                                                   s["batch_size"]))
             train_start = time.perf_counter()
             sums: dict[str, float] = {}
             for _ in range(s["num_iterations"]):

@@ -96,3 +96,23 @@ def write_lora_record(handle, settings, save) -> None:
     base = Path(handle.checkpoint)
     Path(save).mkdir(parents=True, exist_ok=True)
     lora_run.write_record(Path(save), settings, base, "mcore" if is_mcore_checkpoint(base) else "hf", targets)
+
+
+def step_slice(items: list, seed: int, step: int, size: int) -> list:
+    """Step ``step``'s ``size`` items: epochs of ``len(items) // size`` steps, each a shuffle of ``items`` drawn from
+    ``seed`` and the epoch (so a resumed run takes what the first would have)."""
+    import random
+
+    epoch, k = divmod(step, len(items) // size)
+    order = list(items)
+    random.Random(seed * 1_000_003 + epoch).shuffle(order)
+    return order[k * size:(k + 1) * size]
+
+
+def save_policy(handle, optimizer, save, step: int, lora) -> None:
+    """Checkpoint ``step`` of the policy (its adapters only under LoRA, with ``lora.json`` the first time)."""
+    from pai_zoo.rl.checkpoint import save_model
+
+    if lora is not None:
+        write_lora_record(handle, lora, save)
+    save_model(save, handle, handle.model, optimizer, step, state={"step": step})

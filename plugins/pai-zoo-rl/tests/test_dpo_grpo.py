@@ -102,24 +102,34 @@ def _same(a: list[dict], b: list[dict], keys: tuple[str, ...]) -> None:
                 assert abs(x[key] - y[key]) <= 1e-5 * max(1.0, abs(x[key])), (key, x, y)
 
 
+PARALLEL_DPO = ("--epochs", "1", "--max-steps", "3", "--loss-type", "robust", "--label-smoothing", "0.1",
+                "--no-precompute-ref")
+PARALLEL_GRPO = ("--steps", "3", "--num-iterations", "2", "--beta", "0.1")
+
+
+@pytest.fixture(scope="module")
+def one_process(data, tmp_path_factory):
+    """The one-process runs the parallel layouts are compared with (DPO, then GRPO), run once."""
+    root = tmp_path_factory.mktemp("one")
+    _ok(run_cli(_dpo(data, root / "dpo", *PARALLEL_DPO)))
+    _ok(run_cli(_grpo(data, root / "grpo", *PARALLEL_GRPO)))
+    return _log(root / "dpo"), _log(root / "grpo")
+
+
 @pytest.mark.parametrize("layout", [("--tp", "2"), ("--pp", "2"), pytest.param((), marks=once, id="dp")])
-def test_parallel_layouts_equal_one_process(data, tmp_path, layout):
+def test_parallel_layouts_equal_one_process(data, one_process, tmp_path, layout):
     """DPO (live reference, robust loss) and GRPO (two optimisation steps per rollout) at TP=2, PP=2 and DP=2 on
     the session's 2 worker ranks: the same losses, gradient norms, rewards and metrics as one process, step for
     step. The GRPO rollouts sample the same tokens (under PP a full forward per token through the stages): the
     rewards and completion lengths agree. (Under DP the per-token means a rank reports -- entropy, KL, clip
     fraction -- are averaged over the ranks as TRL averages them, not over the batch's tokens: not compared.)"""
-    dpo = ("--epochs", "1", "--max-steps", "3", "--loss-type", "robust", "--label-smoothing", "0.1",
-           "--no-precompute-ref")
-    grpo = ("--steps", "3", "--num-iterations", "2", "--beta", "0.1")
-    _ok(run_cli(_dpo(data, tmp_path / "dpo1", *dpo)))
-    _ok(run_cli(_grpo(data, tmp_path / "grpo1", *grpo)))
-    _ok(run_cli_on_ranks(_dpo(data, tmp_path / "dpo2", *dpo, *layout), timeout=600))
-    _ok(run_cli_on_ranks(_grpo(data, tmp_path / "grpo2", *grpo, *layout), timeout=600))
-    _same(_log(tmp_path / "dpo1"), _log(tmp_path / "dpo2"),
+    _ok(run_cli_on_ranks(_dpo(data, tmp_path / "dpo", *PARALLEL_DPO, *layout), timeout=600))
+    _ok(run_cli_on_ranks(_grpo(data, tmp_path / "grpo", *PARALLEL_GRPO, *layout), timeout=600))
+    dpo, grpo = one_process
+    _same(dpo, _log(tmp_path / "dpo"),
           ("loss", "rewards/margins", "rewards/accuracies", "eval_loss", "eval_rewards/margins", "grad_norm"))
     per_token = ("kl", "clip_ratio/region_mean", "entropy") if layout else ()
-    _same(_log(tmp_path / "grpo1"), _log(tmp_path / "grpo2"),
+    _same(grpo, _log(tmp_path / "grpo"),
           ("loss", "reward", "reward_std", "completions/mean_length", "grad_norm", *per_token))
 
 
