@@ -222,7 +222,7 @@ def test_registry_in_an_environment_with_broken_plugins(good_env):
         assert r.plugins["brokenimport"].broken and "frobnicate" in r.plugins["brokenimport"].traceback
         assert r.plugins["brokenfam"].broken and r.plugins["brokenfam"].families == []
         assert not r.pm.has_plugin("brokenfam")  # a broken plugin's other hooks are dropped too
-        assert sorted(pai_zoo.rl.list_trainers()) == ["ppo", "reward", "toy-ppo"]  # the core's two and the plugin's
+        assert sorted(pai_zoo.rl.list_trainers()) == ["dpo", "grpo", "ppo", "reward", "toy-ppo"]  # + the toy
         try:
             r.family("nosuch")
         except UnknownModelError as exc:
