@@ -53,7 +53,7 @@ def _add_trainers(subparsers, trainers: dict) -> None:
                        "without --); flags given here with other values than their defaults win")
         names = {name: a for a in own for name in (a.dest, *(o.lstrip("-") for o in a.option_strings))}
         q.set_defaults(func=run_trainer, rl_class=cls, rl_settings=tuple(a.dest for a in own), rl_names=names,
-                       rl_required=tuple(required), rl_name=name)
+                       rl_required=tuple(required), rl_name=name, rl_parser=q)
 
 
 def _show_defaults(parser: argparse.ArgumentParser) -> None:
@@ -97,9 +97,9 @@ def run_trainer(args) -> int:
             if settings.get(action.dest) == action.default:  # not given on the command line
                 settings[action.dest] = value
     missing = [a.option_strings[0] for a in args.rl_required if settings.get(a.dest) in (None, "")]
-    if missing:
-        raise SettingError(f"pai-zoo rl {args.rl_name}: {', '.join(missing)} required (on the command line or in "
-                           "--config FILE.yaml)")
+    if missing:  # argparse's usage error (exit 2), as before --config existed
+        args.rl_parser.error(f"the following arguments are required: {', '.join(missing)} (on the command line or "
+                             "in --config FILE.yaml)")
     summary = args.rl_class(**settings).run()
     print(json.dumps(summary, indent=2, default=str))
     return 0
