@@ -17,6 +17,7 @@ import json
 
 from ..errors import PaiZooError, SettingError
 from ..rl import list_trainers
+from ..util.yaml_settings import read_settings_yaml
 from ._common import add_command
 
 RESERVED = ("list", "run")  # subcommands of ``rl`` that a trainer's name cannot shadow
@@ -87,7 +88,8 @@ def run_list(args) -> int:
 def run_trainer(args) -> int:
     settings = {dest: getattr(args, dest) for dest in args.rl_settings if hasattr(args, dest)}
     if args.config:
-        for key, value in _read_settings(args.config).items():
+        given = read_settings_yaml(args.config, SettingError, "the --config YAML file of settings")
+        for key, value in given.items():
             action = args.rl_names.get(key) or args.rl_names.get(key.replace("_", "-"))
             if action is None:
                 known = ", ".join(sorted({a.option_strings[0].lstrip("-") for a in args.rl_names.values()
@@ -104,21 +106,3 @@ def run_trainer(args) -> int:
     print(json.dumps(summary, indent=2, default=str))
     return 0
 
-
-def _read_settings(path: str) -> dict:
-    """A YAML mapping of settings, or one line naming the file (and line) that is not one."""
-    import yaml
-
-    try:
-        values = yaml.safe_load(open(path, encoding="utf-8").read())
-    except FileNotFoundError:
-        raise SettingError(f"--config {path}: no such file") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else path
-        raise SettingError(f"{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
-    if values is None:
-        return {}
-    if not isinstance(values, dict):
-        raise SettingError(f"{path}: expected a mapping of settings, found {type(values).__name__}")
-    return {str(k): v for k, v in values.items()}

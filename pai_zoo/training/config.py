@@ -22,6 +22,7 @@ from typing import Any
 
 from ..errors import PaiZooError, SettingError, no_such_path
 from ..lora.settings import LoraError, LoraSettings, parse_targets, settings_from_peft_config
+from ..util.yaml_settings import read_settings_yaml
 from .settings import (
     DECAY_STYLES,
     DEFAULT_WARMUP_FRACTION,
@@ -427,7 +428,10 @@ class TrainConfig:
     def load(cls, path=None, overrides: dict[str, Any] | None = None) -> TrainConfig:
         """Settings from a YAML file (optional) with ``overrides`` (flags; None values are left out) on top.
         A flag of one form of the budget or warm-up replaces the file's other forms of it."""
-        given = _resolve(_read_yaml(Path(path)), str(path)) if path is not None else {}
+        given = {}
+        if path is not None:
+            values = read_settings_yaml(path, TrainConfigError, "the YAML file of training settings")
+            given = _resolve(values, str(path))
         flags = _resolve({k: v for k, v in (overrides or {}).items() if v is not None}, "flags")
         for name in flags:
             for group in FORMS.values():
@@ -497,24 +501,6 @@ def _resolve(values: dict[str, Any], where: str) -> dict[str, tuple[Any, str, st
         if len(both) > 1:
             raise TrainConfigError(f"{at}{both[0]} and {both[1]} both give the {what}; give one of them")
     return out
-
-
-def _read_yaml(path: Path) -> dict[str, Any]:
-    import yaml
-
-    try:
-        values = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise no_such_path(path, "the YAML file of training settings") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
-        raise TrainConfigError(f"{where}: not valid YAML ({getattr(e, 'problem', e)})") from None
-    if values is None:
-        return {}
-    if not isinstance(values, dict):
-        raise TrainConfigError(f"{path}: expected a mapping of settings, found {type(values).__name__}")
-    return {str(k): v for k, v in values.items()}
 
 
 def _coerce(f: dataclasses.Field, value: Any, where: str, key: str | None = None) -> Any:

@@ -28,7 +28,15 @@ from pai_zoo.rl import RLTrainer
 from pai_zoo.util.files import write_text_atomic
 from pai_zoo.util.metrics import METRICS_FILE, MetricsLog
 
-from .runs import LORA_DEFAULTS, add_lora_arguments, add_run_arguments, check_run_settings, save_policy, step_slice
+from .runs import (
+    LORA_DEFAULTS,
+    add_lora_arguments,
+    add_model_arguments,
+    add_run_arguments,
+    check_run_settings,
+    save_policy,
+    step_slice,
+)
 from .variants import DPO_LOSS_TYPES as LOSS_TYPES
 
 DEFAULTS = {
@@ -52,14 +60,12 @@ class DPOTrainer(RLTrainer):
     @classmethod
     def add_arguments(cls, parser) -> None:
         a = parser.add_argument
-        a("--model", required=True, help="SFT policy: preset, HF folder or Megatron-Core checkpoint")
-        a("--ref-model", help="reference model (default: the starting policy, --model)")
+        add_model_arguments(parser, "for the log-ratios")
         a("--data", required=True,
           help='JSON Lines of {"prompt", "chosen", "rejected"}: text or token ids, or a chat (prompt a list of '
                "messages, chosen/rejected the assistant's text or message)")
         a("--chat", action="store_true", help="render text prompts with the tokenizer's chat template as a user "
                                               "turn and chosen/rejected as the assistant's (ChatML if it has none)")
-        a("--save", required=True, help="output folder: Megatron-Core checkpoints, metrics.jsonl")
         a("--beta", type=float, default=DEFAULTS["beta"], help="the KL strength beta (IPO: its tau)")
         a("--loss-type", choices=LOSS_TYPES, default=DEFAULTS["loss_type"],
           help="sigmoid (DPO), hinge, ipo, robust (with --label-smoothing) or sigmoid_norm (length-normalised)")
@@ -88,10 +94,10 @@ class _DPORun:
 
         from pai_zoo.rl.checkpoint import latest_iteration, load_model_state
         from pai_zoo.rl.data import read_pairs
-        from pai_zoo.rl.models import Optimizer, check_same_tokenizer, load_model, pad_id_of
+        from pai_zoo.rl.models import Optimizer, load_model, pad_id_of
         from pai_zoo.rl.policy import data_parallel_layout
 
-        from .runs import attach_lora, check_lora_base, lora_settings
+        from .runs import attach_lora, check_lora_base, load_reference, lora_settings
 
         check_run_settings("dpo", s, ("model", "data", "save"))
         if not s["beta"] > 0:
@@ -137,10 +143,7 @@ class _DPORun:
         if lora is not None and s["ref_model"] is None and s["precompute_ref"]:
             self.reference = self.policy  # the base, before its adapters: no second model (TRL's way with PEFT)
         else:
-            self.reference = load_model(reference_spec, tp, seed, pp)
-            check_same_tokenizer(self.policy, self.reference, "policy", "reference model")
-            for p in self.reference.model.parameters():
-                p.requires_grad_(False)
+            self.reference = load_reference(reference_spec, self.policy, tp, seed, pp)
         self.pad_id = pad_id_of(self.policy)
         resume_at = latest_iteration(self.save) if s["resume"] else None
         self.ref_logps = self._reference_logps(reference_spec, resume_at) if s["precompute_ref"] else None

@@ -31,7 +31,15 @@ from pai_zoo.errors import PaiZooError, SettingError
 from pai_zoo.rl import RLTrainer
 from pai_zoo.util.metrics import METRICS_FILE, MetricsLog
 
-from .runs import LORA_DEFAULTS, add_lora_arguments, add_run_arguments, check_run_settings, save_policy, step_slice
+from .runs import (
+    LORA_DEFAULTS,
+    add_lora_arguments,
+    add_model_arguments,
+    add_run_arguments,
+    check_run_settings,
+    save_policy,
+    step_slice,
+)
 from .variants import GRPO_LOSS_TYPES as LOSS_TYPES
 from .variants import REWARD_SCALES as SCALES
 
@@ -68,12 +76,10 @@ class GRPOTrainer(RLTrainer):
     @classmethod
     def add_arguments(cls, parser) -> None:
         a = parser.add_argument
-        a("--model", required=True, help="policy to train: preset, HF folder or Megatron-Core checkpoint")
-        a("--ref-model", help="reference model for the KL term (default: the starting policy, --model)")
+        add_model_arguments(parser, "for the KL term")
         a("--data", required=True, help='JSON Lines of {"prompt": text | [ids], FIELD: ...} (or {"messages": '
                                         "[...]}); the other fields reach the reward functions")
         a("--chat", action="store_true", help="render the prompts with the tokenizer's chat template")
-        a("--save", required=True, help="output folder: Megatron-Core checkpoints, metrics.jsonl")
         a("--reward-funcs", default=DEFAULTS["reward_funcs"], metavar="NAME[,NAME]", help=_reward_help())
         a("--reward-weights", metavar="W[,W]", help="one weight per reward function (default: 1 each)")
         a("--num-generations", type=int, default=DEFAULTS["num_generations"], metavar="G",
@@ -131,16 +137,18 @@ class _GRPORun:
         from pai_zoo.generation import read_prompts as read_prompt_records
         from pai_zoo.rl.checkpoint import latest_iteration, load_model_state
         from pai_zoo.rl.data import check_ids
-        from pai_zoo.rl.models import Optimizer, check_same_tokenizer, load_model, pad_id_of
+        from pai_zoo.rl.models import Optimizer, load_model, pad_id_of
         from pai_zoo.rl.policy import data_parallel_layout
         from pai_zoo.rl.reward_funcs import get_reward_funcs
 
-        from .runs import attach_lora, lora_settings
+        from .runs import attach_lora, load_reference, lora_settings
 
         _check(s)
         self.s, self.save = s, Path(s["save"])
         tp, pp, seed = s["tensor_parallel_size"], s["pipeline_parallel_size"], s["seed"]
         names = [n.strip() for n in str(s["reward_funcs"]).split(",") if n.strip()]
+        if not names:
+            raise SettingError("--reward-funcs names no reward function")
         models = {n: n.removeprefix("model:") for n in names if n.startswith("model:")}
         found = get_reward_funcs([n for n in names if n not in models]) if len(models) < len(names) else {}
         torch.manual_seed(s["seed"])
@@ -178,11 +186,8 @@ class _GRPORun:
             raise SettingError(f"--batch-size {s['batch_size']}: {s['data']} has {len(self.records)} prompts")
         self.reference = None
         if s["beta"] != 0.0:
-            self.reference = load_model(s["ref_model"] if s["ref_model"] is not None else s["model"], tp, seed, pp)
-            check_same_tokenizer(self.policy, self.reference, "policy", "reference model")
-            self.reference.model.eval()
-            for p in self.reference.model.parameters():
-                p.requires_grad_(False)
+            reference_spec = s["ref_model"] if s["ref_model"] is not None else s["model"]
+            self.reference = load_reference(reference_spec, self.policy, tp, seed, pp)
         self.pad_id = pad_id_of(self.policy)
         resume_at = latest_iteration(self.save) if s["resume"] else None
         self.lora = lora = lora_settings(s)

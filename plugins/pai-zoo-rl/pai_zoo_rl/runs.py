@@ -4,6 +4,26 @@ from __future__ import annotations
 from pai_zoo.errors import SettingError
 
 
+def add_model_arguments(parser, reference_role: str) -> None:
+    """``--model`` (the policy), ``--ref-model`` (what the reference is for: ``reference_role``) and ``--save``."""
+    a = parser.add_argument
+    a("--model", required=True, help="the policy to train: preset, HF folder or Megatron-Core checkpoint")
+    a("--ref-model", help=f"reference model {reference_role} (default: the starting policy, --model)")
+    a("--save", required=True, help="output folder: Megatron-Core checkpoints, metrics.jsonl")
+
+
+def load_reference(spec, policy, tensor_parallel_size: int, seed: int, pipeline_parallel_size: int):
+    """The frozen reference model (``spec``), checked to share the policy's tokenizer."""
+    from pai_zoo.rl.models import check_same_tokenizer, load_model
+
+    reference = load_model(spec, tensor_parallel_size, seed, pipeline_parallel_size)
+    check_same_tokenizer(policy, reference, "policy", "reference model")
+    reference.model.eval()
+    for p in reference.model.parameters():
+        p.requires_grad_(False)
+    return reference
+
+
 def add_run_arguments(parser, defaults: dict) -> None:
     """``--clip-grad``, ``--seed``, ``--save-every``, ``--no-resume``, ``--tp``, ``--pp`` and ``--quiet``."""
     a = parser.add_argument
