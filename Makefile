@@ -39,7 +39,7 @@ $(STAMP): $(PY) pyproject.toml conformance/pyproject.toml $(addsuffix /pyproject
 setup: $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m pai_zoo.demo
+	$(PY) -m pai_zoo.cli.demo
 
 # Lint (ruff, configured in pyproject.toml), then the suite, in one venv ($(VENV) on $(PYTHON)), on one torch thread
 # per process (OMP_NUM_THREADS=1: the floats do not depend on the machine's cores). The tests marked no_megatron

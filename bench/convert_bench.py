@@ -108,8 +108,8 @@ def generate(folder: Path, shard_size: str, config: dict = CONFIG) -> int:
     ``quantization_config`` says so); returns the bytes written."""
     import torch
 
-    from pai_zoo.checkpoint import SafetensorsWriter
-    from pai_zoo.fp8_blocks import quantize, scale_name, scale_shape
+    from pai_zoo.formats.encodings.fp8_blocks import quantize, scale_name, scale_shape
+    from pai_zoo.formats.hf_folder import SafetensorsWriter
 
     plan, fp8 = tensor_plan(config), "quantization_config" in config
     entries = []
@@ -188,7 +188,7 @@ def _fmt(values) -> str:
 def same_tensors(a: Path, b: Path) -> bool:
     import torch
 
-    from pai_zoo.checkpoint import HFCheckpoint
+    from pai_zoo.formats.hf_folder import HFCheckpoint
 
     left, right = HFCheckpoint(a), HFCheckpoint(b)
 

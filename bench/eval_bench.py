@@ -63,7 +63,7 @@ def main() -> None:
     import pai_zoo
     from pai_zoo.cli import main as cli
     from pai_zoo.evaluation.harness import make_lm
-    from pai_zoo.registry import get_registry
+    from pai_zoo.families.registry import get_registry
 
     torch.set_num_threads(args.threads)
     llama = get_registry().family("llama")

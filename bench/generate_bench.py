@@ -41,7 +41,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     import pai_zoo
     from pai_zoo.generation import generate
-    from pai_zoo.weights import hf_model_to_mcore
+    from pai_zoo.models.state_dicts import hf_model_to_mcore
 
     shape = dict(hidden_size=args.hidden, intermediate_size=args.hidden * 11 // 4, num_hidden_layers=args.layers,
                  num_attention_heads=args.hidden // 64, num_key_value_heads=args.hidden // 256, head_dim=64,

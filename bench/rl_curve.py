@@ -1,4 +1,4 @@
-"""The README's RL figure: the toy GRPO task's reward curve, drawn from the run's own ``metrics.jsonl``.
+"""The RL figure of docs/rl.md: the toy GRPO task's reward curve, drawn from the run's own ``metrics.jsonl``.
 
     python bench/rl_curve.py [--steps 40] [--seeds 0,1,2] [--out docs/grpo_reward_curve.png]
 
@@ -27,7 +27,7 @@ def run(root: Path, steps: int, seed: int) -> list[float]:
 
     import pai_zoo
     from pai_zoo.cli import main
-    from pai_zoo.registry import get_registry
+    from pai_zoo.families.registry import get_registry
 
     torch.set_num_threads(1)
     model = root / "model"

@@ -141,7 +141,7 @@ def main() -> None:
             num_key_value_heads=4 if not gpu else 8,
             max_position_embeddings=max(seq, 2048),
         )
-        from pai_zoo.registry import get_registry
+        from pai_zoo.families.registry import get_registry
 
         family, preset = get_registry().preset("llama3-tiny")
         cfg = TrainConfig(
@@ -161,7 +161,7 @@ def main() -> None:
         )
         trainer = Trainer(cfg, echo=lambda *a: None)
         # The model comes from the preset with the benchmark's sizes (random weights).
-        from pai_zoo.handle import Source
+        from pai_zoo.models.handle import Source
 
         trainer._source = lambda: Source(family, {**preset, **overrides})
         trainer.setup()

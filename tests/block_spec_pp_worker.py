@@ -14,13 +14,13 @@ def stages() -> dict | None:
     import gemma_like
     import torch
 
-    from pai_zoo import hf
+    from pai_zoo.hf import models as hf
     from pai_zoo.mcore.build import build_gpt_model
     from pai_zoo.mcore.compat import ensure_model_parallel
     from pai_zoo.mcore.norms import ZeroCenteredNorm
     from pai_zoo.mcore.pipeline import forward_logits
     from pai_zoo.mcore.specs import block_spec, default_layer_spec
-    from pai_zoo.weights import hf_to_mcore, load_into, mcore_tensors
+    from pai_zoo.models.state_dicts import hf_to_mcore, load_into, mcore_tensors
     from pai_zoo_conformance import checks
 
     torch.set_num_threads(1)

@@ -31,7 +31,7 @@ _register_megatron_lm_writers()
 def fresh_registry(monkeypatch):
     """The registry of the really installed plugins (no ``$PAI_ZOO_PLUGINS``), built afresh for the test and
     dropped after it."""
-    from pai_zoo.registry import PLUGINS_ENV, reset_registry
+    from pai_zoo.families.registry import PLUGINS_ENV, reset_registry
 
     monkeypatch.delenv(PLUGINS_ENV, raising=False)
     reset_registry(None)

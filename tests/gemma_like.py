@@ -6,8 +6,8 @@ installed Gemma family is the plugin in plugins/pai-zoo-gemma (the same rules, p
 from __future__ import annotations
 
 from pai_zoo import ConfigMap, Family, Field, Fixed, Rope, WeightMap
-from pai_zoo.config_map import EMBEDDING_SCALE
-from pai_zoo.layouts import llama_layout, llama_shape_rules
+from pai_zoo.plugin.config_map import EMBEDDING_SCALE
+from pai_zoo.tables.layouts import llama_layout, llama_shape_rules
 
 TINY = dict(
     model_type="gemma", architectures=["GemmaForCausalLM"], vocab_size=301, hidden_size=64, intermediate_size=96,

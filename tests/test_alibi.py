@@ -134,8 +134,8 @@ def test_with_alibi_swaps_the_core_attention_in_a_copy_of_the_spec():
 
 
 def test_uses_alibi_reads_the_position_embedding_type():
-    from pai_zoo.config_map import McoreConfig
     from pai_zoo.mcore.alibi import ALIBI, uses_alibi
+    from pai_zoo.plugin.config_map import McoreConfig
 
     assert uses_alibi(McoreConfig("x", {"position_embedding_type": ALIBI}))
     assert not uses_alibi(McoreConfig("x", {"position_embedding_type": "rope"}))

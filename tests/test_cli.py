@@ -18,7 +18,7 @@ import pytest
 import pai_zoo_llama
 from pai_zoo import Family, hookimpl
 from pai_zoo.cli import main
-from pai_zoo.registry import PLUGINS_ENV, Registry, get_registry, reset_registry
+from pai_zoo.families.registry import PLUGINS_ENV, Registry, get_registry, reset_registry
 from pai_zoo_conformance.cli_runs import run_cli
 from pai_zoo_llama import CONFIG, weights
 
@@ -272,7 +272,7 @@ def test_building_under_an_unsupported_megatron_core_fails_clearly():
         expected = rf"supports megatron-core >=0.10,<0.16; megatron-core {version} is installed"
         with pytest.raises(PaiZooError, match=expected):
             family.check_mcore_version(version)
-    from pai_zoo import hf
+    from pai_zoo.hf import models as hf
 
     config = family.to_mcore_config(hf.config_dict(hf.hf_config(family, family.presets["toyfam-tiny"])))
     with pytest.raises(PaiZooError, match=r"family 'toyfam' \(plugin \?\) supports megatron-core >=0.10,<0.16"):

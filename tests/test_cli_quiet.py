@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.usefixtures("fresh_registry"), pytest.mark.no_megatron
 def test_quiet_run_hides_future_warnings_and_progress_bars_and_restores_both():
     import transformers.utils.logging as tlogging
 
-    from pai_zoo.errors import PaiZooWarning
+    from pai_zoo.plugin.errors import PaiZooWarning
 
     assert tlogging.is_progress_bar_enabled()
     with warnings.catch_warnings(record=True) as caught:
@@ -45,7 +45,7 @@ def test_quiet_run_turns_off_transformers_bars_when_imported_inside_the_run():
 
 @pytest.fixture(scope="module")
 def mcore_folder(tmp_path_factory):
-    from pai_zoo.conversion import convert
+    from pai_zoo.conversion.convert import convert
 
     root = tmp_path_factory.mktemp("quiet")
     pai_zoo.load("llama3-tiny", backend="hf", seed=0).model.save_pretrained(root / "hf")

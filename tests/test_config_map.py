@@ -2,7 +2,7 @@
 import pytest
 
 from pai_zoo import ConfigMap, ConfigTranslationError, Field, Fixed, McoreConfig, Require, Rope
-from pai_zoo.config_map import sliding_window
+from pai_zoo.plugin.config_map import sliding_window
 
 pytestmark = pytest.mark.no_megatron  # runs once (pai_zoo_conformance.megatron_free)
 
@@ -100,7 +100,7 @@ SCALED_ROPES = [
 
 @pytest.mark.parametrize("params", SCALED_ROPES, ids=lambda p: p["rope_type"])
 def test_scaled_rope_keeps_every_parameter_and_round_trips(params):
-    from pai_zoo.config_map import ROPE_SCALING
+    from pai_zoo.plugin.config_map import ROPE_SCALING
 
     config = TABLE.to_mcore("fam", hf(rope_parameters=params))
     assert config.arch["rotary_base"] == params["rope_theta"]
@@ -138,7 +138,7 @@ def test_older_configs_with_megatrons_own_rope_scaling_translate_back():
 
 
 def test_linear_rope_and_transformers4_layout():
-    from pai_zoo.config_map import ROPE_SCALING
+    from pai_zoo.plugin.config_map import ROPE_SCALING
 
     config = TABLE.to_mcore("fam", hf(rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}))
     assert config.arch[ROPE_SCALING] == {"rope_type": "linear", "factor": 2.0}
@@ -164,7 +164,7 @@ def test_mcore_config_json_round_trip_and_padding():
 
 
 def test_fixed_if_present_keeps_presence_and_refuses_other_values():
-    from pai_zoo.config_map import FAMILY_KEY_PREFIX, FixedIfPresent
+    from pai_zoo.plugin.config_map import FAMILY_KEY_PREFIX, FixedIfPresent
 
     table = ConfigMap(Field("hidden_size", "hidden_size"), FixedIfPresent("scale_embeddings", False, "not scaled"))
     absent = table.to_mcore("fam", {"hidden_size": 64})

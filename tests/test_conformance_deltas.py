@@ -14,8 +14,8 @@ pytestmark = pytest.mark.no_megatron  # runs once (pai_zoo_conformance.megatron_
 
 
 def test_record_keeps_the_deltas_and_info_shows_them(capsys, monkeypatch, tmp_path):
-    from pai_zoo import conformance_record
     from pai_zoo.cli.info import print_conformance
+    from pai_zoo.testing import conformance_record
 
     monkeypatch.setenv("PAI_ZOO_CACHE", str(tmp_path))
     conformance_record.record("fam", {"test_forward_equivalence": "passed", "test_registration": "passed"},

@@ -9,10 +9,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import pai_zoo
-from pai_zoo.checkpoint import SAFETENSORS_INDEX
-from pai_zoo.conversion import convert
-from pai_zoo.errors import MappingError, PaiZooError, UnknownModelError
-from pai_zoo.mcore import dist_ckpt
+from pai_zoo.conversion.convert import convert
+from pai_zoo.formats import mcore_dist
+from pai_zoo.formats.hf_folder import SAFETENSORS_INDEX
+from pai_zoo.plugin.errors import MappingError, PaiZooError, UnknownModelError
 from pai_zoo.util.progress import Progress
 from pai_zoo_conformance.cli_runs import run_cli
 from pai_zoo_conformance.parallel_worker import layout_logits
@@ -88,7 +88,7 @@ def test_common_state_holds_megatron_lm_args(hf_folder, tmp_path):
 def test_tp_layout_pads_the_vocabulary_for_that_tp_and_trims_back(tmp_path):
     src = save_hf(tmp_path / "hf", vocab_size=1100)  # 1152 rows for TP=1, 1280 for TP=2
     convert(src, tmp_path / "tp2", "mcore", tp=2)
-    reader = dist_ckpt.DistCheckpointReader(tmp_path / "tp2" / "release")
+    reader = mcore_dist.DistCheckpointReader(tmp_path / "tp2" / "release")
     assert reader.global_shape("embedding.word_embeddings.weight") == (1280, 64)
     assert not reader.read("embedding.word_embeddings.weight", (1100, 0), (180, 64)).any()
     convert(tmp_path / "tp2", tmp_path / "back", "hf")
@@ -99,7 +99,7 @@ def test_bf16_and_tied_embeddings(tmp_path):
     src = save_hf(tmp_path / "hf", tie_word_embeddings=True)
     assert "lm_head.weight" not in tensors(src)
     convert(src, tmp_path / "m", "mcore", dtype="bf16")
-    reader = dist_ckpt.DistCheckpointReader(tmp_path / "m" / "release")
+    reader = mcore_dist.DistCheckpointReader(tmp_path / "m" / "release")
     assert reader.dtype("decoder.layers.self_attention.linear_qkv.weight") == torch.bfloat16
     assert "output_layer.weight" not in reader.keys()
     convert(tmp_path / "m", tmp_path / "back", "hf")
@@ -117,7 +117,7 @@ def test_checkpoint_saved_by_megatron_with_any_layout_converts_back_bit_identica
     # megatron-core's own dist_checkpointing.save from a tp x pp sharded model (2 gloo ranks), as training writes it
     pai_zoo_workers.run(layout_logits, str(tmp_path / "m"), [(tp, pp)], torch.tensor([[1, 2, 3]]),
                         save=str(tmp_path / "saved"))
-    reader = dist_ckpt.DistCheckpointReader(tmp_path / "saved" / "release")
+    reader = mcore_dist.DistCheckpointReader(tmp_path / "saved" / "release")
     chunks = reader.metadata.state_dict_metadata["decoder.layers.self_attention.linear_qkv.weight"].chunks
     assert len(chunks) == 2 * tp  # one chunk per layer and tensor-parallel rank
     convert(tmp_path / "saved", tmp_path / "back", "hf")
@@ -235,7 +235,7 @@ def test_unknown_architecture_names_installed_families(tmp_path):
     (tmp_path / "src" / "config.json").write_text(
         json.dumps({"architectures": ["MambaForCausalLM"], "model_type": "mamba"})
     )
-    from pai_zoo.registry import get_registry
+    from pai_zoo.families.registry import get_registry
 
     installed = ", ".join(sorted(get_registry().families))
     with pytest.raises(UnknownModelError, match=r"MambaForCausalLM.*installed families: " + installed):
@@ -270,7 +270,7 @@ def test_interrupted_conversion_leaves_no_partial_output(hf_folder, tmp_path, mo
         if len(calls) == 5:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(dist_ckpt.DistCheckpointWriter, "write_chunk", failing_write)
+    monkeypatch.setattr(mcore_dist.DistCheckpointWriter, "write_chunk", failing_write)
     with pytest.raises(KeyboardInterrupt):
         convert(hf_folder, tmp_path / "dst", "mcore")
     assert len(calls) == 5  # the writes still queued on the background thread are skipped, not run
@@ -295,7 +295,7 @@ def test_bad_megatron_checkpoints(hf_folder, tmp_path):
 
 
 def test_background_writer_keeps_order_and_raises_errors():
-    from pai_zoo.background import BackgroundWriter
+    from pai_zoo.util.background import BackgroundWriter
 
     seen = []
     with BackgroundWriter(depth=1) as background:
@@ -321,6 +321,6 @@ def test_an_rl_run_folder_converts_its_actor(hf_folder, tmp_path):
     shutil.copytree(tmp_path / "m", tmp_path / "run" / "actor")
     report = convert(tmp_path / "run", tmp_path / "hf", "hf")
     assert report.src == tmp_path / "run" / "actor" and "RL run folder" in report.notes[0]
-    from pai_zoo.checkpoint import HFCheckpoint
+    from pai_zoo.formats.hf_folder import HFCheckpoint
 
     assert sorted(HFCheckpoint(tmp_path / "hf").names()) == sorted(HFCheckpoint(hf_folder).names())

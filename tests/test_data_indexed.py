@@ -14,14 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pai_zoo.data.indexed import (
-    IndexedDatasetReader,
-    IndexedDatasetWriter,
-    layout,
-    merge,
-    optimal_dtype,
-    statistics,
-)
+from pai_zoo.data.indexed import IndexedDatasetReader, IndexedDatasetWriter, layout, merge, optimal_dtype, statistics
 
 REPO = Path(__file__).resolve().parents[1]
 

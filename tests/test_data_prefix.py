@@ -10,7 +10,7 @@ import pytest
 from pai_zoo.cli import main
 from pai_zoo.data.indexed import IndexedDatasetWriter
 from pai_zoo.data.prefix import resolve_prefix, resolve_sft_prefix
-from pai_zoo.errors import DataError, NoSuchPathError
+from pai_zoo.plugin.errors import DataError, NoSuchPathError
 from pai_zoo.training.config import TrainConfig
 from pai_zoo.training.data import check_data, resolved_prefixes
 

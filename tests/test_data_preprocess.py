@@ -11,7 +11,7 @@ import pytest
 from pai_zoo.data.indexed import IndexedDatasetReader
 from pai_zoo.data.preprocess import ordered_parallel_map, output_prefix, preprocess
 from pai_zoo.data.sources import BadRecord
-from pai_zoo.errors import PaiZooError
+from pai_zoo.plugin.errors import PaiZooError
 from pai_zoo.tokenizers import load_tokenizer
 
 pytestmark = pytest.mark.no_megatron  # runs once (pai_zoo_conformance.megatron_free)

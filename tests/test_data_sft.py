@@ -19,14 +19,7 @@ import numpy as np
 import pytest
 
 from pai_zoo.data import sft
-from pai_zoo.data.sft import (
-    DEFAULT_CHAT_TEMPLATE,
-    PackStats,
-    build_example,
-    normalize_record,
-    pack,
-    pad_to_multiple,
-)
+from pai_zoo.data.sft import DEFAULT_CHAT_TEMPLATE, PackStats, build_example, normalize_record, pack, pad_to_multiple
 from pai_zoo.tokenizers import load_tokenizer
 
 pytestmark = pytest.mark.no_megatron  # runs once (pai_zoo_conformance.megatron_free)

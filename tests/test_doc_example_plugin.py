@@ -139,10 +139,10 @@ def test_the_guide_model_class_scales_the_embeddings():
     family and multiplies the embedding output by ``embedding.gain``."""
     import torch
 
-    from pai_zoo import hf
+    from pai_zoo.families.registry import get_registry
+    from pai_zoo.hf import models as hf
     from pai_zoo.mcore.build import build_gpt_model
     from pai_zoo.mcore.compat import ensure_model_parallel
-    from pai_zoo.registry import get_registry
 
     namespace: dict = {"__name__": "doc_model_class"}
     exec(_block_starting("# pai_zoo_myfamily/model.py"), namespace)

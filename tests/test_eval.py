@@ -18,7 +18,7 @@ import pai_zoo
 from pai_zoo.data import toy
 from pai_zoo.data.indexed import IndexedDatasetReader
 from pai_zoo.data.preprocess import preprocess
-from pai_zoo.registry import get_registry
+from pai_zoo.families.registry import get_registry
 from pai_zoo_conformance.cli_runs import run_cli, run_cli_on_ranks
 
 TASKS = Path(__file__).parent / "eval_tasks"

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pai_zoo.expert_names import grouped_name, sequential_name
-from pai_zoo.registry import get_registry
+from pai_zoo.families.registry import get_registry
+from pai_zoo.tables.expert_names import grouped_name, sequential_name
 
 pytestmark = pytest.mark.no_megatron  # runs once (pai_zoo_conformance.megatron_free)
 
@@ -49,7 +49,7 @@ class _GroupedView(torch.nn.Module):
 @pytest.mark.megatron
 def test_a_model_with_grouped_expert_names_loads_and_exports_with_the_same_table():
     from pai_zoo.mcore.build import build_gpt_model
-    from pai_zoo.weights import hf_model_to_mcore, hf_state_dict, mcore_tensors, mcore_to_hf
+    from pai_zoo.models.state_dicts import hf_model_to_mcore, hf_state_dict, mcore_tensors, mcore_to_hf
     from pai_zoo_conformance import checks
 
     case = checks.build_case(get_registry().family("mixtral"), "mixtral-odd")

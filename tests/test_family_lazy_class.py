@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from pai_zoo.errors import PluginError
-from pai_zoo.family import LazyClass
+from pai_zoo.families.family import LazyClass
+from pai_zoo.plugin.errors import PluginError
 
 pytestmark = pytest.mark.no_megatron  # runs once (pai_zoo_conformance.megatron_free)
 

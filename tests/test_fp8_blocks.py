@@ -26,8 +26,9 @@ from fp8_reference import (  # noqa: E402 - registered by conftest.py
 from safetensors.torch import load_file, save_file
 
 import pai_zoo
-from pai_zoo import fp8_blocks
-from pai_zoo.conversion import convert
+from pai_zoo import formats
+from pai_zoo.conversion.convert import convert
+from pai_zoo.formats.encodings import fp8_blocks
 from pai_zoo_conformance.cli_runs import run_cli
 
 MODELS = {
@@ -69,7 +70,7 @@ def test_the_folder_is_laid_out_as_published(fp8):
 
 
 def test_dequantized_weights_equal_the_reference_dequantization(fp8):
-    weights = fp8_blocks.open_weights(fp8.folder, torch.float32)
+    weights = formats.open_checkpoint(fp8.folder, dtype=torch.float32)  # the HF reader, FP8 decoded
     try:
         assert sorted(weights.names()) == sorted(fp8.reference)  # the scales are not weights
         for name, want in fp8.reference.items():
@@ -81,10 +82,11 @@ def test_dequantized_weights_equal_the_reference_dequantization(fp8):
         assert weights.meta(next(iter(weights.quantized))).dtype == torch.float32
     finally:
         weights.close()
-    bf16 = fp8_blocks.open_weights(fp8.folder)  # by default: the folder's own unquantized dtype
+    bf16 = formats.open_checkpoint(fp8.folder)  # by default: the folder's own unquantized dtype
     try:
         name = next(iter(bf16.quantized))
-        assert bf16.dtype == torch.bfloat16 and torch.equal(bf16.get(name), fp8.reference[name].to(torch.bfloat16))
+        want = fp8.reference[name].to(torch.bfloat16)
+        assert bf16.dtype(name) == torch.bfloat16 and torch.equal(bf16.get(name), want)
     finally:
         bf16.close()
 

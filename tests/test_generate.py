@@ -12,9 +12,9 @@ import torch
 import pai_zoo
 from pai_zoo import generation
 from pai_zoo.cli import main
+from pai_zoo.families.registry import get_registry
 from pai_zoo.generation import Finisher, GenerationError, SamplingParams, filter_logits, generate
 from pai_zoo.mcore import forward
-from pai_zoo.registry import get_registry
 from pai_zoo_conformance import checks
 from pai_zoo_conformance.cli_runs import run_cli_on_ranks
 
@@ -362,7 +362,7 @@ def test_text_prompt_without_tokenizer_is_refused():
 
 # -- tensor parallel --------------------------------------------------------------------------
 def test_tensor_parallel_2_generates_the_same_tokens_as_one_process(folder, tmp_path):
-    from pai_zoo.conversion import convert
+    from pai_zoo.conversion.convert import convert
 
     ckpt = tmp_path / "mcore"
     convert(folder, ckpt, "mcore", tp=2, progress=False)

@@ -5,10 +5,10 @@ import json
 import pytest
 import torch
 
-from pai_zoo import hf
-from pai_zoo.config_map import McoreConfig
-from pai_zoo.conversion import convert
-from pai_zoo.registry import get_registry
+from pai_zoo.conversion.convert import convert
+from pai_zoo.families.registry import get_registry
+from pai_zoo.hf import models as hf
+from pai_zoo.plugin.config_map import McoreConfig
 
 REGISTRY = get_registry()
 IGNORED = {"transformers_version"}

@@ -7,7 +7,7 @@ from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.cache_utils import DynamicCache
 
-from pai_zoo.hf_reference import RMSNorm, causal_lm_output, decoder_inputs, rotate_half
+from pai_zoo.hf.reference import RMSNorm, causal_lm_output, decoder_inputs, rotate_half
 
 
 def _llama(**kw):

@@ -21,46 +21,55 @@ import pytest
 pytestmark = pytest.mark.no_megatron  # runs once (pai_zoo_conformance.megatron_free)
 
 PACKAGE = Path(__file__).resolve().parents[1] / "pai_zoo"
+#: The conformance suite: its checks sit above the workflows they exercise (and below ``plugin new``, which measures
+#: a draft plugin with them); its command runners run the CLI, so they sit above it.
+CONFORMANCE = Path(__file__).resolve().parents[1] / "conformance" / "pai_zoo_conformance"
+ROOTS = {"pai_zoo": PACKAGE, "pai_zoo_conformance": CONFORMANCE}
+CONFORMANCE_CHECKS_LAYER, CONFORMANCE_RUNNERS_LAYER = 9, 12
+#: The suite's pytest plugin (it starts the command server and the workers) and its command runners.
+CONFORMANCE_RUNNERS = ("pai_zoo_conformance.plugin", "pai_zoo_conformance.cli_runs", "pai_zoo_conformance.cli_server")
 
-# Layers, bottom (0) to top (5). A module's layer is that of the longest name here that it equals or lies under.
+# Layers, bottom (0) to top (12): each is a package of pai_zoo/ (docs/architecture.md, "Layers"). A module's layer is
+# that of the longest name here that it equals or lies under. lora.settings (what a LoRA run and a PEFT folder agree
+# on) is plain data, below the formats that read it.
 LAYERS = {
-    0: ("errors", "config_map", "mapping", "layouts", "family", "hookspecs", "registry", "defaults", "megatron_args",
-        "expert_names", "quantization", "lora.settings", "vision"),
-    1: ("util", "background", "verification"),
-    2: (
-        "tokenizer",
-        "tokenizers",
-        "tokenizer_names",
-        "hf",
-        "hf_reference",
-        "weights",
-        "checkpoint",
-        "fp8_blocks",
-        "mcore",
-        "megatron_lm",
-        "conformance_record",
-        "testing",
-        "lora",
-    ),
-    3: ("handle", "conversion", "convert_settings", "run_checkpoint", "inspection", "scaffold"),
-    4: ("data", "generation", "training", "rl", "evaluation"),
-    5: ("cli", "demo"),
+    0: ("plugin", "lora.settings"),
+    1: ("tables", "util"),
+    2: ("families",),
+    3: ("formats", "tokenizers", "hf"),
+    4: ("mcore",),
+    5: ("lora", "testing"),
+    6: ("models",),
+    7: ("conversion",),
+    8: ("data", "generation", "training", "rl", "evaluation"),
+    # 9: the conformance suite's checks (pai_zoo_conformance)
+    10: ("scaffold",),
+    11: ("cli",),
+    # 12: the conformance suite's command runners (pai_zoo_conformance.cli_runs, .cli_server)
 }
-PACKAGE_LAYER = 5  # ``pai_zoo/__init__.py`` re-exports the API (``load``, ``convert``) on top of everything
+PACKAGE_LAYER = 11  # ``pai_zoo/__init__.py`` re-exports the API (``load``, ``convert``) on top of everything
 LAYER_NAMES = {
-    0: "L0 spec & registry",
-    1: "L1 utilities",
-    2: "L2 backends",
-    3: "L3 API",
-    4: "L4 workflows",
-    5: "L5 cli",
+    0: "L0 plugin API",
+    1: "L1 weight tables & utilities",
+    2: "L2 families & registry",
+    3: "L3 formats, tokenizers, transformers",
+    4: "L4 megatron-core",
+    5: "L5 LoRA & test helpers",
+    6: "L6 models",
+    7: "L7 conversion",
+    8: "L8 workflows",
+    9: "L9 conformance checks",
+    10: "L10 plugin scaffold",
+    11: "L11 cli",
+    12: "L12 conformance command runners",
 }
 
 
 def _modules() -> dict[str, Path]:
     mods = {}
-    for path in PACKAGE.rglob("*.py"):
-        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    for path in [*PACKAGE.rglob("*.py"), *CONFORMANCE.rglob("*.py")]:
+        root = PACKAGE if path.is_relative_to(PACKAGE) else CONFORMANCE
+        parts = path.relative_to(root.parent).with_suffix("").parts
         if parts[-1] == "__init__":
             parts = parts[:-1]
         mods[".".join(parts)] = path
@@ -71,6 +80,8 @@ def layer_of(module: str) -> int:
     """The layer of ``module`` (``pai_zoo.x.y``); fails on a module the table does not place."""
     if module == "pai_zoo":
         return PACKAGE_LAYER
+    if module.split(".")[0] == "pai_zoo_conformance":
+        return CONFORMANCE_RUNNERS_LAYER if module.startswith(CONFORMANCE_RUNNERS) else CONFORMANCE_CHECKS_LAYER
     rest = module.split(".")[1:]
     for n in range(len(rest), 0, -1):
         prefix = ".".join(rest[:n])
@@ -117,7 +128,7 @@ def import_graph(mods: dict[str, Path]) -> dict[str, dict[str, int]]:
 
             def _import(self, node):
                 for target in _targets(name, node, is_package):
-                    if target.split(".")[0] != "pai_zoo":
+                    if target.split(".")[0] not in ROOTS:
                         continue
                     while target and target not in mods:  # ``from pai_zoo.x import name``: the module pai_zoo.x
                         target = target.rpartition(".")[0]
@@ -162,12 +173,19 @@ def cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
     return out
 
 
+def _shown(path: Path) -> str:
+    for root in ROOTS.values():
+        if path.is_relative_to(root.parent):
+            return str(path.relative_to(root.parent))
+    return str(path)
+
+
 def upward_imports(graph: dict[str, dict[str, int]], mods: dict[str, Path]) -> list[str]:
     out = []
     for importer, deps in sorted(graph.items()):
         for imported, line in sorted(deps.items()):
             if layer_of(imported) > layer_of(importer):
-                where = f"{mods[importer].relative_to(PACKAGE.parent)}:{line}"
+                where = f"{_shown(mods[importer])}:{line}"
                 out.append(
                     f"{importer} ({LAYER_NAMES[layer_of(importer)]}) -> {imported} "
                     f"({LAYER_NAMES[layer_of(imported)]}) at {where}"
@@ -177,7 +195,7 @@ def upward_imports(graph: dict[str, dict[str, int]], mods: dict[str, Path]) -> l
 
 def _resolve(target: str, mods) -> str:
     """The pai_zoo module ``target`` names (``from pai_zoo.x import name``: pai_zoo.x), or its top-level package."""
-    if target.split(".")[0] != "pai_zoo":
+    if target.split(".")[0] not in ROOTS:
         return target.split(".")[0]
     while target and target not in mods:
         target = target.rpartition(".")[0]
@@ -243,7 +261,7 @@ def needless_function_level_imports(mods: dict[str, Path]) -> list[str]:
     heavy = heavy_at_import(top)
     out = []
     for importer, imports in sorted(inner.items()):
-        if importer == "pai_zoo":
+        if importer == "pai_zoo" or importer.split(".")[0] != "pai_zoo":
             continue
         for line, imported, in_try in imports:
             if in_try:
@@ -309,15 +327,15 @@ def test_import_pai_zoo_and_pai_zoo_list_stay_light():
 # -- the checker itself can fail ---------------------------------------------------------------------------------
 def test_checker_finds_a_cycle_and_an_upward_import():
     graph = {
-        "pai_zoo.registry": {"pai_zoo.defaults": 1},
-        "pai_zoo.defaults": {"pai_zoo.rl.ppo": 2},
-        "pai_zoo.rl.ppo": {"pai_zoo.registry": 3},
-        "pai_zoo.errors": {},
+        "pai_zoo.families.registry": {"pai_zoo.plugin.errors": 1},
+        "pai_zoo.plugin.errors": {"pai_zoo.rl.ppo": 2},
+        "pai_zoo.rl.ppo": {"pai_zoo.families.registry": 3},
+        "pai_zoo.tables.mapping": {},
     }
-    assert cycles(graph) == [["pai_zoo.defaults", "pai_zoo.registry", "pai_zoo.rl.ppo"]]
+    assert cycles(graph) == [["pai_zoo.families.registry", "pai_zoo.plugin.errors", "pai_zoo.rl.ppo"]]
     mods = {name: PACKAGE / "x.py" for name in graph}
     assert upward_imports(graph, mods) == [
-        "pai_zoo.defaults (L0 spec & registry) -> pai_zoo.rl.ppo (L4 workflows) at pai_zoo/x.py:2"
+        "pai_zoo.plugin.errors (L0 plugin API) -> pai_zoo.rl.ppo (L8 workflows) at pai_zoo/x.py:2"
     ]
 
 

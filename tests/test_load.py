@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import pai_zoo
-from pai_zoo.errors import MappingError, PaiZooError, UnknownModelError
+from pai_zoo.plugin.errors import MappingError, PaiZooError, UnknownModelError
 
 
 @pytest.fixture(scope="module")

@@ -15,10 +15,10 @@ import pytest
 import torch
 
 import pai_zoo
-from pai_zoo.lora.peft_format import read_peft_adapter
+from pai_zoo.families.registry import get_registry
+from pai_zoo.formats.peft_adapter import read_peft_adapter
 from pai_zoo.lora.targets import lora_targets, to_hf_form, to_mcore_form
-from pai_zoo.mapping import MappingContext
-from pai_zoo.registry import get_registry
+from pai_zoo.tables.mapping import MappingContext
 from pai_zoo_conformance.cli_runs import run_cli, run_cli_on_ranks
 
 peft = pytest.importorskip("peft", reason="peft is a test dependency (pip install -e '.[test]')")
@@ -145,7 +145,7 @@ def test_lora_training_trains_the_adapters_only(trained, corpus):
     assert len(losses) == STEPS and losses[-1] < losses[0]
     record = json.loads((run / "lora.json").read_text())
     assert record["base"]["path"] == str(corpus[1].resolve()) and len(record["base"]["sha256"]) == 64
-    from pai_zoo.mcore.dist_ckpt import DistCheckpointReader
+    from pai_zoo.formats.mcore_dist import DistCheckpointReader
 
     reader = DistCheckpointReader(run / f"iter_{STEPS:07d}")
     model_keys = [k for k in reader.keys() if k.startswith("decoder.") or k.startswith("embedding.")]
@@ -215,7 +215,7 @@ def test_tp2_tp2_sp_pp2_and_dp2_distopt_train_as_one_process(trained, corpus, tm
     same adapters at any layout (A drawn on the full shape), the loss curves match,
     and the adapters each layout exports (through the checkpoint, merged at TP 2 too) equal one process's."""
     run, _, losses = trained
-    from pai_zoo.lora.export import hf_adapters_of_run
+    from pai_zoo.conversion.lora_export import hf_adapters_of_run
 
     _, reference, _ = hf_adapters_of_run(run)
     for layout in (["--tp", "2"], ["--tp", "2", "--sequence-parallel"], ["--pp", "2"],

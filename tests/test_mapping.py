@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from pai_zoo import QKV, Copy, GateUp, MappingContext, MappingError, Output, Vocab, WeightMap
-from pai_zoo.mapping import TO_HF, TO_MCORE
+from pai_zoo.tables.mapping import TO_HF, TO_MCORE
 
 pytestmark = pytest.mark.no_megatron  # runs once (pai_zoo_conformance.megatron_free)
 

@@ -3,8 +3,8 @@ import io
 
 import torch
 
+from pai_zoo.families.registry import get_registry
 from pai_zoo.mcore.arena import pack_parameters
-from pai_zoo.registry import get_registry
 from pai_zoo_conformance import checks
 
 LLAMA = get_registry().family("llama")

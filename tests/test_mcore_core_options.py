@@ -88,8 +88,8 @@ def test_zero_centered_layernorm_and_dtype():
 def test_embedding_scale_values():
     import torch
 
-    from pai_zoo.config_map import EMBEDDING_SCALE
     from pai_zoo.mcore.embedding_scale import _scale_hook, embedding_scale
+    from pai_zoo.plugin.config_map import EMBEDDING_SCALE
 
     assert embedding_scale({}) is None
     assert embedding_scale({EMBEDDING_SCALE: 2}) == 2.0

@@ -9,6 +9,7 @@ from megatron.core.inference.contexts import StaticInferenceContext
 from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 from megatron.core.transformer.attention import SelfAttention
 
+from pai_zoo.families.registry import get_registry
 from pai_zoo.generation import left_pad
 from pai_zoo.mcore import inference
 from pai_zoo.mcore.forward import decode_mask, prefill_mask
@@ -21,7 +22,6 @@ from pai_zoo.mcore.inference import (
     with_inference_path,
 )
 from pai_zoo.mcore.specs import default_layer_spec, submodules_of
-from pai_zoo.registry import get_registry
 from pai_zoo_conformance import checks
 
 FAMILIES = get_registry().families

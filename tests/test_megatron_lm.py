@@ -18,10 +18,10 @@ from safetensors.torch import load_file
 
 import pai_zoo
 from pai_zoo.cli import main
-from pai_zoo.conversion import convert
-from pai_zoo.errors import PaiZooError
-from pai_zoo.megatron_lm import open_checkpoint
-from pai_zoo.megatron_lm.files import allowing
+from pai_zoo.conversion.convert import convert
+from pai_zoo.formats.safe_pickle import allowing
+from pai_zoo.models.megatron_checkpoint import open_megatron
+from pai_zoo.plugin.errors import PaiZooError
 
 HERE = Path(__file__).resolve().parent
 FIXTURES = HERE.parents[0].parent / "shared" / "megatron-lm-fixtures"
@@ -189,7 +189,7 @@ def test_generated_llama_layouts_read_bit_identical(layout, llama, tmp_path):
     model, config = llama
     options = dict(LAYOUTS[layout])
     _write(options.pop("kind"), model, config, tmp_path / "ckpt", **options)
-    with open_checkpoint(tmp_path / "ckpt") as checkpoint:  # the args alone: no reference config
+    with open_megatron(tmp_path / "ckpt") as checkpoint:  # the args alone: no reference config
         assert checkpoint.family.name == "llama"
         assert checkpoint.config["vocab_size"] == 250 and checkpoint.padded_vocab_size > 250
         assert checkpoint.config.kv_channels == 12 and checkpoint.config.num_query_groups == 2
@@ -201,7 +201,7 @@ def test_qkv_bias_and_tied_embeddings_pick_qwen2_and_load_with_its_logits(kind, 
     model, config = qwen2
     options = dict(pp=2, ep=2) if kind == "legacy" else dict(tp=2, common_in_metadata=True)
     _write(kind, model, config, tmp_path / "ckpt", **options)
-    with open_checkpoint(tmp_path / "ckpt") as checkpoint:
+    with open_megatron(tmp_path / "ckpt") as checkpoint:
         assert checkpoint.family.name == "qwen2" and checkpoint.config.tied_embeddings
         assert checkpoint.config["rotary_base"] == 1e6 and checkpoint.config["layernorm_epsilon"] == 1e-6
         _assert_same_hf_tensors(checkpoint, model)
@@ -219,9 +219,9 @@ def test_reference_config_supplies_what_the_args_drop(llama, tmp_path):
     model.config.rms_norm_eps = 1e-6
     model.save_pretrained(hf_dir)
     _write("legacy", model, config, tmp_path / "ckpt", args_overrides={"layernorm_epsilon": 1e-5})
-    with open_checkpoint(tmp_path / "ckpt") as checkpoint:
+    with open_megatron(tmp_path / "ckpt") as checkpoint:
         assert checkpoint.config["layernorm_epsilon"] == 1e-5
-    with open_checkpoint(tmp_path / "ckpt", reference=hf_dir) as checkpoint:
+    with open_megatron(tmp_path / "ckpt", reference=hf_dir) as checkpoint:
         assert checkpoint.config["layernorm_epsilon"] == 1e-6
         assert any("layernorm_epsilon" in n and "1e-06" in n for n in checkpoint.notes)
 
@@ -231,9 +231,9 @@ def test_iteration_flag_and_tracker_pick_the_saved_iteration(llama, tmp_path):
     _write("legacy", model, config, tmp_path / "ckpt", iteration=5)
     other = {k: v + 1 for k, v in model.state_dict().items()}
     _write("legacy", other, config, tmp_path / "ckpt", iteration=9)  # the tracker now says 9
-    with open_checkpoint(tmp_path / "ckpt") as checkpoint:
+    with open_megatron(tmp_path / "ckpt") as checkpoint:
         first = dict(checkpoint.hf_tensors())
-    with open_checkpoint(tmp_path / "ckpt", iteration=5) as checkpoint:
+    with open_megatron(tmp_path / "ckpt", iteration=5) as checkpoint:
         _assert_same_hf_tensors(checkpoint, model)
     assert torch.equal(first["model.norm.weight"], other["model.norm.weight"])
 
@@ -292,7 +292,7 @@ def test_bad_checkpoints_fail_with_one_line_naming_the_file(case, llama, qwen2, 
 
 
 def test_unsafe_pickle_is_refused_without_running_it(tmp_path):
-    from pai_zoo.megatron_lm import safe_load
+    from pai_zoo.models.megatron_checkpoint import safe_load
 
     ran = tmp_path / "ran"
     torch.save({"args": _Touch(ran)}, tmp_path / "common.pt")
@@ -317,7 +317,7 @@ def test_convert_megatron_lm_to_pai_zoo_layout(llama, tmp_path):
     _write("legacy", model, config, tmp_path / "ckpt", pp=2)
     report = convert(tmp_path / "ckpt", tmp_path / "mcore", "mcore", tp=2, tokenizer=None)
     assert report.family == "llama" and (tmp_path / "mcore" / "pai_zoo.json").is_file()
-    with open_checkpoint(tmp_path / "mcore") as checkpoint:
+    with open_megatron(tmp_path / "mcore") as checkpoint:
         _assert_same_hf_tensors(checkpoint, model)
 
 
@@ -339,7 +339,7 @@ def test_megatron_core_reads_the_generated_common_state_entry(llama, tmp_path):
     assert not (folder / "common.pt").exists()
     with allowing([argparse.Namespace, signal.Signals, ModelType, AttnBackend]):
         theirs = serialization.load_common_state_dict(str(folder))
-    with open_checkpoint(tmp_path / "ckpt") as checkpoint:
+    with open_megatron(tmp_path / "ckpt") as checkpoint:
         ours = checkpoint.description.common
     assert sorted(theirs) == sorted(ours) and vars(theirs["args"]) == vars(ours["args"])
 
@@ -353,7 +353,7 @@ def test_args_tokenizer_model_folder_is_the_reference_and_an_unknown_vocabulary_
     assert any("args.tokenizer_model" in n for n in report.notes)
     assert json.loads((tmp_path / "out" / "config.json").read_text())["vocab_size"] == 250
     _write("legacy", model, config, tmp_path / "bare", args_overrides={"vocab_size": None})
-    with open_checkpoint(tmp_path / "bare") as checkpoint:
+    with open_megatron(tmp_path / "bare") as checkpoint:
         assert checkpoint.config["vocab_size"] == checkpoint.padded_vocab_size == 256
         assert any(n.startswith("warning:") and "256 padded rows" in n for n in checkpoint.notes)
         got = dict(checkpoint.hf_tensors())
@@ -368,7 +368,7 @@ def test_safe_load_keeps_megatron_cores_own_allow_list(tmp_path):
 
     import megatron.core  # noqa: F401 - registers megatron-core's SAFE_GLOBALS
 
-    from pai_zoo.megatron_lm import safe_load
+    from pai_zoo.models.megatron_checkpoint import safe_load
 
     assert argparse.Namespace in torch.serialization.get_safe_globals()
     torch.save({"args": argparse.Namespace(num_layers=2)}, tmp_path / "common.pt")

@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from pai_zoo import hf, megatron_args
+from pai_zoo.families.registry import get_registry
+from pai_zoo.hf import models as hf
 from pai_zoo.mcore import megatron_lm_args as mla
-from pai_zoo.registry import get_registry
+from pai_zoo.plugin import megatron_args
 
 pytestmark = pytest.mark.no_megatron  # runs once (pai_zoo_conformance.megatron_free)
 
@@ -135,7 +136,7 @@ def test_round_trip_through_arch_from_args(preset):
 def test_args_survive_the_safe_unpickle_of_common_pt(preset):
     """What convert --to mcore writes as common.pt ({"args": ..., "checkpoint_version": 3.0, "iteration": 0}) reads
     back through pai-zoo's weights_only loader with every restored field intact."""
-    from pai_zoo.megatron_lm.files import safe_load
+    from pai_zoo.formats.safe_pickle import safe_load
 
     _, _, config = _hf_and_config(preset)
     ns = mla.megatron_lm_args(config, 1, 1, None, torch.bfloat16, tokenizer_model=TOKENIZER_DIR)
@@ -233,7 +234,7 @@ def test_same_names_and_values_as_megatron_lm_writes():
     common = FIXTURES / "llama-dist-tp2" / "iter_0000001" / "common.pt"
     if not common.is_file():
         pytest.skip(f"Megatron-LM fixtures not present ({FIXTURES})")
-    from pai_zoo.megatron_lm.files import safe_load
+    from pai_zoo.formats.safe_pickle import safe_load
 
     theirs = vars(safe_load(common)["args"])
     family = get_registry().family("llama")
@@ -330,7 +331,7 @@ def test_convert_to_mcore_writes_them_in_common_pt(preset, tp, pp, tmp_path):
     import json
 
     import pai_zoo
-    from pai_zoo.megatron_lm.files import safe_load
+    from pai_zoo.formats.safe_pickle import safe_load
 
     family, _, _ = _hf_and_config(preset)
     handle = pai_zoo.load(preset, backend="hf", seed=0)

@@ -10,9 +10,9 @@ import torch
 
 import pai_zoo
 from pai_zoo.cli import main
-from pai_zoo.megatron_lm import open_checkpoint
-from pai_zoo.registry import get_registry
-from pai_zoo.weights import hf_state_dict
+from pai_zoo.families.registry import get_registry
+from pai_zoo.models.megatron_checkpoint import open_megatron
+from pai_zoo.models.state_dicts import hf_state_dict
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 
@@ -73,7 +73,7 @@ def test_mla_layouts_read_bit_identical_and_the_args_pick_deepseek(name, layout,
     model, config = deepseek[name]
     mw.write_legacy_mla(model, config, tmp_path / "ckpt", **LAYOUTS[layout])
     want = _checkpoint_tensors(name, model)
-    with open_checkpoint(tmp_path / "ckpt") as checkpoint:
+    with open_megatron(tmp_path / "ckpt") as checkpoint:
         assert checkpoint.family.name == name
         assert checkpoint.config["family.v_head_dim"] == 10 and checkpoint.config["family.qk_head_dim"] == 12
         got = dict(checkpoint.hf_tensors(expected=want.keys()))
@@ -112,8 +112,8 @@ def test_torch_dist_with_transformer_engine_mla_norm_keys_reads_from_its_args(de
     Transformer Engine layer spec saves them (``linear_q_up_proj.layer_norm_weight`` ...)."""
     import megatron_lm_writer as mlw
 
-    from pai_zoo.conversion import convert
-    from pai_zoo.mcore.dist_ckpt import PAI_ZOO_CONFIG
+    from pai_zoo.conversion.convert import convert
+    from pai_zoo.formats.mcore_dist import PAI_ZOO_CONFIG
 
     model, _ = deepseek["deepseek-v2"]
     model.save_pretrained(tmp_path / "hf")
@@ -124,7 +124,7 @@ def test_torch_dist_with_transformer_engine_mla_norm_keys_reads_from_its_args(de
         ("self_attention.kv_layernorm.", "self_attention.linear_kv_up_proj.layer_norm_")))
     assert renamed == 2 * 2  # two norms in each of the two layers (the first dense)
     want = _checkpoint_tensors("deepseek-v2", model)
-    with open_checkpoint(tmp_path / "ckpt", reference=tmp_path / "hf") as checkpoint:
+    with open_megatron(tmp_path / "ckpt", reference=tmp_path / "hf") as checkpoint:
         assert checkpoint.family.name == "deepseek-v2"
         got = dict(checkpoint.hf_tensors(expected=want.keys()))
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)

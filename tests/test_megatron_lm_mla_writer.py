@@ -15,7 +15,7 @@ import megatron_lm_writer as mlw  # noqa: E402 - registered by conftest.py
 import pytest
 import torch
 
-from pai_zoo.megatron_lm.files import allowing
+from pai_zoo.formats.safe_pickle import allowing
 
 VOCAB = 997
 IDS = torch.tensor([[5, 996, 17, 300, 42, 7, 811, 12, 64], [1, 2, 3, 500, 600, 700, 800, 900, 3]])

@@ -15,8 +15,8 @@ import torch
 
 import pai_zoo
 from pai_zoo.cli import main
-from pai_zoo.megatron_lm import open_checkpoint
-from pai_zoo.weights import hf_state_dict
+from pai_zoo.models.megatron_checkpoint import open_megatron
+from pai_zoo.models.state_dicts import hf_state_dict
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 
@@ -102,7 +102,7 @@ def test_moe_layouts_read_bit_identical_and_the_args_pick_the_family(name, layou
     model, config, _ = moe_models[name]
     _write(model, config, tmp_path / "ckpt", **LAYOUTS[layout])
     want = _checkpoint_tensors(model)
-    with open_checkpoint(tmp_path / "ckpt") as checkpoint:  # the args alone
+    with open_megatron(tmp_path / "ckpt") as checkpoint:  # the args alone
         assert checkpoint.family.name == name
         assert checkpoint.config["num_moe_experts"] == 4 and checkpoint.config.kv_channels == 12
         got = dict(checkpoint.hf_tensors(expected=want.keys()))
@@ -140,7 +140,7 @@ def test_swapped_experts_in_one_expert_rank_are_seen(moe_models, tmp_path):
     sd[key.format(0)], sd[key.format(1)] = sd[key.format(1)], sd[key.format(0)]
     torch.save(state, file)
     want = _checkpoint_tensors(model)
-    with open_checkpoint(tmp_path / "ckpt") as checkpoint:
+    with open_megatron(tmp_path / "ckpt") as checkpoint:
         got = dict(checkpoint.hf_tensors(expected=want.keys()))
     wrong = sorted(k for k in want if not torch.equal(got[k], want[k]))
     assert wrong == [f"model.layers.0.block_sparse_moe.experts.{e}.w2.weight" for e in (2, 3)]
@@ -189,7 +189,7 @@ def test_torch_dist_with_transformer_engine_moe_norm_keys_reads(moe_models, tmp_
     _write(model, config, tmp_path / "ckpt", kind="dist", tp=2)
     assert mlw.rename_dist_keys(tmp_path / "ckpt", "mlp.linear_fc1.layer_norm_", "pre_mlp_layernorm.") == 1
     want = _checkpoint_tensors(model)
-    with open_checkpoint(tmp_path / "ckpt") as checkpoint:
+    with open_megatron(tmp_path / "ckpt") as checkpoint:
         got = dict(checkpoint.hf_tensors(expected=want.keys()))
     assert all(torch.equal(got[k], want[k]) for k in want)
     mlw.rename_dist_keys(tmp_path / "ckpt", "pre_mlp_layernorm.", "post_mlp_layernorm.")  # no such layer

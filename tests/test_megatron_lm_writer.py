@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pai_zoo.megatron_lm.files import allowing
+from pai_zoo.formats.safe_pickle import allowing
 
 HERE = Path(__file__).resolve().parent
 FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "megatron-lm-fixtures"

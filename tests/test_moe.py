@@ -12,8 +12,8 @@ import dataclasses
 import pytest
 
 from pai_zoo import ConfigTranslationError, Copy, GateUp, MappingError, WeightMap
-from pai_zoo.mapping import TO_HF, TO_MCORE, MappingContext
-from pai_zoo.registry import get_registry
+from pai_zoo.families.registry import get_registry
+from pai_zoo.tables.mapping import TO_HF, TO_MCORE, MappingContext
 from pai_zoo_conformance.cli_runs import run_cli, run_cli_on_ranks
 
 
@@ -69,7 +69,7 @@ def test_expert_round_trip_keeps_each_expert_apart():
 # -- config translation ----------------------------------------------------------------------------------------
 def _arch(family: str, preset: str, **changes):
     fam = get_registry().family(family)
-    from pai_zoo import hf
+    from pai_zoo.hf import models as hf
 
     return fam, fam.to_mcore_config(hf.config_dict(hf.hf_config(fam, {**fam.presets[preset], **changes})))
 
@@ -153,7 +153,7 @@ def test_mixtral_has_no_dense_layers():
 # -- the generic routing rules (layouts.moe_config_rules): every field, both ways ---------------------------------
 def _deepseek_like_map():
     from pai_zoo import ConfigMap, Field
-    from pai_zoo.layouts import FirstKDense, moe_config_rules
+    from pai_zoo.tables.layouts import FirstKDense, moe_config_rules
 
     return ConfigMap(
         Field("num_hidden_layers", "num_layers"),
@@ -240,7 +240,7 @@ def odd_cases():
 def _rebuilt(case, **arch):
     """``case`` with a megatron-core model built from a changed arch, holding the same weights."""
     from pai_zoo.mcore.build import build_gpt_model
-    from pai_zoo.weights import hf_model_to_mcore
+    from pai_zoo.models.state_dicts import hf_model_to_mcore
 
     config = dataclasses.replace(case.mcore_config, arch={**case.mcore_config.arch, **arch})
     model = build_gpt_model(case.family, config).eval()
@@ -365,14 +365,14 @@ def test_convert_ep_2_and_an_expert_parallel_save_read_back_in_one_process(tmp_p
     import torch
 
     import pai_zoo
-    from pai_zoo.conversion import convert
-    from pai_zoo.mcore import dist_ckpt
+    from pai_zoo.conversion.convert import convert
+    from pai_zoo.formats import mcore_dist
     from pai_zoo_conformance import checks
 
     case = checks.build_case(get_registry().family("glm4-moe"), "glm4-moe-tiny")  # the bias drawn, non-zero
     case.hf_model.save_pretrained(tmp_path / "hf")
     convert(tmp_path / "hf", tmp_path / "mcore", "mcore", ep=2)
-    record = json.loads((tmp_path / "mcore" / dist_ckpt.PAI_ZOO_CONFIG).read_text())
+    record = json.loads((tmp_path / "mcore" / mcore_dist.PAI_ZOO_CONFIG).read_text())
     assert (record["expert_parallel"], record["expert_tensor_parallel"]) == (2, 1)
     vocab = case.mcore_config["vocab_size"]
     ids = torch.randint(0, vocab, (2, 12), generator=torch.Generator().manual_seed(5))
@@ -383,7 +383,7 @@ def test_convert_ep_2_and_an_expert_parallel_save_read_back_in_one_process(tmp_p
     assert (reference - hf_logits).abs().max().item() < 1e-4
     got = _ep_logits(tmp_path, save="ep-saved")[..., :vocab]
     assert (got - reference).abs().max().item() <= 1e-5
-    files = {f.name.split("_")[2] for f in (tmp_path / "ep-saved" / dist_ckpt.RELEASE).glob("__*_*.distcp")}
+    files = {f.name.split("_")[2] for f in (tmp_path / "ep-saved" / mcore_dist.RELEASE).glob("__*_*.distcp")}
     assert files == {"0", "1"}  # both ranks wrote their part
     again = pai_zoo.load(tmp_path / "ep-saved", backend="mcore").logits(ids)
     assert (again - reference).abs().max().item() <= 1e-5
@@ -403,7 +403,7 @@ def test_a_megatron_checkpoint_loads_as_transformers_moe_model(tmp_path):
     import torch
 
     import pai_zoo
-    from pai_zoo.conversion import convert
+    from pai_zoo.conversion.convert import convert
     from pai_zoo_conformance import checks
 
     case = checks.build_case(get_registry().family("qwen2-moe"), "qwen2-moe-odd")
@@ -428,7 +428,7 @@ def test_a_megatron_checkpoint_loads_as_transformers_moe_model(tmp_path):
 ])
 def test_convert_refuses_an_expert_layout_the_model_cannot_have(tmp_path, preset, changes, message):
     from pai_zoo import PaiZooError
-    from pai_zoo.conversion import convert
+    from pai_zoo.conversion.convert import convert
     from pai_zoo_conformance import checks
 
     family = "glm4-moe" if "moe" in preset else "glm"
@@ -511,7 +511,7 @@ def test_glm4_moe_mtp_tensors_the_config_does_not_count_are_refused_by_name(tmp_
     from safetensors.torch import load_file, save_file
 
     from pai_zoo import MappingError
-    from pai_zoo.conversion import convert
+    from pai_zoo.conversion.convert import convert
     from pai_zoo_conformance import checks
 
     case = checks.build_case(get_registry().family("glm4-moe"), "glm4-moe-tiny")

@@ -22,8 +22,8 @@ from fp8_reference import bytes_of, is_quantized, reference_dequantize, write_fp
 from safetensors.torch import load_file, save_file
 
 import pai_zoo
-from pai_zoo.conversion import convert
-from pai_zoo.errors import SettingError
+from pai_zoo.conversion.convert import convert
+from pai_zoo.plugin.errors import SettingError
 from pai_zoo_conformance.cli_runs import run_cli
 
 MODELS = {
@@ -323,7 +323,7 @@ def test_inspect_shows_the_mtp_layers_both_sides(mtp, tmp_path):
 def test_a_checkpoint_with_the_other_megatron_cores_mtp_names_reads(mtp, tmp_path):
     """megatron-core 0.16 names an MTP layer's transformer layer transformer_layer, 0.19 mtp_model_layer: the reader
     finds the stored tensor under the name the installed megatron-core does not use."""
-    from pai_zoo.mcore.dist_ckpt import DistCheckpointReader
+    from pai_zoo.formats.mcore_dist import DistCheckpointReader
 
     convert(mtp.folder, tmp_path / "mcore", "mcore")
     reader = DistCheckpointReader(tmp_path / "mcore" / "release")
@@ -343,7 +343,7 @@ def test_megatron_lm_args_carry_the_mtp_layers_and_a_megatron_lm_read_keeps_them
     """--mtp-num-layers in a checkpoint's args: pai-zoo writes it, and the folder read as Megatron-LM's own (its
     args and tensors only, the HF folder for the tokenizer and the fields Megatron does not store) converts back
     to the published bytes, MTP layer included."""
-    from pai_zoo.megatron_args import arch_from_args, args_from_arch
+    from pai_zoo.plugin.megatron_args import arch_from_args, args_from_arch
 
     fam = pai_zoo.registry.get_registry().family(mtp.name)
     arch = fam.to_mcore_config(mtp.config).arch

@@ -6,8 +6,8 @@ import pytest
 
 import pai_zoo
 from pai_zoo.cli import main
-from pai_zoo.errors import PaiZooError
 from pai_zoo.mcore.parallel_sizes import check_tp, check_world, torchrun_command, valid_pp_sizes, valid_tp_sizes
+from pai_zoo.plugin.errors import PaiZooError
 
 pytestmark = [pytest.mark.usefixtures("fresh_registry"), pytest.mark.no_megatron]
 

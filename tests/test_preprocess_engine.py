@@ -12,7 +12,7 @@ import pytest
 
 from pai_zoo.data.blocks import read_blocks
 from pai_zoo.data.preprocess import output_prefix, preprocess
-from pai_zoo.errors import PaiZooWarning
+from pai_zoo.plugin.errors import PaiZooWarning
 from pai_zoo.testing.tokenizers import SAMPLE_TEXT, ByteLevelBPE
 from pai_zoo.tokenizers import fast as fast_module
 from pai_zoo.tokenizers.fast import FastEngineMismatch, FastEngineUnavailable, fast_tokenizer
@@ -41,7 +41,7 @@ def _gpt2(folder):
 
 def _family(name):
     def write(folder):
-        from pai_zoo.registry import get_registry
+        from pai_zoo.families.registry import get_registry
 
         get_registry().family(name).test_tokenizer(folder)
         return folder

@@ -9,14 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from pai_zoo.errors import NoBundledTokenizerError, PaiZooError, PluginError
-from pai_zoo.registry import get_registry
+from pai_zoo.families.registry import get_registry
+from pai_zoo.plugin.errors import NoBundledTokenizerError, PaiZooError, PluginError
 from pai_zoo.tokenizers import names
-from pai_zoo.tokenizers.names import (
-    bundled_tokenizer_folder,
-    model_tokenizer,
-    resolve_tokenizer,
-)
+from pai_zoo.tokenizers.names import bundled_tokenizer_folder, model_tokenizer, resolve_tokenizer
 
 pytestmark = pytest.mark.no_megatron  # runs once (pai_zoo_conformance.megatron_free)
 

@@ -20,7 +20,7 @@ import pytest
 
 import pai_zoo_llama
 from pai_zoo import Family, PluginError, UnknownModelError, WeightMap, hookimpl
-from pai_zoo.registry import PLUGINS_ENV, Registry, reset_registry
+from pai_zoo.families.registry import PLUGINS_ENV, Registry, reset_registry
 from pai_zoo.rl import RLTrainer, get_trainer, list_trainers
 from pai_zoo_llama import CONFIG, weights
 from pai_zoo_llama.presets import PRESETS

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from pai_zoo.errors import SettingError
+from pai_zoo.plugin.errors import SettingError
 from pai_zoo.rl import ops
 
 pytestmark = pytest.mark.no_megatron  # runs once (pai_zoo_conformance.megatron_free)

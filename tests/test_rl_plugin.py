@@ -68,7 +68,7 @@ def test_deselected_plugin_trainer_is_unknown(tmp_path):
 def registered(monkeypatch):
     """The fixture plugin registered in-process (no installation), as tests/test_registry.py does."""
     import pai_zoo_llama
-    from pai_zoo.registry import Registry, reset_registry
+    from pai_zoo.families.registry import Registry, reset_registry
 
     monkeypatch.syspath_prepend(str(FIXTURE))
     import pai_zoo_rl_bestofn

@@ -11,8 +11,8 @@ import pytest
 
 import pai_zoo
 from pai_zoo.cli import main as cli
-from pai_zoo.errors import PaiZooError
-from pai_zoo.mcore import dist_ckpt
+from pai_zoo.formats import mcore_dist
+from pai_zoo.plugin.errors import PaiZooError
 from pai_zoo.rl.ppo import PPOTrainer
 from pai_zoo_conformance.cli_runs import run_cli_on_ranks
 
@@ -113,7 +113,7 @@ def test_resume_continues_exactly(tmp_path):
     for a, b in zip(straight, resumed):
         assert a["reward"] == b["reward"] and a["policy_loss"] == pytest.approx(b["policy_loss"], abs=1e-6)
     for part in ("actor", "critic"):
-        assert (tmp_path / "resumed" / part / dist_ckpt.TRACKER).read_text() == "4"
+        assert (tmp_path / "resumed" / part / mcore_dist.TRACKER).read_text() == "4"
         a, b = _tensors(tmp_path / "straight" / part), _tensors(tmp_path / "resumed" / part)
         assert a.keys() == b.keys()
         assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-6
@@ -140,9 +140,9 @@ def test_tensor_parallel_on_two_ranks(tmp_path):
                              "1e-3", "--tp", "2"], timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert [r["step"] for r in read_log(tmp_path / "run")] == [1, 2]  # rank 0 logs once per step
-    record = json.loads((tmp_path / "run" / "actor" / dist_ckpt.PAI_ZOO_CONFIG).read_text())
+    record = json.loads((tmp_path / "run" / "actor" / mcore_dist.PAI_ZOO_CONFIG).read_text())
     assert record["tensor_parallel"] == 2
-    reader = dist_ckpt.DistCheckpointReader(tmp_path / "run" / "actor" / "iter_0000002")
+    reader = mcore_dist.DistCheckpointReader(tmp_path / "run" / "actor" / "iter_0000002")
     chunks = reader.metadata.state_dict_metadata["decoder.layers.self_attention.linear_qkv.weight"].chunks
     assert len(chunks) == 2 * 2  # saved by both tensor-parallel ranks: one chunk per layer and rank
     # the TP-sharded checkpoints read back in one process and convert

@@ -11,8 +11,8 @@ import torch
 
 import pai_zoo
 from pai_zoo.cli import main as cli
-from pai_zoo.errors import PaiZooError
 from pai_zoo.mcore.heads import ScalarHead, sequence_scores
+from pai_zoo.plugin.errors import PaiZooError
 from pai_zoo.rl.models import forward, pad_right
 from pai_zoo.rl.reward import RewardTrainer
 

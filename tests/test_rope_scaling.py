@@ -8,9 +8,9 @@ import torch
 
 import pai_zoo
 from pai_zoo import ConfigTranslationError
-from pai_zoo.config_map import ROPE_SCALING, attention_factor
-from pai_zoo.conversion import convert
-from pai_zoo.registry import get_registry
+from pai_zoo.conversion.convert import convert
+from pai_zoo.families.registry import get_registry
+from pai_zoo.plugin.config_map import ROPE_SCALING, attention_factor
 from pai_zoo_conformance import checks
 
 REGISTRY = get_registry()

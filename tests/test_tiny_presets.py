@@ -15,8 +15,8 @@ import pai_zoo
 from pai_zoo.cli import main as cli
 from pai_zoo.data.indexed import sidecar_path
 from pai_zoo.data.preprocess import output_prefix, preprocess
+from pai_zoo.families.registry import get_registry
 from pai_zoo.generation import generate
-from pai_zoo.registry import get_registry
 from pai_zoo.testing.tokenizers import SAMPLE_TEXT
 from pai_zoo.tokenizers.names import NoBundledTokenizerError, family_tokenizer, resolve_tokenizer
 
@@ -54,7 +54,7 @@ def bin_ids(prefix) -> np.ndarray:
 
 def model_vocab(family, preset) -> int:
     """The vocabulary a preset's model has, as load and train translate its config."""
-    from pai_zoo import hf
+    from pai_zoo.hf import models as hf
 
     return family.to_mcore_config(hf.config_dict(hf.hf_config(family, get_registry().preset(preset)[1])))["vocab_size"]
 

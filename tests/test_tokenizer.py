@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from pai_zoo.errors import TokenizerError
+from pai_zoo.plugin.errors import TokenizerError
 from pai_zoo.tokenizers import (
     CL100K_PAT_STR,
     HFTokenizer,

@@ -17,8 +17,8 @@ ODD = dict(vocab_size=300, num_hidden_layers=4, hidden_size=72, num_attention_he
 
 
 def _config(preset: str, **overrides):
-    from pai_zoo import hf
-    from pai_zoo.registry import get_registry
+    from pai_zoo.families.registry import get_registry
+    from pai_zoo.hf import models as hf
 
     family, values = get_registry().preset(preset)
     values = {**values, **overrides}

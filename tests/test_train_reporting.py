@@ -203,7 +203,7 @@ def test_extend_continues_a_finished_run_with_the_schedule_recomputed(setup, rep
 
 
 def test_keep_last_keeps_the_newest(setup, tmp_path):
-    from pai_zoo.run_checkpoint import prune_checkpoints
+    from pai_zoo.training.run_checkpoint import prune_checkpoints
 
     for n in (2, 4, 6, 8, 10):
         (tmp_path / f"iter_{n:07d}").mkdir()

@@ -135,8 +135,8 @@ def test_scale_settings_repeat_one_process(scaled, baseline, case):
 
 def test_the_plans_counts_equal_what_each_rank_built(scaled):
     """``pai-zoo train --plan``'s parameters per rank against megatron-core's TP2, PP2 x VPP2 and DP2 builds."""
-    from pai_zoo import hf
-    from pai_zoo.registry import get_registry
+    from pai_zoo.families.registry import get_registry
+    from pai_zoo.hf import models as hf
     from pai_zoo.training.plan import stage_parameters
 
     family, values = get_registry().preset("llama3-tiny")
@@ -173,7 +173,8 @@ def test_a_checkpoint_resumes_with_another_layout(setup, scaled, baseline, case,
 
 
 def test_switching_the_distributed_optimizer_on_resume_is_refused(tmp_path):
-    from pai_zoo.training.trainer import CONFIG_FILE, Trainer
+    from pai_zoo.formats.training_run import CONFIG_FILE
+    from pai_zoo.training.trainer import Trainer
 
     before = TrainConfig(model="m", data=["d"], save=str(tmp_path), use_distributed_optimizer=True)
     (tmp_path / CONFIG_FILE).write_text(json.dumps(before.to_dict()))
@@ -186,7 +187,7 @@ def test_switching_the_distributed_optimizer_on_resume_is_refused(tmp_path):
 
 def test_distributed_optimizer_resumes_after_sigkill_and_converts_to_hf(setup, scaled, tmp_path):
     import pai_zoo
-    from pai_zoo.conversion import convert
+    from pai_zoo.conversion.convert import convert
 
     save = tmp_path / "killed"
     values = settings(setup, save, use_distributed_optimizer=True)

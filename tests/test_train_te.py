@@ -8,17 +8,17 @@ import io
 import pytest
 import torch
 
-from pai_zoo.megatron_lm.legacy import TE_NAMES
+from pai_zoo.formats.megatron_legacy import TE_NAMES
 
 ODD = dict(vocab_size=300, num_hidden_layers=2, hidden_size=72, num_attention_heads=6, num_key_value_heads=2,
            head_dim=16, intermediate_size=160)
 
 
 def _model(seed: int):
-    from pai_zoo import hf
+    from pai_zoo.families.registry import get_registry
+    from pai_zoo.hf import models as hf
     from pai_zoo.mcore.build import build_gpt_model
     from pai_zoo.mcore.compat import ensure_model_parallel
-    from pai_zoo.registry import get_registry
 
     family, values = get_registry().preset("llama3-tiny")
     config = family.to_mcore_config(hf.config_dict(hf.hf_config(family, {**values, **ODD})))
@@ -65,7 +65,7 @@ def test_a_te_named_checkpoint_with_extra_state_loads_into_the_local_model(tmp_p
     (tmp_path / "latest_checkpointed_iteration.txt").write_text("1")
     _, _, loaded = _model(2)
     before = {k: v.clone() for k, v in loaded.state_dict().items() if torch.is_tensor(v)}
-    load_model_weights(loaded, tmp_path)
+    load_model_weights(loaded, folder)
     want = saved.state_dict()
     changed = 0
     for name, value in loaded.state_dict().items():
@@ -77,8 +77,8 @@ def test_a_te_named_checkpoint_with_extra_state_loads_into_the_local_model(tmp_p
 
 def test_a_family_with_its_own_modules_keeps_to_the_local_spec():
     from pai_zoo import PaiZooError
+    from pai_zoo.families.registry import get_registry
     from pai_zoo.mcore.specs import layer_spec_for
-    from pai_zoo.registry import get_registry
 
     reg = get_registry()
     own = [f for f in reg.families.values() if f.layer_spec is not None or f.model_class is not None]

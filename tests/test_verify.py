@@ -8,11 +8,11 @@ import pytest
 import torch
 
 import pai_zoo
-import pai_zoo.conversion
 from pai_zoo.cli import main
-from pai_zoo.conversion import convert
-from pai_zoo.errors import PaiZooError
-from pai_zoo.verification import VERIFY_TOLERANCES, compare_logits, parse_tolerance, tolerance_for
+from pai_zoo.conversion.convert import convert
+from pai_zoo.formats import hf_folder
+from pai_zoo.models.verification import VERIFY_TOLERANCES, compare_logits, parse_tolerance, tolerance_for
+from pai_zoo.plugin.errors import PaiZooError
 
 pytestmark = pytest.mark.usefixtures("fresh_registry")
 
@@ -97,7 +97,7 @@ def test_conformance_forward_check_uses_the_rule(monkeypatch):
 def large_logits_hf(tmp_path_factory):
     """A llama with the conformance suite's weights and a final norm scaled 40x: max |logits| ~170, so that the
     two backends' float32 rounding differs by more than 1e-4 (as in a trained model with logits ~20)."""
-    from pai_zoo.registry import reset_registry
+    from pai_zoo.families.registry import reset_registry
     from pai_zoo_conformance import checks
 
     reset_registry(None)
@@ -128,7 +128,7 @@ def test_fp32_noise_past_1e4_passes_and_the_override_applies(large_logits_hf, tm
 
 def test_a_swapped_layer_fails_with_exit_3(large_logits_hf, tmp_path, monkeypatch, capsys):
     convert(large_logits_hf, tmp_path / "m", "mcore")
-    write = pai_zoo.conversion.SafetensorsWriter.write
+    write = hf_folder.SafetensorsWriter.write
 
     def swapping(self, name, tensor):  # layers 0 and 1 trade places in the HF output
         swap = {"layers.0.": "layers.1.", "layers.1.": "layers.0."}
@@ -138,7 +138,7 @@ def test_a_swapped_layer_fails_with_exit_3(large_logits_hf, tmp_path, monkeypatc
                 break
         return write(self, name, tensor)
 
-    monkeypatch.setattr(pai_zoo.conversion.SafetensorsWriter, "write", swapping)
+    monkeypatch.setattr(hf_folder.SafetensorsWriter, "write", swapping)
     assert main(["convert", str(tmp_path / "m"), str(tmp_path / "h"), "--to", "hf", "--verify"]) == 3
     out = capsys.readouterr().out
     assert out.rstrip().endswith(": FAILED") and "> tolerance" in out, out

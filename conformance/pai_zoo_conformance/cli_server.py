@@ -30,9 +30,9 @@ import time
 from pathlib import Path
 
 #: What the server imports before it forks: everything a ``pai-zoo`` command spends its start on.
-PRELOAD = ("torch", "transformers", "megatron.core", "megatron.core.models.gpt", "pai_zoo.cli", "pai_zoo.conversion",
-           "pai_zoo.training.trainer", "pai_zoo.generation", "pai_zoo.rl", "pai_zoo.data.preprocess",
-           "pai_zoo.inspection", "pai_zoo.verification")
+PRELOAD = ("torch", "transformers", "megatron.core", "megatron.core.models.gpt", "pai_zoo.cli",
+           "pai_zoo.conversion.convert", "pai_zoo.training.trainer", "pai_zoo.generation", "pai_zoo.rl",
+           "pai_zoo.data.preprocess", "pai_zoo.models.inspection", "pai_zoo.models.verification")
 #: Seconds the server may take to import :data:`PRELOAD` and listen.
 START_TIMEOUT = 300.0
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)

@@ -33,8 +33,8 @@ def check_expert_parallel_equivalence(case: Case, folder: Path, ep: int = 2, ato
     the one-process load's within ``atol``. Returns the max |delta|."""
     import torch
 
-    import pai_zoo
-    from pai_zoo.conversion import convert
+    from pai_zoo.conversion.convert import convert
+    from pai_zoo.models.handle import load
 
     folder = Path(folder)
     experts = int(case.mcore_config.get("num_moe_experts") or 0)
@@ -45,7 +45,7 @@ def check_expert_parallel_equivalence(case: Case, folder: Path, ep: int = 2, ato
     vocab = case.mcore_config["vocab_size"]
     ids = torch.randint(0, vocab, (2, 12), generator=torch.Generator().manual_seed(98))
     torch.save(ids, folder / "ids.pt")
-    reference = pai_zoo.load(folder / "mcore", backend="mcore").logits(ids)
+    reference = load(folder / "mcore", backend="mcore").logits(ids)
     got = expert_parallel_logits(folder / "mcore", folder / "ids.pt", ep)[..., :vocab]
     if got.shape != reference.shape:
         _fail("expert parallel", f"ep={ep}: logits shape {tuple(got.shape)} != {tuple(reference.shape)}")

@@ -25,18 +25,20 @@ def expert_logits(checkpoint, ids, ep: int = 2, swap: bool = False, save=None):
     parallel_state.initialize_model_parallel(expert_model_parallel_size=ep)
     model_parallel_cuda_manual_seed(1234)
 
+    from pai_zoo.families.registry import get_registry
+    from pai_zoo.formats import mcore_dist
+    from pai_zoo.formats.megatron_folder import iteration_dir
     from pai_zoo.mcore import dist_ckpt
     from pai_zoo.mcore.build import build_gpt_model
     from pai_zoo.mcore.forward import mcore_forward
-    from pai_zoo.registry import get_registry
 
-    config, meta = dist_ckpt.mcore_config_of(checkpoint)
+    config, meta = mcore_dist.mcore_config_of(checkpoint)
     family = get_registry().family(config.family)
     model = build_gpt_model(family, config, padded_vocab_size=meta.get("padded_vocab_size"),
                             expert_model_parallel_size=ep).eval()
     local = next(layer.mlp.experts.local_experts for layer in model.decoder.layers if hasattr(layer.mlp, "experts"))
     assert len(local) * ep == config["num_moe_experts"], (len(local), config["num_moe_experts"])
-    dist_ckpt.load_model_weights(model, checkpoint)
+    dist_ckpt.load_model_weights(model, iteration_dir(checkpoint))
     if save:
         import json
         import shutil
@@ -46,14 +48,14 @@ def expert_logits(checkpoint, ids, ep: int = 2, swap: bool = False, save=None):
 
         save, source = Path(save), Path(checkpoint)
         if torch.distributed.get_rank() == 0:
-            (save / dist_ckpt.RELEASE).mkdir(parents=True)
-            record = json.loads((source / dist_ckpt.PAI_ZOO_CONFIG).read_text())
+            (save / mcore_dist.RELEASE).mkdir(parents=True)
+            record = json.loads((source / mcore_dist.PAI_ZOO_CONFIG).read_text())
             record["expert_parallel"] = ep
-            (save / dist_ckpt.PAI_ZOO_CONFIG).write_text(json.dumps(record))
-            (save / dist_ckpt.TRACKER).write_text(dist_ckpt.RELEASE)
-            shutil.copytree(source / dist_ckpt.HF_DIR, save / dist_ckpt.HF_DIR)
+            (save / mcore_dist.PAI_ZOO_CONFIG).write_text(json.dumps(record))
+            (save / mcore_dist.TRACKER).write_text(mcore_dist.RELEASE)
+            shutil.copytree(source / mcore_dist.HF_DIR, save / mcore_dist.HF_DIR)
         torch.distributed.barrier()
-        dist_checkpointing.save(model.sharded_state_dict(), str(save / dist_ckpt.RELEASE))
+        dist_checkpointing.save(model.sharded_state_dict(), str(save / mcore_dist.RELEASE))
     if swap and torch.distributed.get_rank() == ep - 1:
         with torch.no_grad():
             first = local[0].linear_fc1.weight.detach().clone()

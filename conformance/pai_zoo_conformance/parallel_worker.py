@@ -13,14 +13,14 @@ def layout_logits(checkpoint, layouts, ids, save=None, inputs=None) -> dict | No
     import torch
     from megatron.core import parallel_state
 
-    import pai_zoo
+    from pai_zoo.models.handle import load
 
     torch.set_num_threads(1)
     logits = {}
     for tp, pp in layouts:
         if parallel_state.model_parallel_is_initialized():
             parallel_state.destroy_model_parallel()  # the next layout's groups, in the same process group
-        handle = pai_zoo.load(checkpoint, backend="mcore", tensor_parallel_size=tp, pipeline_parallel_size=pp)
+        handle = load(checkpoint, backend="mcore", tensor_parallel_size=tp, pipeline_parallel_size=pp)
         logits[(tp, pp)] = handle.logits(ids, **(inputs or {}))
     if save:
         _save_like_megatron(handle.model, checkpoint, save)
@@ -35,14 +35,14 @@ def _save_like_megatron(model, source, target) -> None:
     import torch
     from megatron.core import dist_checkpointing
 
-    from pai_zoo.mcore import dist_ckpt
+    from pai_zoo.formats import mcore_dist
 
     target = Path(target)
     if torch.distributed.get_rank() == 0:
-        (target / dist_ckpt.RELEASE).mkdir(parents=True)
-        for name in (dist_ckpt.TRACKER, dist_ckpt.PAI_ZOO_CONFIG):
+        (target / mcore_dist.RELEASE).mkdir(parents=True)
+        for name in (mcore_dist.TRACKER, mcore_dist.PAI_ZOO_CONFIG):
             shutil.copy2(Path(source) / name, target / name)
-        shutil.copytree(Path(source) / dist_ckpt.HF_DIR, target / dist_ckpt.HF_DIR)
+        shutil.copytree(Path(source) / mcore_dist.HF_DIR, target / mcore_dist.HF_DIR)
     torch.distributed.barrier()
-    dist_checkpointing.save(model.sharded_state_dict(), str(target / dist_ckpt.RELEASE))
+    dist_checkpointing.save(model.sharded_state_dict(), str(target / mcore_dist.RELEASE))
 

@@ -3,7 +3,7 @@ installed families, as ``pai-zoo conformance NAME`` does.
 
 Every run of a :class:`~pai_zoo_conformance.ConformanceSuite` test is recorded: at the end of the
 session each family's outcomes (check -> passed / failed / skipped) go to
-``$PAI_ZOO_CACHE/conformance/FAMILY.json`` (:mod:`pai_zoo.conformance_record`), which
+``$PAI_ZOO_CACHE/conformance/FAMILY.json`` (:mod:`pai_zoo.testing.conformance_record`), which
 ``pai-zoo info FAMILY`` shows.
 
 The session-scoped fixture ``pai_zoo_workers`` is the session's :class:`~pai_zoo_conformance.workers.WorkerGroup`
@@ -119,17 +119,19 @@ def pytest_sessionfinish(session):
     results = session.config.stash.get(_RESULTS, {})
     if not results:
         return
-    from pai_zoo import __version__, conformance_record
-    from pai_zoo.errors import PaiZooError
-    from pai_zoo.family import installed_mcore_version
-    from pai_zoo.registry import get_registry
+    from importlib.metadata import version
+
+    from pai_zoo.families.family import installed_mcore_version
+    from pai_zoo.families.registry import get_registry
+    from pai_zoo.plugin.errors import PaiZooError
+    from pai_zoo.testing import conformance_record
 
     registry = get_registry()
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     say = reporter.write_line if reporter is not None else (lambda line: None)
     for name, outcomes in results.items():
         name_given = name
-        versions = {"pai_zoo_version": __version__, "mcore_version": installed_mcore_version()}
+        versions = {"pai_zoo_version": version("pai-zoo"), "mcore_version": installed_mcore_version()}
         try:
             family = registry.family(name)
             name = family.name

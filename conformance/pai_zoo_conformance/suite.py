@@ -46,7 +46,7 @@ class ConformanceSuite:
     @pytest.fixture(scope="class")
     @classmethod
     def fam(cls, family_name):
-        from pai_zoo.registry import get_registry
+        from pai_zoo.families.registry import get_registry
 
         return get_registry().family(family_name)
 

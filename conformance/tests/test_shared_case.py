@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from pai_zoo.registry import get_registry
+from pai_zoo.families.registry import get_registry
 from pai_zoo_conformance import checks
 
 

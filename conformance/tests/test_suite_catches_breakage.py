@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from pai_zoo import QKV, ConfigMap, Copy, Field, GateUp, Rope, WeightMap
-from pai_zoo.config_map import ROPE_SCALING
-from pai_zoo.registry import get_registry
+from pai_zoo.families.registry import get_registry
+from pai_zoo.plugin.config_map import ROPE_SCALING
 from pai_zoo_conformance import ConformanceFailure, checks
 
 LLAMA = get_registry().family("llama")
@@ -165,7 +165,7 @@ def test_lora_rows_placed_per_head_instead_of_per_query_group_fail_the_lora_chec
              ctx.num_query_groups * ctx.head_dim])]
 
     monkeypatch.setattr(targets, "fused_positions", wrong)
-    import pai_zoo.mcore.lora as mcore_lora
+    import pai_zoo.lora.adapters as mcore_lora
 
     monkeypatch.setattr(mcore_lora, "fused_positions", wrong)
     with pytest.raises(ConformanceFailure, match=r"\[lora\]"):

@@ -11,8 +11,8 @@ import math
 import pytest
 import torch
 
+from pai_zoo.families.registry import get_registry
 from pai_zoo.mcore.alibi import alibi_slopes
-from pai_zoo.registry import get_registry
 from pai_zoo_conformance import ConformanceFailure, checks
 
 FALCON = get_registry().family("falcon")

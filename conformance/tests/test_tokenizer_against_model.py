@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from pai_zoo.registry import get_registry
+from pai_zoo.families.registry import get_registry
 from pai_zoo.testing.tokenizers import SentencePieceBPE
 from pai_zoo_conformance import ConformanceFailure, ConformanceSuite, checks
 

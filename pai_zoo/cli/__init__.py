@@ -25,7 +25,7 @@ import sys
 import traceback
 import warnings
 
-from ..errors import PaiZooError, PaiZooWarning
+from ..plugin.errors import PaiZooError, PaiZooWarning
 from ..util.quiet import quiet_run
 from ._common import HelpFormatter
 

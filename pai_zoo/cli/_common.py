@@ -5,7 +5,7 @@ import argparse
 import dataclasses
 import inspect
 
-from .. import registry as _registry
+from ..families import registry as _registry
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):

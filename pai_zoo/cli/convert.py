@@ -1,8 +1,8 @@
 """``pai-zoo convert SRC DST --to mcore|hf``: Hugging Face folder <-> Megatron-Core checkpoint."""
 from __future__ import annotations
 
-from ..convert_settings import DEFAULTS, QUANTIZE_CHOICES
-from ..verification import VERIFY_TOLERANCES
+from ..conversion.settings import DEFAULTS, QUANTIZE_CHOICES
+from ..models.verification import VERIFY_TOLERANCES
 from ._common import add_command
 
 #: exit code of a conversion whose ``--verify`` comparison failed
@@ -56,7 +56,7 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
-    from ..conversion import convert, describe_verification
+    from ..conversion.convert import convert, describe_verification
 
     report = convert(
         args.src, args.dst, args.to, family=args.family, tp=args.tp, pp=args.pp, dtype=args.dtype,

@@ -3,7 +3,7 @@ prepare FILE.jsonl --output DIR`` (vision SFT data as megatron-energon shards)."
 from __future__ import annotations
 
 from ..data.prefix import resolve_prefix
-from ..errors import PaiZooError
+from ..plugin.errors import PaiZooError
 from ..tokenizers.names import resolve_tokenizer
 from ._common import add_command
 

@@ -13,14 +13,14 @@ from pathlib import Path
 
 from ..data.prefix import resolve_prefix
 from ..data.vocabulary import check_dataset_vocabulary
-from ..errors import SettingError
 from ..evaluation.harness import check_tasks, make_lm, run_tasks, task_manager, tokenizer_folder
 from ..evaluation.heldout import held_out_loss, planned_rows
 from ..evaluation.report import loss_table, output, tasks_table, write_output
 from ..evaluation.sequences import DEFAULT_PACKING, PACKINGS, dataset_prefix, read_sequences
-from ..handle import load, resolve
-from ..hf import config_dict, hf_config
+from ..hf.models import config_dict, hf_config
 from ..mcore.parallel_sizes import check_world
+from ..models.handle import load, resolve
+from ..plugin.errors import SettingError
 from ..util.dist import is_rank0, rank, shared_temporary_folder, world_size
 from ..util.progress import Progress
 from ._common import add_command

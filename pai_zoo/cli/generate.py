@@ -7,8 +7,8 @@ from pathlib import Path
 
 from ..generation import GenerationError, SamplingParams, generate, read_prompts
 from ..generation.images import record_images, with_image_paths
-from ..handle import load
 from ..mcore.parallel_sizes import check_world
+from ..models.handle import load
 from ..util.dist import is_rank0
 from ..util.files import atomic_path
 from ._common import add_command, defaults

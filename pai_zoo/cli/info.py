@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import conformance_record, hf
-from ..errors import UnknownModelError
+from ..hf import models as hf
+from ..plugin.errors import UnknownModelError
+from ..testing import conformance_record
 from ..tokenizers.names import describe_tokenizer
 from ._common import add_command, family_or_preset, registry
 
@@ -46,7 +47,7 @@ def _size(cfg: dict) -> str:
 
 def run(args) -> int:
     if _is_folder_argument(args.name):
-        from ..inspection import inspect_checkpoint
+        from ..models.inspection import inspect_checkpoint
 
         report = inspect_checkpoint(args.name, family=args.family, tokenizer=args.tokenizer,
                                     iteration=args.iteration)
@@ -89,7 +90,7 @@ def print_family(family, name: str) -> None:
 
 
 def print_conformance(name: str) -> None:
-    """The recorded conformance results of a family (:mod:`pai_zoo.conformance_record`)."""
+    """The recorded conformance results of a family (:mod:`pai_zoo.testing.conformance_record`)."""
 
     try:
         results = conformance_record.read(name)

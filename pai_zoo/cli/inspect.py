@@ -16,7 +16,7 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
-    from ..inspection import inspect_checkpoint
+    from ..models.inspection import inspect_checkpoint
 
     report = inspect_checkpoint(args.checkpoint, family=args.family, tokenizer=args.tokenizer,
                                 iteration=args.iteration)

@@ -4,8 +4,8 @@ from __future__ import annotations
 import json
 import sys
 
-from ..errors import PaiZooError
-from ..family import installed_mcore_version
+from ..families.family import installed_mcore_version
+from ..plugin.errors import PaiZooError
 from ._common import add_command, registry
 
 

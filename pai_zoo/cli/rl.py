@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..errors import PaiZooError, SettingError
+from ..plugin.errors import PaiZooError, SettingError
 from ..rl import list_trainers
 from ..util.yaml_settings import read_settings_yaml
 from ._common import add_command

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import argparse
 
-from ..handle import resolve
-from ..hf import config_dict, hf_config
+from ..hf.models import config_dict, hf_config
 from ..mcore.parallel_sizes import check_layout
+from ..models.handle import resolve
 from ..training.config import SETTINGS, TrainConfig, TrainConfigError
 from ..training.plan import make_plan, plan_lines
 from ..util.dist import is_rank0

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..errors import DataError, NoSuchPathError, no_such_path
+from ..plugin.errors import DataError, NoSuchPathError, no_such_path
 
 __all__ = ["TEXT_SUFFIX", "LOSS_MASK_SUFFIX", "resolve_prefix", "resolve_sft_prefix", "datasets_near"]
 

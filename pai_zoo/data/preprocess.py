@@ -19,7 +19,7 @@ from itertools import chain, islice
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from ..errors import PaiZooError, PaiZooWarning, SettingError
+from ..plugin.errors import PaiZooError, PaiZooWarning, SettingError
 from ..tokenizers import fast as fast_engine
 from ..tokenizers.fast import (
     ENGINES,

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import DataError
+from ..plugin.errors import DataError
 
 __all__ = [
     "DEFAULT_CHAT_TEMPLATE",

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Iterator
 
-from ..errors import PaiZooError, no_such_path
+from ..plugin.errors import PaiZooError, no_such_path
 
 JSON_SUFFIXES = (".jsonl", ".json", ".ndjson")
 TEXT_MODES = ("file", "paragraph")

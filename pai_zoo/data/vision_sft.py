@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import DataError, PaiZooError, no_such_path
-from ..vision import expand_placeholders, read_image
+from ..plugin.errors import DataError, PaiZooError, no_such_path
+from ..plugin.vision import expand_placeholders, read_image
 from .sft import ROLES, build_example
 from .sources import BadRecord, iter_json_lines, parse_record
 

@@ -17,8 +17,8 @@ import shutil
 import tarfile
 from pathlib import Path
 
-from ..errors import DataError, PaiZooError
-from ..vision import read_image
+from ..plugin.errors import DataError, PaiZooError
+from ..plugin.vision import read_image
 from .vision_sft import read_vision_records
 
 __all__ = ["is_energon_dataset", "prepare_vision_dataset", "read_vision_dataset"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..errors import VocabularyMismatchError
+from ..plugin.errors import VocabularyMismatchError
 
 __all__ = ["check_token_ids", "check_dataset_vocabulary"]
 

@@ -28,9 +28,9 @@ import difflib
 import logging
 from pathlib import Path
 
-from ..errors import PaiZooError, SettingError
 from ..generation import generate
 from ..generation.mcore_loop import inference_mode
+from ..plugin.errors import PaiZooError, SettingError
 from ..util.progress import Progress
 
 #: lm-eval's default context when neither the model's config nor its tokenizer gives one (``HFLM``'s)
@@ -86,7 +86,7 @@ def _define():
     from lm_eval.models.utils_hf import pad_and_concat
 
     class PaiZooLM(TemplateLM):
-        """lm-eval's ``LM`` on a :class:`~pai_zoo.handle.ModelHandle` (see the module docstring)."""
+        """lm-eval's ``LM`` on a :class:`~pai_zoo.models.handle.ModelHandle` (see the module docstring)."""
 
         backend = "causal"
 

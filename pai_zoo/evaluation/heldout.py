@@ -2,7 +2,7 @@
 
 The loss of a sequence of ``n + 1`` tokens is the sum of ``-log p(token[i+1] | token[:i+1])`` over its ``n``
 targets, from the model's logits in float32 (a log-softmax over the real vocabulary: megatron-core's padding rows
-are trimmed, as :meth:`~pai_zoo.handle.ModelHandle.logits` does). A dataset's loss is its summed loss over its
+are trimmed, as :meth:`~pai_zoo.models.handle.ModelHandle.logits` does). A dataset's loss is its summed loss over its
 target tokens; its perplexity is ``exp(loss)``. The blend's loss is the same ratio over every dataset's tokens
 or, with weights (``--data 0.7 A 0.3 B``), the weighted mean of the datasets' losses.
 

@@ -25,7 +25,7 @@ from ..data.prefix import resolve_prefix
 from ..data.preprocess import output_prefix, preprocess
 from ..data.sources import is_json_lines
 from ..data.vocabulary import check_dataset_vocabulary
-from ..errors import DataError
+from ..plugin.errors import DataError
 
 #: ``--packing`` choices: what each one does (``pai-zoo eval --help``)
 PACKINGS = {

@@ -105,7 +105,7 @@ def generate(
     labels: Sequence[str] | None = None,
     images: Sequence[Sequence[Any]] | None = None,
 ) -> list[Generation]:
-    """Complete ``prompts`` with the model of ``handle`` (a :class:`~pai_zoo.handle.ModelHandle`).
+    """Complete ``prompts`` with the model of ``handle`` (a :class:`~pai_zoo.models.handle.ModelHandle`).
 
     ``prompts``: a string, a list of strings (tokenized with the handle's tokenizer), a list of
     token-id lists, chats or a padded id tensor with ``attention_mask`` (left or right padding).

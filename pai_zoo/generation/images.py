@@ -12,8 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..errors import PaiZooError
-from ..vision import expand_placeholders, read_image
+from ..plugin.errors import PaiZooError
+from ..plugin.vision import expand_placeholders, read_image
 from .params import GenerationError
 
 __all__ = ["VisionPrompts", "chat_images", "decode_positions", "read_image", "record_images", "with_image_paths"]

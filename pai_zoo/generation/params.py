@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import PaiZooError
+from ..plugin.errors import PaiZooError
 
 
 class GenerationError(PaiZooError):

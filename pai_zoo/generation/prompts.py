@@ -6,7 +6,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import DataError, no_such_path
+from ..plugin.errors import DataError, no_such_path
 from .params import GenerationError
 
 

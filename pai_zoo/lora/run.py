@@ -8,32 +8,29 @@ such a run or a PEFT folder.
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 
-from ..mapping import MappingContext
-from ..registry import get_registry
-from ..util.files import write_text_atomic
-from .peft_format import is_peft_folder, read_peft_adapter
-from .settings import LORA_RECORD, LoraError, LoraSettings
+from .. import formats
+from ..families.registry import get_registry
+from ..formats import training_run
+from ..formats.peft_adapter import PEFT_CONFIG, read_peft_adapter
+from ..plugin.errors import PaiZooError
+from ..tables.mapping import MappingContext
+from .settings import LoraError, LoraSettings
 from .targets import ADAPTERS, lora_targets, to_mcore_form
 
-_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".distcp", ".pt")
-
-
-def is_lora_run(path) -> bool:
-    return (Path(path) / LORA_RECORD).is_file()
+LORA_RECORD = training_run.LORA_RECORD
+is_lora_run = training_run.is_lora_run
 
 
 def weight_files(path) -> list[Path]:
     """The files whose contents make a base model: an HF folder's weight files, or a megatron-core checkpoint's
     current iteration (its ``.metadata`` too)."""
-    from ..mcore.dist_ckpt import is_mcore_checkpoint, iteration_dir
-
-    path = Path(path)
-    folder = iteration_dir(path) if is_mcore_checkpoint(path) else path
-    files = sorted(f for f in folder.iterdir() if f.is_file() and (f.suffix in _WEIGHT_SUFFIXES
-                                                                  or f.name == ".metadata"))
+    try:
+        with formats.open_checkpoint(path) as base:
+            files = base.weight_files()
+    except PaiZooError:
+        files = []
     if not files:
         raise LoraError(f"{path}: no weight files to identify the base by")
     return files
@@ -54,19 +51,19 @@ def write_record(run: Path, settings: LoraSettings, base: Path, kind: str, targe
     """``RUN/lora.json`` (rank 0, before the first checkpoint)."""
     record = {"format": 1, "settings": settings.to_dict(), "targets": sorted(targets),
               "base": {"path": str(Path(base).resolve()), "kind": kind, "sha256": base_fingerprint(base)}}
-    write_text_atomic(Path(run) / LORA_RECORD, json.dumps(record, indent=2) + "\n")
+    training_run.write_lora_record(run, record)
 
 
 def read_record(run) -> dict:
-    file = Path(run) / LORA_RECORD
     try:
-        record = json.loads(file.read_text())
+        record = training_run.read_lora_record(run)
+    except PaiZooError as e:
+        raise LoraError(str(e)) from None
+    try:
         LoraSettings.from_dict(record["settings"])
         record["base"]["sha256"]
-    except FileNotFoundError:
-        raise LoraError(f"{run}: not a LoRA run (no {LORA_RECORD})") from None
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise LoraError(f"{file}: not a LoRA record ({type(e).__name__}: {e})") from None
+    except (KeyError, TypeError) as e:
+        raise LoraError(f"{Path(run) / LORA_RECORD}: not a LoRA record ({type(e).__name__}: {e})") from None
     return record
 
 
@@ -82,28 +79,24 @@ def check_base(record: dict, base, where) -> None:
 
 def run_adapters(run) -> dict:
     """The adapters of a LoRA run's latest checkpoint, full, in mcore form."""
-    from ..mcore.dist_ckpt import DistCheckpointReader, is_mcore_checkpoint, iteration_dir
-
-    if not is_mcore_checkpoint(run):
-        raise LoraError(f"{run}: a LoRA run with no checkpoint yet (no latest_checkpointed_iteration.txt)")
-    reader = DistCheckpointReader(iteration_dir(run))
-    try:
-        keys = [k for k in reader.keys() if k.startswith("decoder.") and f".{ADAPTERS}." in k]
+    if training_run.latest_iteration(run) is None:
+        raise LoraError(f"{run}: a LoRA run with no checkpoint yet (no {training_run.TRACKER})")
+    with formats.open_checkpoint(run, format="lora-run") as checkpoint:
+        keys = [k for k in checkpoint.names() if k.startswith("decoder.") and f".{ADAPTERS}." in k]
         if not keys:
-            raise LoraError(f"{iteration_dir(run)}: holds no LoRA adapters")
-        return {k: reader.read(k, [0] * len(reader.global_shape(k)), reader.global_shape(k)) for k in keys}
-    finally:
-        reader.close()
+            raise LoraError(f"{checkpoint.folder}: holds no LoRA adapters")
+        return {k: checkpoint.read(k) for k in keys}
 
 
 def adapter_source(path, family, config) -> tuple[LoraSettings, dict, dict | None]:
     """``(settings, adapters in mcore form, the run's record or None)`` of a LoRA run folder or a PEFT folder,
     for a model of ``family`` with megatron-core ``config``."""
     path = Path(path)
-    if is_lora_run(path):
+    kind = _format(path)
+    if kind == "lora-run":
         record = read_record(path)
         return LoraSettings.from_dict(record["settings"]), run_adapters(path), record
-    if is_peft_folder(path):
+    if kind == "peft":
         settings, adapters = read_peft_adapter(path, family)
         table = get_registry().weight_map(family, config)
         ctx = MappingContext.from_config(config)
@@ -113,4 +106,11 @@ def adapter_source(path, family, config) -> tuple[LoraSettings, dict, dict | Non
             raise LoraError(f"{path}: {e}") from None
     if not path.exists():
         raise LoraError(f"no such file or folder: {path} (the adapter: a LoRA run folder or a PEFT folder)")
-    raise LoraError(f"{path}: neither a LoRA run ({LORA_RECORD}) nor a PEFT adapter folder (adapter_config.json)")
+    raise LoraError(f"{path}: neither a LoRA run ({LORA_RECORD}) nor a PEFT adapter folder ({PEFT_CONFIG})")
+
+
+def _format(path: Path) -> str | None:
+    try:
+        return formats.detect(path)
+    except PaiZooError:
+        return None

@@ -3,24 +3,18 @@
 No torch here: the settings are read and checked before anything is built. :class:`LoraSettings` holds the rank,
 alpha, dropout, rsLoRA choice and the target names (Hugging Face projection names such as ``q_proj``, or
 megatron-core linear names such as ``linear_qkv``, which stand for every projection fused into them).
-:func:`settings_from_peft_config` accepts exactly what pai-zoo represents and refuses the rest in one line naming
-the field.
+:func:`settings_from_peft_dict` accepts exactly what pai-zoo represents of an ``adapter_config.json`` (read by
+:mod:`pai_zoo.formats.peft_adapter`) and refuses the rest in one line naming the field.
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
-from ..errors import PaiZooError, SettingError
+from ..plugin.errors import PaiZooError, SettingError
 
 #: megatron-core's four linears of a decoder layer: the default targets (PEFT's ``all-linear`` without the head)
 MEGATRON_TARGETS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
-PEFT_CONFIG = "adapter_config.json"
-PEFT_WEIGHTS = "adapter_model.safetensors"
-#: the run folder's record of a LoRA run: its settings and the base it adapts (path and content hash)
-LORA_RECORD = "lora.json"
 
 
 class LoraError(PaiZooError):
@@ -92,17 +86,10 @@ _UNSUPPORTED = {
 }
 
 
-def settings_from_peft_config(folder) -> LoraSettings:
-    """The :class:`LoraSettings` of a PEFT adapter folder's ``adapter_config.json``; anything pai-zoo cannot
-    represent (DoRA, ``modules_to_save``, per-module rank or alpha, a regex ``target_modules`` ...) is refused in
-    one line naming the field."""
-    file = Path(folder) / PEFT_CONFIG
-    if not file.is_file():
-        raise LoraError(f"{folder}: not a PEFT adapter folder (no {PEFT_CONFIG})")
-    try:
-        config = json.loads(file.read_text())
-    except json.JSONDecodeError as e:
-        raise LoraError(f"{file}: line {e.lineno}: not JSON ({e.msg})") from None
+def settings_from_peft_dict(config: dict, file) -> LoraSettings:
+    """The :class:`LoraSettings` of a PEFT adapter folder's ``adapter_config.json`` (``config``, read from
+    ``file``); anything pai-zoo cannot represent (DoRA, ``modules_to_save``, per-module rank or alpha, a regex
+    ``target_modules`` ...) is refused in one line naming the field."""
     if config.get("peft_type", "LORA") != "LORA":
         raise LoraError(f"{file}: peft_type {config['peft_type']!r} is not supported; pai-zoo reads LORA adapters")
     for field, absent in _UNSUPPORTED.items():

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config_map import McoreConfig
-from ..mapping import MappingContext, Row
+from ..plugin.config_map import McoreConfig
+from ..tables.mapping import MappingContext, Row
 from .settings import LoraError
 
 LAYER = "{layer}"
@@ -56,7 +56,7 @@ def _module(weight_name: str) -> str | None:
 
 
 def lora_targets(table) -> list[Target]:
-    """Every linear of a decoder layer that a row of ``table`` (a :class:`~pai_zoo.mapping.WeightMap`) fills from
+    """Every linear of a decoder layer that a row of ``table`` (a :class:`~pai_zoo.tables.mapping.WeightMap`) fills from
     HF projection weights, routed experts left out (transformers fuses them into one tensor, which PEFT's LoRA does
     not adapt)."""
     found = []

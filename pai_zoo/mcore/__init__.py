@@ -1,37 +1,10 @@
-"""The megatron-core side: CPU compatibility, model building.
+"""The megatron-core side: CPU compatibility, model building, layer specs, the forward and the checkpoint layout.
 
-On a CPU machine megatron-core warns when first imported about the optional accelerators it lacks (Apex,
-Transformer Engine) and about its own deprecations. :func:`import_megatron` imports it with exactly those
-notices silenced, inside ``warnings.catch_warnings()``; the modules here that import megatron-core first
-call it. Importing this package changes no global warning filter (the tests' filters are in pyproject.toml).
+:func:`import_megatron` (:mod:`pai_zoo.util.megatron_import`) imports megatron-core with its CPU notices silenced;
+the modules here that import megatron-core first call it.
 """
 from __future__ import annotations
 
-import contextlib
-import warnings
+from ..util.megatron_import import CPU_NOTICES, import_megatron, quiet_megatron
 
-#: megatron-core's import-time notices that are expected on a CPU machine.
-CPU_NOTICES = (
-    "Apex is not installed",
-    "Transformer Engine and Apex are not installed",
-    "The following imports from `dynamic_context.py`",
-    "full scope is deprecated",
-    "`torch.jit.script_method` is deprecated",
-)
-
-
-@contextlib.contextmanager
-def quiet_megatron():
-    """Silence :data:`CPU_NOTICES` inside the ``with`` block only."""
-    with warnings.catch_warnings():
-        for message in CPU_NOTICES:
-            warnings.filterwarnings("ignore", message=message)
-        yield
-
-
-def import_megatron() -> None:
-    """Import the megatron-core modules that warn on import, with :data:`CPU_NOTICES` silenced; later imports
-    of them are cached and silent."""
-    with quiet_megatron():
-        import megatron.core  # noqa: F401
-        import megatron.core.models.gpt.gpt_layer_specs  # noqa: F401
+__all__ = ["CPU_NOTICES", "import_megatron", "quiet_megatron"]

@@ -65,7 +65,7 @@ def alibi_bias(slopes, query_length: int, key_length: int, dtype=None):
 
 
 def uses_alibi(config) -> bool:
-    """Whether a :class:`~pai_zoo.config_map.McoreConfig` asks for ALiBi."""
+    """Whether a :class:`~pai_zoo.plugin.config_map.McoreConfig` asks for ALiBi."""
     return config.get("position_embedding_type") == ALIBI
 
 

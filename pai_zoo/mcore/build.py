@@ -1,4 +1,4 @@
-"""Build a megatron-core ``GPTModel`` from a :class:`~pai_zoo.config_map.McoreConfig`."""
+"""Build a megatron-core ``GPTModel`` from a :class:`~pai_zoo.plugin.config_map.McoreConfig`."""
 from __future__ import annotations
 
 import contextlib
@@ -9,8 +9,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..config_map import CORE_KEY_PREFIX, FAMILY_KEY_PREFIX, GPT_MODEL_ARGS, McoreConfig
-from ..family import Family
+from ..families.family import Family
+from ..plugin.config_map import CORE_KEY_PREFIX, FAMILY_KEY_PREFIX, GPT_MODEL_ARGS, McoreConfig
 from . import import_megatron, quiet_megatron
 from .alibi import ALIBI, with_alibi
 from .embedding_scale import apply_embedding_scale
@@ -117,7 +117,7 @@ def build_gpt_model(
     built (:mod:`pai_zoo.mcore.rope`). A block spec (:func:`pai_zoo.mcore.specs.block_spec`) lists every
     layer; this pipeline stage builds its slice (:func:`pai_zoo.mcore.specs.stage_spec`). Zero-centred norms
     (``layernorm_zero_centered_gamma``, :mod:`pai_zoo.mcore.norms`) and the word-embedding scale
-    (:data:`~pai_zoo.config_map.EMBEDDING_SCALE`, :mod:`pai_zoo.mcore.embedding_scale`) are core options
+    (:data:`~pai_zoo.plugin.config_map.EMBEDDING_SCALE`, :mod:`pai_zoo.mcore.embedding_scale`) are core options
     of the arch. The installed megatron-core must be one the family supports (:attr:`Family.mcore_versions`).
     ``vp_stage``: this model chunk's virtual pipeline stage (the interleaved schedule builds one chunk per stage);
     ``transformer_impl``: ``local`` or ``transformer_engine`` (:func:`pai_zoo.mcore.specs.layer_spec_for`).

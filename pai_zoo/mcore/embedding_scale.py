@@ -1,6 +1,6 @@
 """Scaled word embeddings (Gemma multiplies them by ``sqrt(hidden_size)``), which ``GPTModel`` lacks.
 
-A config asks for it with the core key :data:`pai_zoo.config_map.EMBEDDING_SCALE` in its arch: a number, or
+A config asks for it with the core key :data:`pai_zoo.plugin.config_map.EMBEDDING_SCALE` in its arch: a number, or
 ``"sqrt_hidden_size"`` for ``hidden_size ** 0.5``. A ConfigMap sets it as data::
 
     Fixed(mcore={"pai_zoo.embedding_scale": "sqrt_hidden_size"})
@@ -16,13 +16,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..config_map import EMBEDDING_SCALE
+from ..plugin.config_map import EMBEDDING_SCALE
 
 __all__ = ["apply_embedding_scale", "embedding_scale"]
 
 
 def embedding_scale(config) -> float | None:
-    """The word-embedding multiplier of ``config`` (an :class:`~pai_zoo.config_map.McoreConfig` or a dict of its
+    """The word-embedding multiplier of ``config`` (an :class:`~pai_zoo.plugin.config_map.McoreConfig` or a dict of its
     ``arch``), or ``None`` when it has none."""
     value: Any = config.get(EMBEDDING_SCALE)
     if value is None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ..config_map import McoreConfig
+from ..plugin.config_map import McoreConfig
 
 #: Dense peak FLOP/s per device by name fragment and dtype (vendor data sheets, without sparsity).
 PEAK_FLOPS = {

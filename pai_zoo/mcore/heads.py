@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ..mapping import Copy, Output, WeightMap
+from ..tables.mapping import Copy, Output, WeightMap
 
 SCORE = "score"
 HF_SCORE = "score.weight"

@@ -17,10 +17,10 @@ from typing import Any, Mapping
 
 import torch
 
-from ..config_map import ROPE_SCALING, McoreConfig
-from ..errors import ConfigTranslationError
-from ..megatron_args import args_from_arch
-from ..registry import get_registry
+from ..families.registry import get_registry
+from ..plugin.config_map import ROPE_SCALING, McoreConfig
+from ..plugin.errors import ConfigTranslationError
+from ..plugin.megatron_args import args_from_arch
 
 #: The ``--tokenizer-type`` of a Hugging Face tokenizer folder.
 HF_TOKENIZER_TYPE = "HuggingFaceTokenizer"

@@ -20,7 +20,7 @@ __all__ = ["has_mtp", "mtp_block_spec", "mtp_layers_of", "start_loss_tracking", 
 
 
 def mtp_layers_of(config) -> int:
-    """The MTP layer count of an :class:`~pai_zoo.config_map.McoreConfig` (0 without MTP)."""
+    """The MTP layer count of an :class:`~pai_zoo.plugin.config_map.McoreConfig` (0 without MTP)."""
     return int(config.get("mtp_num_layers") or 0)
 
 

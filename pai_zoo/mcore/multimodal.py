@@ -8,7 +8,7 @@ batch-major order (row 0's placeholders, then row 1's ...).
 """
 from __future__ import annotations
 
-from ..errors import PaiZooError
+from ..plugin.errors import PaiZooError
 
 __all__ = ["attach_vision_tower", "place_features", "vision_language_class"]
 

@@ -73,7 +73,7 @@ class SequenceParallelNorm:
 
 
 def norm_class(config, default=None):
-    """The norm class for ``config`` (an :class:`~pai_zoo.config_map.McoreConfig` or a dict of its ``arch``):
+    """The norm class for ``config`` (an :class:`~pai_zoo.plugin.config_map.McoreConfig` or a dict of its ``arch``):
     :class:`ZeroCenteredNorm` when ``layernorm_zero_centered_gamma`` is set, else ``default`` (megatron-core's
     local norm when ``None``)."""
     if config.get("layernorm_zero_centered_gamma", False):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import shlex
 import sys
 
-from ..errors import PaiZooError
+from ..plugin.errors import PaiZooError
 from ..util.dist import launched_by_torchrun, world_size
 
 
@@ -50,7 +50,7 @@ def check_pp(pp: int, num_layers: int, *, flag: str = "--pp", error=PaiZooError)
 
 
 def check_layout(config, tp: int = 1, pp: int = 1, *, flags=("--tp", "--pp"), error=PaiZooError) -> None:
-    """:func:`check_tp` and :func:`check_pp` for a :class:`~pai_zoo.config_map.McoreConfig`."""
+    """:func:`check_tp` and :func:`check_pp` for a :class:`~pai_zoo.plugin.config_map.McoreConfig`."""
     check_pp(pp, config.num_layers, flag=flags[1], error=error)
     check_tp(tp, config.num_attention_heads, config.num_query_groups, flag=flags[0], error=error)
 

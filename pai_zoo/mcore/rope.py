@@ -3,7 +3,7 @@
 megatron-core's ``GPTModel`` builds its rotary inverse frequencies from ``rotary_base`` and
 ``rotary_percent``; its own scalings cannot express every published parameterisation
 (``RotaryEmbedding`` applies llama3 scaling with 8192/1/4 built in whatever the checkpoint says, and
-its YaRN embedding needs MLA-only config fields). The :class:`~pai_zoo.config_map.Rope` rule keeps
+its YaRN embedding needs MLA-only config fields). The :class:`~pai_zoo.plugin.config_map.Rope` rule keeps
 transformers' ``rope_parameters`` in ``McoreConfig.arch[ROPE_SCALING]`` instead, and
 :func:`pai_zoo.mcore.build.build_gpt_model` applies them in two documented steps:
 
@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..config_map import MCORE_LLAMA3_SCALING, ROPE_SCALING, McoreConfig, attention_factor
+from ..plugin.config_map import MCORE_LLAMA3_SCALING, ROPE_SCALING, McoreConfig, attention_factor
 
 __all__ = [
     "inverse_frequencies", "megatron_lm_rope_scaling", "set_inverse_frequencies", "softmax_scale",

@@ -4,7 +4,7 @@ from __future__ import annotations
 import functools
 import warnings
 
-from ..errors import PaiZooError
+from ..plugin.errors import PaiZooError
 
 __all__ = ["block_spec", "default_layer_spec", "layer_spec_for", "layer_specs", "stage_spec", "submodules_of",
            "te_layer_spec", "with_norm", "with_sequence_parallel_norms"]
@@ -20,7 +20,7 @@ def te_layer_spec(config):
     """megatron-core's Transformer Engine GPT layer spec (``get_gpt_layer_with_transformer_engine_spec``):
     TE's fused norm + linear (``linear_qkv.layer_norm_weight``, ``linear_fc1.layer_norm_weight``) and fused
     attention, with the config's qk-norm and MoE experts. Its checkpoint keys are the local spec's: megatron-core's
-    local spec maps its norms to these names in ``sharded_state_dict`` (:data:`pai_zoo.megatron_lm.legacy.TE_NAMES`
+    local spec maps its norms to these names in ``sharded_state_dict`` (:data:`pai_zoo.formats.megatron_legacy.TE_NAMES`
     the other way), and TE's ``_extra_state`` entries are left out of a local model's state."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
 
@@ -34,8 +34,9 @@ def te_layer_spec(config):
 def layer_spec_for(family, config, transformer_impl: str = "local"):
     """The layer spec ``family`` builds for ``config`` with ``transformer_impl`` (``local`` or
     ``transformer_engine``): the family's own ``layer_spec`` or megatron-core's local spec, or megatron-core's TE
-    spec. A family whose :attr:`~pai_zoo.family.Family.backends` lacks the implementation, or an arch option the
-    TE spec cannot express (ALiBi, zero-centred norms), is a :class:`~pai_zoo.errors.PaiZooError` with the reason."""
+    spec. A family whose :attr:`~pai_zoo.families.family.Family.backends` lacks the implementation, or an arch option
+    the TE spec cannot express (ALiBi, zero-centred norms), is a :class:`~pai_zoo.errors.PaiZooError` with the
+    reason."""
 
     if transformer_impl not in family.backends:
         raise PaiZooError(f"family {family.name!r} supports transformer_impl {', '.join(family.backends)}, not "
@@ -55,7 +56,7 @@ def layer_spec_for(family, config, transformer_impl: str = "local"):
 
 def default_layer_spec(config):
     """megatron-core's local GPT layer spec with the config's normalization and qk-norm (``config``: an
-    :class:`~pai_zoo.config_map.McoreConfig` or a dict of its ``arch`` keys). With
+    :class:`~pai_zoo.plugin.config_map.McoreConfig` or a dict of its ``arch`` keys). With
     ``layernorm_zero_centered_gamma`` its norms are :class:`~pai_zoo.mcore.norms.ZeroCenteredNorm`
     (``1 + weight``); :func:`pai_zoo.mcore.build.build_gpt_model` then gives the final norm the same class.
     With ``num_moe_experts`` every layer's MLP is megatron-core's ``MoELayer`` (router, ``SequentialMLP``

@@ -6,8 +6,8 @@ Importing this package imports neither torch nor megatron-core.
 """
 from __future__ import annotations
 
-from ..errors import PluginError, UnknownModelError
-from ..registry import Registry, get_registry
+from ..families.registry import Registry, get_registry
+from ..plugin.errors import PluginError, UnknownModelError
 from .base import RLTrainer
 from .ppo import PPOTrainer
 from .reward import RewardTrainer

@@ -1,6 +1,6 @@
 """Checkpoints of RL-trained models in Megatron-Core's distributed format, resumable.
 
-A model folder is a ``pai-zoo train`` run folder: :func:`pai_zoo.run_checkpoint.save_checkpoint`
+A model folder is a ``pai-zoo train`` run folder: :func:`pai_zoo.training.run_checkpoint.save_checkpoint`
 writes ``FOLDER/iter_NNNNNNN/`` (model, optimizer, scheduler and RNG states through megatron-core's
 ``dist_checkpointing``, atomically) and the tracker; this module adds ``FOLDER/pai_zoo.json`` (the
 model config and, for a reward model or critic, its score head) and ``FOLDER/hf/`` (config and
@@ -9,18 +9,16 @@ The trainer's own state (step, KL controller ...) is the checkpoint's common sta
 """
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
-from .. import hf
-from ..checkpoint import tokenizer_files
-from ..mcore import dist_ckpt
+from ..formats import mcore_dist
+from ..formats.hf_folder import CONFIG, tokenizer_files
+from ..formats.training_run import latest_iteration as _latest_iteration
+from ..hf import models as hf
 from ..mcore.heads import untied
-from ..run_checkpoint import latest_iteration as _latest_iteration
-from ..run_checkpoint import load_checkpoint, save_checkpoint
+from ..training.run_checkpoint import load_checkpoint, save_checkpoint
 from ..util.dist import is_rank0
-from ..util.files import write_text_atomic
 
 
 def describe_model(folder, handle, model, head: dict | None = None) -> None:
@@ -36,13 +34,10 @@ def describe_model(folder, handle, model, head: dict | None = None) -> None:
     tp, pp = ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size()
     dtype = next(model.parameters()).dtype
     padded = model.embedding.word_embeddings.weight.shape[0] * tp
-    dist_ckpt.write_pai_zoo_config(folder, config, tp, pp, dtype, padded)
-    record = json.loads((folder / dist_ckpt.PAI_ZOO_CONFIG).read_text())
-    record["head"] = head
-    write_text_atomic(folder / dist_ckpt.PAI_ZOO_CONFIG, json.dumps(record, indent=2) + "\n")
-    hf_dir = folder / dist_ckpt.HF_DIR
+    mcore_dist.write_pai_zoo_config(folder, config, tp, pp, dtype, padded, head=head)
+    hf_dir = folder / mcore_dist.HF_DIR
     hf_dir.mkdir(exist_ok=True)
-    hf.hf_config_from_mcore(handle.family, config).to_json_file(hf_dir / "config.json")
+    hf.hf_config_from_mcore(handle.family, config).to_json_file(hf_dir / CONFIG)
     source = _hf_side(handle.checkpoint)
     if source is None and handle.tokenizer is not None:  # a test preset's test tokenizer
         source = Path(handle.tokenizer.path).parent
@@ -76,7 +71,7 @@ def _hf_side(path) -> Path | None:
     if path is None:
         return None
     path = Path(path)
-    return path / dist_ckpt.HF_DIR if dist_ckpt.is_mcore_checkpoint(path) else path
+    return path / mcore_dist.HF_DIR if mcore_dist.is_mcore_checkpoint(path) else path
 
 
 def checkpoint_tokenizer_files(path) -> dict[str, bytes]:

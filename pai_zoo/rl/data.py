@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 from ..data.sources import BadRecord, iter_records
 from ..data.vocabulary import check_token_ids
-from ..errors import PaiZooError
 from ..generation import encode_prompt
 from ..generation import read_prompts as read_prompt_records
 from ..generation.prompts import encode_chat_response
+from ..plugin.errors import PaiZooError
 
 PAIR_FIELDS = ("prompt", "chosen", "rejected")
 

@@ -6,15 +6,15 @@ from collections.abc import Sequence
 
 import torch
 
-from ..errors import PaiZooError
-from ..handle import load
 from ..mcore.heads import attach_score_head, has_score_head
 from ..mcore.pipeline import forward_logits
+from ..models.handle import load
+from ..plugin.errors import PaiZooError
 from ..training.optim import megatron_optimizer
 
 
 def load_model(spec, tensor_parallel_size: int = 1, seed: int = 0, pipeline_parallel_size: int = 1, **overrides):
-    """A :class:`~pai_zoo.handle.ModelHandle` (megatron-core backend) for a preset, HF folder or
+    """A :class:`~pai_zoo.models.handle.ModelHandle` (megatron-core backend) for a preset, HF folder or
     Megatron-Core checkpoint, sharded ``tensor_parallel_size`` x ``pipeline_parallel_size`` ways (the other
     ranks of the world are data-parallel); an existing handle is returned as is."""
     if hasattr(spec, "model") and hasattr(spec, "mcore_config"):
@@ -85,7 +85,7 @@ class Optimizer:
     """How a model of an RL run is trained, with the pieces ``pai-zoo train`` uses: megatron-core's
     ``DistributedDataParallel`` (gradient buffers, data-parallel reduction), its Adam optimizer
     (tensor-parallel-aware gradient-norm clipping) and an ``OptimizerParamScheduler`` at a constant
-    learning rate; checkpointed with :mod:`pai_zoo.run_checkpoint`."""
+    learning rate; checkpointed with :mod:`pai_zoo.training.run_checkpoint`."""
 
     def __init__(self, model, lr: float, weight_decay: float = 0.0, max_grad_norm: float = 1.0):
         self.model = model

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import SettingError
+from ..plugin.errors import SettingError
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
 

@@ -23,8 +23,8 @@ import random
 import time
 from pathlib import Path
 
-from ..errors import PaiZooError
 from ..generation import context_length, generate
+from ..plugin.errors import PaiZooError
 from ..util.metrics import METRICS_FILE, MetricsLog
 from .base import RLTrainer
 from .data import read_prompts
@@ -101,14 +101,7 @@ class _PPORun:
 
         from ..mcore.heads import has_score_head
         from .checkpoint import latest_iteration, load_model_state
-        from .models import (
-            Optimizer,
-            check_same_tokenizer,
-            describe,
-            load_model,
-            pad_id_of,
-            value_model,
-        )
+        from .models import Optimizer, check_same_tokenizer, describe, load_model, pad_id_of, value_model
         from .ops import kl_controller
         from .rewards import make_reward
 
@@ -192,13 +185,7 @@ class _PPORun:
         import torch
 
         from .models import forward
-        from .ops import (
-            gae,
-            kl_penalised_rewards,
-            kl_penalty,
-            logprobs_of,
-            masked_whiten,
-        )
+        from .ops import gae, kl_penalised_rewards, kl_penalty, logprobs_of, masked_whiten
 
         s, B = self.s, self.s["rollout_batch_size"]
         prompts = [self.prompts[self.order[(self.step * B + i) % len(self.prompts)]] for i in range(B)]

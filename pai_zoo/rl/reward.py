@@ -11,7 +11,7 @@ import random
 import time
 from pathlib import Path
 
-from ..errors import PaiZooError
+from ..plugin.errors import PaiZooError
 from ..util.metrics import METRICS_FILE, MetricsLog
 from .base import RLTrainer
 from .data import read_pairs

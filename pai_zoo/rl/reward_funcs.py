@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-from ..errors import PaiZooError, PluginError, SettingError
-from ..registry import Registry, get_registry
+from ..families.registry import Registry, get_registry
+from ..plugin.errors import PaiZooError, PluginError, SettingError
 
 RewardFunction = Callable[..., Sequence[float]]
 

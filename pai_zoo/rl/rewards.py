@@ -13,8 +13,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from ..errors import PaiZooError
 from ..mcore.heads import has_score_head, sequence_scores
+from ..plugin.errors import PaiZooError
 from .models import describe, forward, load_model, pad_right
 
 RULES = ("contains", "fraction")

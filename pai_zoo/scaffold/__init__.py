@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from ..registry import get_registry
+from ..families.registry import get_registry
 from ..util.files import publish
 from .draft import Draft, infer
 from .measure import search

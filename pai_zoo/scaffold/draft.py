@@ -24,8 +24,8 @@ import keyword
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..config_map import NON_ARCHITECTURE_KEYS, REQUIRED, Field
-from ..registry import get_registry
+from ..families.registry import get_registry
+from ..plugin.config_map import NON_ARCHITECTURE_KEYS, REQUIRED, Field
 from .source import ScaffoldError, Source
 
 #: Keys that :func:`pai_zoo.layouts.llama_config_rules` reads.

@@ -11,9 +11,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from pai_zoo.verification import compare_logits
+from pai_zoo.models.verification import compare_logits
 
-from ..errors import PaiZooError
+from ..plugin.errors import PaiZooError
 from .draft import Draft
 from .render import package_init, presets_module
 
@@ -50,8 +50,7 @@ def load_family(draft: Draft, folder: Path):
 def forward(family) -> tuple[dict[str, float], str | None, Any]:
     """Mapping coverage and forward equivalence on the tiny and the odd preset: ``(max |delta| per preset, the
     first failure message or None, the case it failed on)``."""
-    from pai_zoo_conformance import checks
-
+    checks = _suite_checks()
     deltas: dict[str, float] = {}
     for preset in (family.tiny, family.odd):
         case = None
@@ -68,8 +67,7 @@ def forward(family) -> tuple[dict[str, float], str | None, Any]:
 
 def config_failures(family) -> list[str]:
     """The suite's config check on every preset: its failure messages."""
-    from pai_zoo_conformance import checks
-
+    checks = _suite_checks()
     out = []
     for preset in family.presets:
         try:
@@ -155,3 +153,14 @@ def search(draft: Draft) -> Draft:
         draft.stubs.append(f"the logits differ from transformers' and no known variant explains it ({base_failure}); "
                            f"{where}")
     return draft
+
+
+def _suite_checks():
+    """The conformance suite's checks, which measure a draft: an optional package (``plugin new`` refuses in one
+    line without it, :func:`pai_zoo.scaffold.new_plugin`)."""
+    try:
+        from pai_zoo_conformance import checks
+    except ImportError:  # pragma: no cover - new_plugin checks first
+        raise PaiZooError("plugin new measures the plugin with the conformance suite, which is not installed "
+                          "(pip install -e conformance)") from None
+    return checks

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import PaiZooError
+from ..formats.hf_folder import CONFIG
+from ..plugin.errors import PaiZooError
 
 
 class ScaffoldError(PaiZooError):
@@ -46,7 +47,7 @@ def read_source(spec: str) -> Source:
     path = Path(spec).expanduser()
     names = _causal_lm_names()
     if path.is_dir() or path.is_file():
-        file = path / "config.json" if path.is_dir() else path
+        file = path / CONFIG if path.is_dir() else path
         if not file.is_file():
             raise ScaffoldError(f"{path}: no config.json in this folder", hint="pass an HF checkpoint folder, its "
                                 "config.json, or a transformers model_type such as 'helium'")
@@ -64,7 +65,7 @@ def read_source(spec: str) -> Source:
         architecture = archs[0]
         if not architecture:
             raise ScaffoldError(f"{file}: model_type {model_type!r} has no causal-LM class in transformers")
-        folder = file.parent.name if file.name == "config.json" else file.stem
+        folder = file.parent.name if file.name == CONFIG else file.stem
         return Source(model_type, architecture, dict(given), str(file), _slug(folder))
     if spec in CONFIG_MAPPING and spec in names:
         return Source(spec, names[spec], {}, f"transformers' {type(CONFIG_MAPPING[spec]()).__name__} defaults",

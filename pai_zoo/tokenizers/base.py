@@ -6,7 +6,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import TokenizerError, no_such_path
+from ..plugin.errors import TokenizerError, no_such_path
 from .chat import render_chat_template
 from .config import CHAT_TEMPLATE_FILE, TOKENIZER_CONFIG, read_tokenizer_config
 

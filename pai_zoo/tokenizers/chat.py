@@ -7,7 +7,7 @@ import json
 from datetime import datetime
 from typing import Any
 
-from ..errors import TokenizerError
+from ..plugin.errors import TokenizerError
 
 __all__ = ["render_chat_template"]
 

@@ -18,7 +18,7 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from ..errors import TokenizerError
+from ..plugin.errors import TokenizerError
 from .base import Tokenizer
 from .config import SPIECE
 from .hf import HFTokenizer

@@ -5,7 +5,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ..errors import TokenizerError, no_such_path
+from ..plugin.errors import TokenizerError, no_such_path
 from .base import Tokenizer
 from .hf import HFTokenizer
 from .sentencepiece import SentencePieceTokenizer

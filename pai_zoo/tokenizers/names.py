@@ -20,9 +20,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import NamedTuple
 
-from ..checkpoint import read_config
-from ..errors import NoBundledTokenizerError, PaiZooError, looks_like_path, no_such_path
-from ..registry import get_registry
+from ..families.registry import get_registry
+from ..formats.hf_folder import is_hf_checkpoint, read_config
+from ..plugin.errors import NoBundledTokenizerError, PaiZooError, looks_like_path, no_such_path
 from ..util.cache import cache_dir
 from ..util.files import atomic_folder
 from .loader import load_tokenizer
@@ -31,8 +31,6 @@ __all__ = ["NoBundledTokenizerError", "TokenizerRef", "bundled_tokenizer_folder"
            "family_tokenizer", "model_files_folder", "model_tokenizer", "resolve_tokenizer"]
 
 # pai_zoo.mcore.dist_ckpt's names (not imported here: that module imports torch).
-_MCORE_TRACKER = "latest_checkpointed_iteration.txt"
-_HF_DIR = "hf"
 
 
 class TokenizerRef(NamedTuple):
@@ -105,8 +103,10 @@ def _writer_digest(writer, plugin) -> str:
 
 def _checkpoint_side(path: Path) -> Path:
     """Where a folder keeps its tokenizer files: ``hf/`` of a Megatron-Core checkpoint, else itself."""
-    if path.is_dir() and (path / _MCORE_TRACKER).is_file() and (path / _HF_DIR).is_dir():
-        return path / _HF_DIR
+    from ..formats import mcore_dist
+
+    if path.is_dir() and mcore_dist.is_mcore_checkpoint(path) and mcore_dist.hf_side(path) is not None:
+        return mcore_dist.hf_side(path)
     return path
 
 
@@ -116,7 +116,7 @@ def _path_ref(path: Path) -> TokenizerRef:
 
     path = _checkpoint_side(path)
     family = None
-    if path.is_dir() and (path / "config.json").is_file():
+    if path.is_dir() and is_hf_checkpoint(path):
         with contextlib.suppress(PaiZooError):
             family = get_registry().family_for_hf_config(read_config(path)).name
     return TokenizerRef(str(path), family)
@@ -227,7 +227,9 @@ def model_files_folder(source) -> Path | None:
         folder = getattr(source, "tokenizer_dir", None)
         return Path(folder) if folder is not None else None
     if source.path is not None:
-        return Path(source.path) / _HF_DIR if source.kind == "mcore" else Path(source.path)
+        from ..formats import mcore_dist
+
+        return Path(source.path) / mcore_dist.HF_DIR if source.kind == "mcore" else Path(source.path)
     preset = getattr(source, "preset", None)
     if preset and source.family.is_test_preset(preset) and source.family.test_tokenizer is not None:
         return bundled_tokenizer_folder(source.family, "test")
@@ -235,14 +237,16 @@ def model_files_folder(source) -> Path | None:
 
 
 def model_tokenizer(source, vocab_size: int | None = None):
-    """The tokenizer that belongs with a model (a :class:`pai_zoo.handle.Source`), or None: a checkpoint's own
+    """The tokenizer that belongs with a model (a :class:`pai_zoo.models.handle.Source`), or None: a checkpoint's own
     files, a test preset's test tokenizer, or a published preset's bundled published tokenizer, when its ids fit
     ``vocab_size`` (the model's, overrides included). Family names and other presets have none."""
     if source.kind == "megatron-lm":  # its args name no tokenizer files: the folder given with it, if any
         folder = getattr(source, "tokenizer_dir", None)
         return TokenizerRef(str(folder), source.family.name).load() if folder is not None else None
     if source.path is not None:
-        folder = Path(source.path) / _HF_DIR if source.kind == "mcore" else Path(source.path)
+        from ..formats import mcore_dist
+
+        folder = Path(source.path) / mcore_dist.HF_DIR if source.kind == "mcore" else Path(source.path)
         try:
             return TokenizerRef(str(folder), source.family.name).load()
         except FileNotFoundError:

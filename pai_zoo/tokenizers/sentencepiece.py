@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ..errors import TokenizerError
+from ..plugin.errors import TokenizerError
 from .base import Tokenizer
 from .config import (
     LLAMA_CLASSES,

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import TokenizerError
+from ..plugin.errors import TokenizerError
 from .base import Tokenizer
 from .config import added_tokens_decoder, named_special_tokens, pick
 

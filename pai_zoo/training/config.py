@@ -20,8 +20,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ..errors import PaiZooError, SettingError, no_such_path
-from ..lora.settings import LoraError, LoraSettings, parse_targets, settings_from_peft_config
+from ..formats.peft_adapter import settings_from_peft_config
+from ..lora.settings import LoraError, LoraSettings, parse_targets
+from ..plugin.errors import PaiZooError, SettingError, no_such_path
 from ..util.yaml_settings import read_settings_yaml
 from .settings import (
     DECAY_STYLES,

@@ -29,8 +29,8 @@ from ..data.prefix import resolve_prefix, resolve_sft_prefix
 from ..data.vision_sft import read_vision_records, vision_example
 from ..data.vision_shards import is_energon_dataset, read_vision_dataset
 from ..data.vocabulary import check_dataset_vocabulary
-from ..errors import PaiZooError
-from ..vision import read_image
+from ..plugin.errors import PaiZooError
+from ..plugin.vision import read_image
 from .config import TrainConfig
 
 

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..families.registry import get_registry
 from ..lora.targets import lora_targets, select
-from ..registry import get_registry
 
 GIB = 1024**3
 
@@ -168,7 +168,7 @@ def activation_bytes(config, cfg, recompute: str | None, dp: int = 1) -> float:
 
 def make_plan(config, cfg, world: int) -> Plan:
     """The :class:`Plan` of ``cfg`` (a :class:`~pai_zoo.training.config.TrainConfig`) for ``config`` (the model's
-    :class:`~pai_zoo.config_map.McoreConfig`) on ``world`` GPUs."""
+    :class:`~pai_zoo.plugin.config_map.McoreConfig`) on ``world`` GPUs."""
     tp, pp, cp = cfg.tensor_parallel_size, cfg.pipeline_parallel_size, cfg.context_parallel_size
     dp = cfg.data_parallel_size(world)
     stages = stage_parameters(config, tp, pp, cfg.virtual_pipeline_model_parallel_size or 1)

@@ -24,38 +24,24 @@ refused, and a smaller budget is refused always.
 """
 from __future__ import annotations
 
-import json
 import math
-import shutil
 import time
 from functools import partial
 from pathlib import Path
 
 import torch
 
-from ..checkpoint import tokenizer_files
-from ..conversion import mtp_choice
-from ..errors import PaiZooError
-from ..fp8_blocks import open_weights
-from ..handle import load_mcore_weights, resolve
-from ..hf import config_dict, hf_config, hf_config_from_mcore
-from ..lora import run as lora_run
-from ..lora.peft_format import read_peft_adapter
-from ..lora.settings import LORA_RECORD, LoraError
-from ..lora.targets import lora_targets, select, to_mcore_form
-from ..mapping import MappingContext
-from ..mcore import dist_ckpt, import_megatron
-from ..mcore.build import build_gpt_model, mask_padded_vocab
+from ..formats import training_run
+from ..formats.training_run import iteration_name, latest_iteration
+from ..hf.models import config_dict, hf_config
+from ..mcore import import_megatron
 from ..mcore.compat import ensure_model_parallel
 from ..mcore.flops import model_flops_per_token, peak_flops
-from ..mcore.lora import add_lora
-from ..mcore.mtp import mtp_layers_of, start_loss_tracking, take_losses
+from ..mcore.mtp import take_losses
 from ..mcore.parallel_sizes import check_layout, check_world
-from ..registry import get_registry
-from ..run_checkpoint import iteration_name, latest_iteration, load_checkpoint, prune_checkpoints, save_checkpoint
+from ..models.handle import resolve
+from ..plugin.errors import PaiZooError
 from ..tokenizers.names import model_files_folder, model_tokenizer
-from ..util.dist import rank, world_size
-from ..util.files import write_text_atomic
 from ..util.interrupt import Interrupted, StopRequest
 from ..util.metrics import MetricsLog
 from ..util.progress import ETA
@@ -63,26 +49,13 @@ from . import data, optim
 from .config import TrainConfig, TrainConfigError
 from .data import check_data
 from .display import StepDisplay, StepMetrics, format_metrics, short_count
+from .model_setup import ModelSetup, _device, _world
+from .run_checkpoint import load_checkpoint, prune_checkpoints, save_checkpoint
 
-#: Settings that must not change when a run is resumed (the budget, train_tokens, may grow with ``extend``).
-RESUME_INVARIANTS = ("global_batch_size", "sequence_length", "data", "split", "seed", "sft", "train_tokens",
-                     "warmup_tokens", "learning_rate", "min_learning_rate", "peft", "lora_rank", "lora_alpha",
-                     "lora_dropout", "lora_target_modules", "use_rslora", "peft_init", "freeze_language_model",
-                     "freeze_vision_model", "freeze_vision_projection")
-#: the defaults of settings added after runs were saved without them
-_ABSENT_BEFORE = {"peft": None, "lora_rank": 8, "lora_alpha": 16.0, "lora_dropout": 0.0, "lora_target_modules": None,
-                  "use_rslora": False, "peft_init": None, "freeze_language_model": False, "freeze_vision_model": False,
-                  "freeze_vision_projection": False}
-
-METRICS_FILE = "metrics.jsonl"
-CONFIG_FILE = "train_config.json"
+METRICS_FILE = training_run.METRICS_FILE
 
 
-def _world() -> tuple[int, int]:
-    return rank(), world_size()
-
-
-class Trainer:
+class Trainer(ModelSetup):
     """One training run. ``Trainer(cfg).run()`` trains (or resumes) and returns the last metrics."""
 
     def __init__(self, cfg: TrainConfig, echo=print):
@@ -150,197 +123,6 @@ class Trainer:
         self._build_model(source)
         self._build_optimizer()
         self._build_data()
-
-    def _check_vision_choices(self) -> None:
-        """The freezing flags name parts a vision-language model has; layouts its tower does not support refused."""
-        cfg, vision = self.cfg, self.family.vision
-        freezing = [cfg.given(n) for n in ("freeze_language_model", "freeze_vision_model", "freeze_vision_projection")
-                    if getattr(cfg, n)]
-        if vision is None:
-            if freezing:
-                raise TrainConfigError(f"{freezing[0]}: family {self.family.name!r} has no vision tower")
-            if data.is_vision_sft(cfg):
-                raise TrainConfigError(f"--data {cfg.data[0]}: a JSON Lines file trains directly only on a "
-                                       f"vision-language model; for {self.family.name!r} preprocess it first "
-                                       "(pai-zoo preprocess --sft)")
-            return
-        if cfg.context_parallel_size > 1 or cfg.sequence_parallel:
-            what = cfg.given("context_parallel_size" if cfg.context_parallel_size > 1 else "sequence_parallel")
-            raise TrainConfigError(f"{what}: a vision-language model's image embeddings are placed over the whole "
-                                   "sequence; train it without context or sequence parallelism")
-        if cfg.freeze_vision_projection and not vision.projector_prefix:
-            raise TrainConfigError(f"{cfg.given('freeze_vision_projection')}: family {self.family.name!r} names no "
-                                   "projector apart from its tower")
-
-    def _freeze(self, chunks) -> None:
-        """``--freeze-language-model`` / ``--freeze-vision-model`` / ``--freeze-vision-projection``: those
-        parameters keep ``requires_grad`` off, so megatron-core's DDP and optimizer leave them out."""
-        cfg, vision = self.cfg, self.family.vision
-        if vision is None:
-            return
-        projector, tower = vision.projector_prefix, vision.tower_prefix
-        for chunk in chunks:
-            for name, param in chunk.named_parameters():
-                in_projector = bool(projector) and name.startswith(projector)
-                in_tower = name.startswith(tower) and not in_projector
-                part = "projection" if in_projector else "vision" if in_tower else "language"
-                if getattr(cfg, {"projection": "freeze_vision_projection", "vision": "freeze_vision_model",
-                                 "language": "freeze_language_model"}[part]):
-                    param.requires_grad_(False)
-
-    def _lora_choice(self, source):
-        """``--peft lora``: the settings, checked against the base and the run folder before anything is built
-        (``self.lora_init``: a ``--peft-init`` folder's adapters in mcore form)."""
-        cfg, record_file = self.cfg, self.save_dir / LORA_RECORD
-        try:
-            settings = cfg.lora_settings()
-        except LoraError as e:
-            raise TrainConfigError(str(e)) from None
-        self.lora_init = None
-        if settings is None:
-            if record_file.is_file():
-                raise TrainConfigError(f"{self.save_dir} holds a LoRA run; resume it with its --peft lora settings "
-                                       "(or use another --save folder)")
-            return None
-        if source.kind not in ("hf", "mcore"):
-            raise TrainConfigError(f"--model {cfg.model}: --peft lora adapts a base checkpoint folder (Hugging Face "
-                                   "or pai-zoo Megatron-Core), which the run names by path and sha256; save the "
-                                   f"{source.kind} model to a folder first")
-        try:
-            chosen = select(lora_targets(get_registry().weight_map(self.family, self.mcore_config)),
-                            settings.targets, self.family.name)
-            if record_file.is_file():
-                lora_run.check_base(lora_run.read_record(self.save_dir), source.path, self.save_dir)
-        except LoraError as e:
-            raise TrainConfigError(str(e)) from None
-        self.lora_hf_targets = sorted({t.leaves[i] for t, idx in chosen.items() for i in idx})
-        if cfg.peft_init is not None:
-            try:
-                _, adapters = read_peft_adapter(cfg.peft_init, self.family)
-                ctx = MappingContext.from_config(self.mcore_config)
-                self.lora_init = to_mcore_form(adapters, list(chosen), self.mcore_config, ctx)
-            except LoraError as e:
-                raise TrainConfigError(f"{cfg.given('peft_init')}: {e}") from None
-        return settings
-
-    def _with_mtp_choice(self, source):
-        """The model's config with the multi-token-prediction layers the run trains (:meth:`TrainConfig.check_mtp`):
-        none when ``mtp_num_layers`` is 0 or an HF folder holds none of their tensors (a note says so)."""
-        config = self.mcore_config
-        held = mtp_layers_of(config)
-        if held and source.kind == "hf":
-            weights = open_weights(source.path)
-            try:
-                config, _, note = mtp_choice(source.path, self.family, config, weights.names(), no_mtp=False)
-            finally:
-                weights.close()
-            if note and _world()[0] == 0:
-                self.echo(note)
-            held = mtp_layers_of(config)
-        self.mtp_layers = self.cfg.check_mtp(held)
-        return config if self.mtp_layers else config.without_mtp()
-
-    def _check_resume_compatible(self) -> None:
-        """Refuse to resume a run with other settings; with ``extend``, allow a larger budget (sets
-        ``self.extending_from`` to the run's former number of steps)."""
-        self.extending_from = None
-        file = self.save_dir / CONFIG_FILE
-        if not file.is_file():
-            return
-        before = json.loads(file.read_text())
-        now = self.cfg.to_dict()
-        changed = [f"{k}: {before.get(k, _ABSENT_BEFORE.get(k))!r} -> {now[k]!r}" for k in RESUME_INVARIANTS
-                   if k not in BUDGET and before.get(k, _ABSENT_BEFORE.get(k)) != now.get(k)]
-        if changed:
-            raise TrainConfigError(f"{self.save_dir} holds a run with other settings; resuming it with "
-                                   f"{'; '.join(changed)} would not continue it (use another --save folder)")
-        distopt = (bool(before.get("use_distributed_optimizer", False)), self.cfg.use_distributed_optimizer)
-        if distopt[0] != distopt[1]:
-            raise TrainConfigError(
-                f"{self.save_dir} holds a run with use_distributed_optimizer: {distopt[0]} -> {distopt[1]}: "
-                "megatron-core keeps the distributed optimizer's state in a format of its own, which the other "
-                "optimizer cannot load (its fully reshardable format changes the layout, not the optimizer)",
-                hint=f"resume with{'' if distopt[0] else 'out'} --use-distributed-optimizer (any TP/PP/DP layout), "
-                     "or use another --save folder")
-        old, new = _steps_of(before), self.cfg.train_steps
-        if old is None or old == new:
-            return
-        budget = "; ".join(f"{k}: {before.get(k)!r} -> {now.get(k)!r}" for k in BUDGET if before.get(k) != now.get(k))
-        if new < old:
-            raise TrainConfigError(f"{self.save_dir} holds a run of {old} steps; {budget} ({new} steps) would shorten "
-                                   "it, which a resume cannot do (use another --save folder)")
-        if not self.cfg.extend:
-            raise TrainConfigError(
-                f"{self.save_dir} holds a run of {old} steps; resuming it with {budget} ({new} steps) would not "
-                "continue it", hint="add --extend to continue the run to the larger budget (the learning-rate "
-                "schedule is recomputed for the new steps), or use another --save folder")
-        self.extending_from = old
-
-    def _build_model(self, source) -> None:
-        from megatron.core import parallel_state
-        from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
-
-
-        cfg = self.cfg
-        torch.manual_seed(cfg.seed)
-        model_parallel_cuda_manual_seed(cfg.seed)
-        padded = source.record.get("padded_vocab_size") if source.record else None
-        vpp = cfg.virtual_pipeline_model_parallel_size or 1
-        chunks = []
-        for i in range(vpp):  # one model chunk per virtual pipeline stage (megatron-core's interleaved schedule)
-            stage = i if vpp > 1 else None
-            chunk = build_gpt_model(
-                self.family, self.mcore_config, self.dtype,
-                pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=stage is None, vp_stage=stage),
-                post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=stage is None, vp_stage=stage),
-                padded_vocab_size=padded, parallel_output=True, vp_stage=stage, transformer_impl=cfg.transformer_impl,
-                mtp=True, **model_overrides(cfg, self.mcore_config.num_layers),
-            )
-            mask_padded_vocab(chunk, self.mcore_config["vocab_size"])
-            chunks.append(chunk)
-        self.padded_vocab_size = padded or self.mcore_config.padded_vocab_size(cfg.tensor_parallel_size)
-        model = chunks if vpp > 1 else chunks[0]
-        resuming = self._latest() is not None
-        if (not resuming or self.lora is not None) and source.kind != "preset":  # LoRA: the base is never saved
-            load_mcore_weights(model, source, self.mcore_config, self.dtype, scratch=self.save_dir / ".init-mcore")
-        if self.lora is not None:
-            add_lora(model, self.family, self.mcore_config, self.lora, seed=self.cfg.seed, adapters=self.lora_init,
-                     where=str(self.cfg.peft_init))
-            if self.rank == 0 and not resuming:
-                lora_run.write_record(self.save_dir, self.lora, source.path, source.kind, self.lora_hf_targets)
-        self._freeze(chunks)
-        if self.rank == 0:
-            self._write_model_description(source)
-        if torch.cuda.is_available():
-            for chunk in chunks:
-                chunk.cuda()
-        self.chunks = chunks
-        if self.mtp_layers:
-            start_loss_tracking(self.mtp_layers, _device())
-        self.model = model  # a GPTModel, or the list of chunks (what the optimizer and checkpoints take)
-
-    def _write_model_description(self, source) -> None:
-        """``pai_zoo.json`` and ``hf/`` beside the checkpoints (read by convert and load)."""
-
-        dist_ckpt.write_pai_zoo_config(self.save_dir, self.mcore_config, self.cfg.tensor_parallel_size,
-                                       self.cfg.pipeline_parallel_size, self.dtype, self.padded_vocab_size)
-        hf_dir = self.save_dir / dist_ckpt.HF_DIR
-        hf_dir.mkdir(exist_ok=True)
-        origins = {"mcore": source.path / dist_ckpt.HF_DIR if source.path else None, "hf": source.path,
-                   "megatron-lm": getattr(source, "tokenizer_dir", None)}  # a Megatron-LM folder holds no tokenizer
-        origin = origins.get(source.kind)
-        hf_config_from_mcore(self.family, self.mcore_config).save_pretrained(hf_dir)
-        if origin is not None:
-            for name in ("generation_config.json",):
-                if (origin / name).is_file():
-                    shutil.copy2(origin / name, hf_dir / name)
-        else:  # a test preset's test tokenizer comes along, so the checkpoint reads text as the data did
-
-            tokenizer = model_tokenizer(source, self.mcore_config["vocab_size"])
-            origin = None if tokenizer is None else Path(tokenizer.path).parent
-        for file in tokenizer_files(origin) if origin is not None else ():
-            shutil.copy2(file, hf_dir / file.name)
-        write_text_atomic(self.save_dir / CONFIG_FILE, json.dumps(self.cfg.to_dict(), indent=2) + "\n")
 
     def _build_optimizer(self) -> None:
         cfg = self.cfg
@@ -641,44 +423,6 @@ class Trainer:
             if log is not None:
                 log.close()
         return last
-
-
-def model_overrides(cfg: TrainConfig, num_layers: int) -> dict:
-    """The ``TransformerConfig`` fields a run's scale settings set (sequence and context parallelism, the virtual
-    pipeline, expert parallelism, recompute), beside the per-token loss the trainer uses."""
-    overrides = {"calculate_per_token_loss": True, "mtp_loss_scaling_factor": cfg.mtp_loss_scaling_factor,
-                 **cfg.recompute_overrides(num_layers)}
-    if cfg.sequence_parallel:
-        overrides["sequence_parallel"] = True
-    if (cfg.virtual_pipeline_model_parallel_size or 1) > 1:
-        overrides["virtual_pipeline_model_parallel_size"] = cfg.virtual_pipeline_model_parallel_size
-        # Megatron-LM's defaults for the interleaved schedule: overlapped, unbatched p2p (its send/recv pairs keep
-        # the forward and backward directions apart when the previous and next stage are one rank, at PP 2)
-        overrides.update(overlap_p2p_comm=True, batch_p2p_comm=False)
-    if cfg.context_parallel_size > 1:
-        overrides["context_parallel_size"] = cfg.context_parallel_size
-    if cfg.expert_model_parallel_size > 1:
-        overrides["expert_model_parallel_size"] = cfg.expert_model_parallel_size
-    return overrides
-
-
-#: the settings that give the budget: with ``extend`` they may grow.
-BUDGET = ("train_tokens", "train_iters")
-
-
-def _steps_of(settings: dict) -> int | None:
-    """The number of steps of a run's saved settings (``train_config.json``), None if they do not say."""
-    from dataclasses import fields
-
-    known = {f.name for f in fields(TrainConfig)}
-    try:
-        return TrainConfig(**{k: v for k, v in settings.items() if k in known}).train_steps
-    except (TypeError, ValueError, ZeroDivisionError, PaiZooError):
-        return None
-
-
-def _device():
-    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
 
 def _loss(loss_mask, output):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..errors import PaiZooError, no_such_path
+from ..plugin.errors import PaiZooError, no_such_path
 
 
 def read_settings_yaml(path, error: type[PaiZooError], what: str) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from typing import Iterator
 
 import numpy as np
 
-from ...errors import DataError
+from ...plugin.errors import DataError
 
 INDEX_HEADER = b"MMIDIDX\x00\x00"
 _VERSION = 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from ...errors import DataError
+from ...plugin.errors import DataError
 from .reader import IndexedDatasetReader
 from .sidecar import read_sidecar
 from .writer import IndexedDatasetWriter

@@ -7,7 +7,7 @@ import os
 
 import numpy as np
 
-from ...errors import DataError, no_such_path
+from ...plugin.errors import DataError, no_such_path
 from . import layout
 from .layout import _CODE_DTYPES, _HEADER, _HEADER_SIZE, _VERSION, INDEX_HEADER, _le, _paths
 

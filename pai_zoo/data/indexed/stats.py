@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...errors import DataError
+from ...plugin.errors import DataError
 from .layout import _HEADER_SIZE, _le, _read_chunks
 from .reader import IndexedDatasetReader
 from .sidecar import read_sidecar

@@ -13,7 +13,7 @@ from typing import Iterable
 
 import numpy as np
 
-from ...errors import DataError
+from ...plugin.errors import DataError
 from ...util.files import AtomicFiles
 from . import layout
 from .layout import (

@@ -123,7 +123,7 @@ def test_pickled_checkpoint_with_inv_freq_converts_to_megatron_and_back(tmp_path
     import torch
     from safetensors.torch import load_file
 
-    from pai_zoo.conversion import convert
+    from pai_zoo import convert
 
     case = checks.build_case(CHATGLM)
     src = tmp_path / "hf"

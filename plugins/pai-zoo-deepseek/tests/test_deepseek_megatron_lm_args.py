@@ -7,7 +7,7 @@ import pytest
 
 from pai_zoo import ConfigTranslationError, hf, megatron_args
 from pai_zoo.mcore import megatron_lm_args as mla
-from pai_zoo.megatron_lm.config import derive_config
+from pai_zoo.models.megatron_lm_config import derive_config
 from pai_zoo.registry import get_registry
 
 #: Not architecture (training settings, implementation switches).

@@ -91,7 +91,7 @@ def check_lora_base(handle, settings) -> None:
 
 def attach_lora(handle, settings, seed: int) -> None:
     """Freeze the policy and give it the adapters, drawn from ``seed`` (a resumed run then loads its own)."""
-    from pai_zoo.mcore.lora import add_lora
+    from pai_zoo.lora.adapters import add_lora
 
     check_lora_base(handle, settings)
     add_lora(handle.model, handle.family, handle.mcore_config, settings, seed=seed)
@@ -102,9 +102,9 @@ def write_lora_record(handle, settings, save) -> None:
     ``handle`` was loaded from, as ``pai-zoo train --peft lora`` writes it."""
     from pathlib import Path
 
+    from pai_zoo.formats.mcore_dist import is_mcore_checkpoint
     from pai_zoo.lora import run as lora_run
     from pai_zoo.lora.targets import lora_targets, select
-    from pai_zoo.mcore.dist_ckpt import is_mcore_checkpoint
     from pai_zoo.registry import get_registry
     from pai_zoo.util.dist import is_rank0
 

@@ -1,0 +1,124 @@
+"""The one interface every checkpoint format's reader and writer has.
+
+A reader (:class:`CheckpointReader`) says what a checkpoint holds without reading it (``names``, ``shape``,
+``dtype``, its ``config``) and hands out plain tensors (``read``, ``read_slice``): how a tensor was stored (sharded,
+chunked, quantized) stays inside the format's module. A writer (:class:`FolderWriter`) takes ``write(name, tensor)``
+calls into a staging folder beside its destination and publishes the whole folder on ``close()``, so the
+destination appears complete or not at all; ``abort()`` (or leaving a ``with`` block on an error) removes the
+staging folder.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from ..plugin.errors import PaiZooError, UnknownModelError
+from ..util.files import publish
+
+#: What makes a checkpoint's weights on disk (its identity, for a LoRA run's record of its base).
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".distcp", ".pt")
+
+
+def weight_files_in(folder) -> list[Path]:
+    """The weight files of one folder (``.metadata``, a torch_dist iteration's index, too), sorted."""
+    return sorted(f for f in Path(folder).iterdir() if f.is_file() and (f.suffix in WEIGHT_SUFFIXES
+                                                                        or f.name == ".metadata"))
+
+
+class UnknownFormatError(UnknownModelError):
+    """A path that no checkpoint format fits: the message lists each format tried and why it did not fit."""
+
+
+class CheckpointReader:
+    """What every format's reader offers. ``format`` names the format (:data:`pai_zoo.formats.FORMATS`), ``path``
+    is the folder given, ``config`` the format's own description of the model (a Hugging Face ``config.json``, a
+    ``pai_zoo.json`` record, a Megatron-LM checkpoint's args, an ``adapter_config.json``)."""
+
+    format: str = ""
+    path: Path
+    config: dict
+
+    def names(self) -> list[str]:
+        """The stored tensors' names (encodings hidden: a quantized weight is one name)."""
+        raise NotImplementedError
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        raise NotImplementedError
+
+    def dtype(self, name: str):
+        """The ``torch.dtype`` :meth:`read` gives for ``name``."""
+        raise NotImplementedError
+
+    def read(self, name: str):
+        """One whole tensor, as a plain ``torch.Tensor`` in fresh memory."""
+        raise NotImplementedError
+
+    def read_slice(self, name: str, offsets, sizes):
+        """The region ``[offsets, offsets + sizes)`` of tensor ``name``; a format that stores tensors in pieces
+        reads only the pieces the region touches."""
+        whole = self.read(name)
+        return whole[tuple(slice(o, o + s) for o, s in zip(offsets, sizes))].clone()
+
+    def weight_files(self) -> list[Path]:
+        """The files whose contents are the weights (sorted)."""
+        return weight_files_in(self.path)
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class FolderWriter:
+    """A checkpoint folder written into ``staging`` (``.NAME.pai-zoo-tmp-PID`` beside ``dst``) and renamed to
+    ``dst`` by :meth:`close`. An existing ``dst`` is refused unless ``force``; then it is replaced only once the new
+    folder is complete. Other files of the format (configs, tokenizer files) go into :attr:`staging` before
+    ``close``."""
+
+    def __init__(self, dst, *, force: bool = False):
+        self.dst = Path(dst)
+        if self.dst.exists() and not force:
+            raise PaiZooError(f"{self.dst} exists; pass --force to replace it")
+        self.staging = self.dst.parent / f".{self.dst.name}.pai-zoo-tmp-{os.getpid()}"
+        if self.staging.exists():
+            shutil.rmtree(self.staging)
+        self.staging.mkdir(parents=True)
+
+    def write(self, name: str, tensor) -> None:
+        raise NotImplementedError
+
+    def finish(self) -> None:
+        """Complete the staged files (indexes, metadata); called by :meth:`close` before publishing."""
+
+    def close(self) -> Path:
+        """Finish and publish: ``dst`` is the complete folder afterwards."""
+        try:
+            self.finish()
+            if self.dst.exists():
+                old = self.dst.parent / f".{self.dst.name}.pai-zoo-old-{os.getpid()}"
+                self.dst.rename(old)
+                publish(self.staging, self.dst)
+                shutil.rmtree(old) if old.is_dir() else old.unlink()
+            else:
+                publish(self.staging, self.dst)
+        except BaseException:
+            self.abort()
+            raise
+        return self.dst
+
+    def abort(self) -> None:
+        shutil.rmtree(self.staging, ignore_errors=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, *exc) -> None:
+        if kind is None:
+            self.close()
+        else:
+            self.abort()

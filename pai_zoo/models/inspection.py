@@ -1,0 +1,190 @@
+"""``inspect``: what a checkpoint folder holds, whoever wrote it (Hugging Face, pai-zoo, Megatron-LM), and what a
+conversion of it would need. Reads headers, args and shapes only, never the tensors' data."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .. import formats
+from ..families.registry import get_registry
+from ..formats.hf_folder import CONFIG, read_config, tokenizer_files
+from ..formats.megatron_folder import TRACKER
+from ..hf import models as hf
+from ..plugin.errors import PaiZooError, no_such_path
+from ..plugin.megatron_args import shown
+from ..tables.mapping import MappingContext
+from .megatron_checkpoint import open_megatron
+
+#: The architecture fields shown, in megatron-core's names.
+SHOWN = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups", "kv_channels",
+         "vocab_size", "max_sequence_length", "normalization", "layernorm_epsilon", "gated_linear_unit",
+         "activation_func", "add_qkv_bias", "add_bias_linear", "qk_layernorm", "position_embedding_type",
+         "rotary_base", "rotary_percent", "share_embeddings_and_output_weights",
+         # a mixture of experts
+         "num_moe_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_router_score_function",
+         "moe_router_pre_softmax", "moe_router_num_groups", "moe_router_group_topk", "moe_router_topk_scaling_factor",
+         "moe_router_enable_expert_bias", "moe_shared_expert_intermediate_size", "moe_shared_expert_gate",
+         "moe_layer_freq",
+         # multi-token prediction
+         "mtp_num_layers")
+
+
+@dataclass
+class Inspection:
+    """The answer of :func:`inspect_checkpoint`, as lines for the CLI (:meth:`lines`)."""
+
+    path: Path
+    format: str
+    family: str
+    parameters: int
+    dtype: str
+    iteration: object = None
+    layout: dict = field(default_factory=dict)
+    architecture: dict = field(default_factory=dict)
+    needs: list[str] = field(default_factory=list)  # what a conversion needs, or has to assume
+    quantization: str | None = None  # how the stored weights are quantized (an FP8 block-scaled HF folder)
+    mtp: str | None = None  # the multi-token-prediction layers the folder holds
+    vision: str | None = None  # a vision-language model's tower: its parameters and what it reads
+
+    def lines(self) -> list[str]:
+        out = [f"checkpoint:   {self.path}", f"format:       {self.format}"]
+        if self.iteration is not None:
+            out.append(f"iteration:    {self.iteration}")
+        if self.layout:
+            out.append("layout:       " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in self.layout.items()
+                                                     if v is not None))
+        out += [f"family:       {self.family}", f"parameters:   {self.parameters:,} ({self.dtype})"]
+        if self.quantization:
+            out.append(f"quantization: {self.quantization}")
+        if self.mtp:
+            out.append(f"MTP layers:   {self.mtp}")
+        if self.vision:
+            out.append(f"vision:       {self.vision}")
+        out.append("architecture:")
+        out += [f"  {k:<36} {v}" for k, v in self.architecture.items()]
+        out += ["conversion:"] + [f"  {n}" for n in (self.needs or ["needs nothing more"])]
+        return out
+
+
+def _architecture(arch: dict) -> dict:
+    derived = ("kv_channels", "num_query_groups")  # absent means a value computed from the others
+    return {k: shown(arch, k) for k in SHOWN if k in arch or k in derived}
+
+
+def inspect_checkpoint(path, *, family: str | None = None, tokenizer=None, iteration=None) -> Inspection:
+    """Describe the checkpoint folder ``path``; ``family``, ``tokenizer`` and ``iteration`` as for ``convert``."""
+    path = Path(path)
+    if not path.exists():
+        raise no_such_path(path, "the checkpoint to inspect")
+    try:
+        kind = formats.detect(path, iteration=iteration)
+    except formats.UnknownFormatError:
+        kind = None
+    if kind == "rl-run":
+        path, kind = path / "actor", formats.detect(path / "actor", iteration=iteration)
+    if kind in formats.PAI_ZOO_MCORE + formats.MEGATRON_LM:
+        return _megatron(path, family, tokenizer, iteration)
+    if kind == "hf":
+        return _hf(path, family)
+    raise PaiZooError(f"{path}: not a checkpoint folder: no {CONFIG} (Hugging Face) and no "
+                      f"{TRACKER}, release/ or iter_*/ (Megatron)")
+
+
+def _hf(path: Path, family_name: str | None) -> Inspection:
+    registry = get_registry()
+    raw = read_config(path)
+    family = registry.family(family_name) if family_name else registry.family_for_hf_config(raw, str(path / CONFIG))
+    config = family.to_mcore_config(hf.config_dict(hf.hf_config(family, raw)))
+    decoded = formats.open_checkpoint(path, format="hf")  # an encoding's decoder checks it, reading headers only
+    weights = getattr(decoded, "source", decoded)  # the tensors as stored
+    quantization = None
+    try:
+        if decoded is not weights:
+            scheme = decoded.scheme
+            scales = set(decoded.quantized.values())
+            quantization = (f"FP8 block-scaled: {len(decoded.quantized)} weights float8_e4m3fn with "
+                            f"{scheme.block[0]}x{scheme.block[1]} blocks of float32 weight_scale_inv "
+                            f"(quant_method fp8); they read as {str(decoded.out_dtype).removeprefix('torch.')}")
+        else:
+            scales = set()
+        metas = [weights.meta(n) for n in weights.names() if n not in scales]
+        names = list(weights.names())
+    finally:
+        decoded.close()
+    dtypes = sorted({str(m.dtype).removeprefix("torch.") for m in metas})
+    needs = [] if tokenizer_files(path) else ["the folder has no tokenizer files: `preprocess` and `generate` "
+                                              "need --tokenizer DIR"]
+    mtp = _hf_mtp(family, config, names, needs)
+    tower = None
+    if family.vision is not None:  # the HF names the table maps onto the tower's
+        table = registry.weight_map(family, config)
+        prefix, projector = family.vision.tower_prefix, family.vision.projector_prefix
+        rows = [r for r in table.rows if any(m.startswith(prefix) for m in r.mcore)]
+        hf_tower = {h for r in rows for h in r.hf}
+        hf_projector = {h for r in rows for h in r.hf if projector and any(m.startswith(projector) for m in r.mcore)}
+        by_name = dict(zip([n for n in names if n not in scales], metas))
+        tower = _vision_line(family, sum(by_name[n].numel() for n in hf_tower if n in by_name),
+                             sum(by_name[n].numel() for n in hf_projector if n in by_name))
+    return Inspection(path, f"Hugging Face ({weights.storage})", family.name, sum(m.numel() for m in metas),
+                      "/".join(dtypes), architecture=_architecture(config.arch), needs=needs,
+                      quantization=quantization, mtp=mtp, vision=tower)
+
+
+def _vision_line(family, tower: int, projector: int) -> str:
+    spec = family.vision
+    return (f"{', '.join(spec.modalities)}: a tower of {tower:,} parameters (projector {projector:,}) on the first "
+            "pipeline stage; TP splits its attention heads and MLP, the patch embedding and projector are "
+            "replicated")
+
+
+def _hf_mtp(family, config, names, needs: list[str]) -> str | None:
+    """What the HF folder holds of the config's multi-token-prediction layers (a conversion need if none)."""
+    layers = int(config.get("mtp_num_layers") or 0)
+    if not layers:
+        return None
+    table = get_registry().weight_map(family, config)
+    ctx = MappingContext.from_config(config)
+    held = table.mtp_layers_held(ctx, names)
+    first = table.mtp.hf_prefix(ctx, 0)
+    if not held:
+        needs.append(f"config.json counts {layers} MTP layer(s) but the folder holds no {first}* tensors: convert "
+                     "leaves them out")
+        return f"{layers} in config.json, none in the files"
+    count = sum(1 for n in names if n.startswith(tuple(table.mtp.hf_prefix(ctx, i) for i in range(held))))
+    return f"{held} ({first}*{'' if held == 1 else ' ...'}: {count} tensors -> mtp.layers.*)"
+
+
+def _megatron(path: Path, family: str | None, tokenizer, iteration) -> Inspection:
+    with open_megatron(path, family, reference=tokenizer, iteration=iteration) as checkpoint:
+        description = getattr(checkpoint, "description", None)
+        layout = checkpoint.layout
+        parameters = sum(math.prod(s) for s in layout.local_shapes.values())
+        record = checkpoint.record
+        if description is None:
+            fmt, it = "torch_dist (written by pai-zoo)", None
+            shape = {"tensor_parallel": record.get("tensor_parallel"),
+                     "pipeline_parallel": record.get("pipeline_parallel")}
+        else:
+            fmt = f"{description.iteration.format} (written by Megatron-LM: no pai_zoo.json, read from its args)"
+            it, shape = description.iteration.iteration, description.layout
+        needs = [n.removeprefix("note: ") for n in checkpoint.notes]
+        if description is not None and tokenizer is None and description.derived.reference is None:
+            needs.append("the checkpoint records no tokenizer folder: pass --tokenizer DIR (the original HF folder) "
+                         "to copy its tokenizer and take the fields Megatron does not store")
+        layers = int(checkpoint.config.get("mtp_num_layers") or 0)
+        mtp = None
+        if layers:
+            count = sum(1 for n in layout.local_shapes if n.startswith("mtp."))
+            mtp = f"{layers} (mtp.layers.*: {count} tensors)"
+        spec = checkpoint.family.vision
+        vision = None
+        if spec is not None:
+            shapes = layout.local_shapes
+            vision = _vision_line(checkpoint.family, sum(math.prod(s) for n, s in shapes.items()
+                                                        if n.startswith(spec.tower_prefix)),
+                                  sum(math.prod(s) for n, s in shapes.items()
+                                      if spec.projector_prefix and n.startswith(spec.projector_prefix)))
+        return Inspection(path, fmt, checkpoint.family.name, parameters,
+                          str(checkpoint.stored_dtype).removeprefix("torch."), it, shape,
+                          _architecture(checkpoint.config.arch), needs, mtp=mtp, vision=vision)

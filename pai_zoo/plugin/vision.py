@@ -1,0 +1,122 @@
+"""What a vision-language family declares: :class:`VisionSpec`, the value of :attr:`pai_zoo.Family.vision`.
+
+A vision-language model here is a megatron-core ``GPTModel`` (the language model, built as any family's) with a
+vision tower on its first pipeline stage. The tower turns the processor's ``pixel_values`` (and video frames) into
+one embedding per placeholder token; the core writes those embeddings over the placeholders' token embeddings, in
+order, and runs the language model on the result with the family's position ids (:mod:`pai_zoo.mcore.multimodal`).
+The family says everything model-specific, as data and callables; the core moves the inputs through loading,
+conversion, generation and training.
+
+This module does not import torch or megatron-core.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .errors import PaiZooError
+
+#: The inputs a vision-language forward takes besides ``input_ids`` and ``attention_mask``: transformers' own
+#: argument names (``Qwen2VLForConditionalGeneration.forward``), and those of ``pai_zoo.load(...).logits``.
+VISION_INPUTS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
+
+#: Where a vision family keeps its vision tower's settings in :attr:`~pai_zoo.plugin.config_map.McoreConfig.arch`.
+VISION_KEY = "family.vision"
+
+
+@dataclass(frozen=True)
+class VisionSpec:
+    """A family's vision tower and how its outputs enter the text sequence.
+
+    Attributes:
+        tower: ``(McoreConfig, TransformerConfig) -> module`` builds the vision encoder and projector (the language
+            model's ``TransformerConfig`` gives the parallel sizes and dtype). The module's
+            ``forward(pixel_values, grid_thw)`` returns ``[tokens, hidden_size]``: one row per placeholder token of
+            those images (or videos), in order. It is built on the first pipeline stage only, as
+            ``GPTModel.vision_model``, and must give a correct ``sharded_state_dict`` (megatron-core's layers do).
+        placeholders: ``(McoreConfig) -> {"image": id, "video": id}``: the token ids the processor repeats once per
+            embedding (``<|image_pad|>``); the tower's rows replace them.
+        positions: ``(McoreConfig, input_ids, attention_mask, image_grid_thw, video_grid_thw, second_per_grid_ts)
+            -> LongTensor`` the language model's position ids (``[3, batch, seq]`` for M-RoPE, ``[batch, seq]``
+            for plain RoPE), as the family's transformers model makes them; ``attention_mask`` may be ``None``.
+        tower_prefix: the megatron-core name prefix of the tower's tensors (``"vision_model."``), for ``inspect``,
+            ``train --plan`` and freezing.
+        projector_prefix: the prefix of the projector's tensors inside the tower (Qwen's ``"vision_model.merger."``),
+            for ``--freeze-vision-projection``.
+        modalities: what the tower reads, for ``pai-zoo list`` and ``inspect``.
+        tokens: ``(McoreConfig, grid_thw_row) -> int``: how many placeholder tokens (tower rows) one image or video
+            of that grid takes; generation repeats a prompt's single placeholder so often.
+        parameters: ``(McoreConfig, tp) -> (tower, projector)``: the tower's parameters on one tensor-parallel rank
+            and how many of them are the projector's, for ``train --plan`` (no torch; checked against the built
+            model by the family's tests).
+        example: ``(McoreConfig, torch.Generator) -> dict``: a small batch with images (and videos, where the tower
+            reads them) for the conformance suite's forward and parallel checks: ``input_ids`` with the placeholder
+            runs and the vision inputs under transformers' names (random pixels with grids the tower accepts).
+    """
+
+    tower: Callable[[Any, Any], Any]
+    placeholders: Callable[[Any], dict[str, int]]
+    positions: Callable[..., Any]
+    tokens: Callable[[Any, Any], int]
+    tower_prefix: str = "vision_model."
+    projector_prefix: str = ""
+    modalities: tuple[str, ...] = ("image", "video")
+    parameters: Callable[[Any, int], tuple[int, int]] | None = None
+    example: Callable[[Any, Any], dict] | None = None
+
+
+def check_vision_inputs(family, inputs: dict) -> dict:
+    """``inputs`` (keyword arguments of a forward) checked against :data:`VISION_INPUTS`: a text-only family takes
+    none, a vision family only those; an image or video needs its grid. One :class:`~pai_zoo.PaiZooError` line
+    otherwise."""
+    given = {k: v for k, v in inputs.items() if v is not None}
+    unknown = sorted(set(inputs) - set(VISION_INPUTS))
+    if unknown:
+        raise PaiZooError(f"unknown inputs {unknown}; a forward takes input_ids, attention_mask"
+                          + (f" and {', '.join(VISION_INPUTS)}" if family.vision else ""))
+    if given and family.vision is None:
+        raise PaiZooError(f"family {family.name!r} reads text only; {sorted(given)} need a vision-language family")
+    for pixels, grid in (("pixel_values", "image_grid_thw"), ("pixel_values_videos", "video_grid_thw")):
+        if (pixels in given) != (grid in given):
+            raise PaiZooError(f"{pixels} and {grid} go together (as the model's processor returns them)")
+    return given
+
+
+def read_image(path, where: str = "image"):
+    """A PIL image (RGB) from ``path`` (or a PIL image as it is); a missing file or one PIL cannot read is one
+    :class:`~pai_zoo.PaiZooError` line."""
+    from pathlib import Path
+
+    from PIL import Image, UnidentifiedImageError
+
+    if hasattr(path, "convert"):  # already an image
+        return path.convert("RGB")
+    path = Path(path)
+    if not path.is_file():
+        raise PaiZooError(f"{where}: {path}: no such image file")
+    try:
+        with Image.open(path) as image:
+            return image.convert("RGB")
+    except (UnidentifiedImageError, OSError) as exc:
+        raise PaiZooError(f"{where}: {path} is not an image PIL can read ({type(exc).__name__}); "
+                          "give a PNG, JPEG or another format PIL opens") from None
+
+
+def expand_placeholders(spec, config, ids: list[int], grids, mask: list[int] | None = None):
+    """``ids`` (and its loss ``mask``, the repeats getting 0) with each run of the image placeholder repeated as
+    many times as the tower gives rows for its image (:attr:`VisionSpec.tokens` of each ``grids`` row, in order).
+    The caller has checked that the runs and the grids are as many."""
+    token = spec.placeholders(config)["image"]
+    mask = list(mask) if mask is not None else [0] * len(ids)
+    rows, out, out_mask = iter(grids.tolist()), [], []
+    for i, (t, m) in enumerate(zip(ids, mask)):
+        if t == token and i > 0 and ids[i - 1] == token:
+            continue  # an already expanded run: counted once
+        if t == token:
+            count = spec.tokens(config, next(rows))
+            out += [token] * count
+            out_mask += [0] * count
+        else:
+            out.append(t)
+            out_mask.append(m)
+    return out, out_mask
