@@ -146,8 +146,10 @@ class Source:
         """The Megatron checkpoint (kinds ``"mcore"`` and ``"megatron-lm"``) as a ``MegatronCheckpoint``."""
         from .megatron_checkpoint import open_megatron
 
+        described = self.kind == "megatron-lm" and self.mcore_config is not None  # resolve read its args
         return open_megatron(self.path, self.family, reference=self.tokenizer_dir, iteration=self.iteration,
-                             format=self.format)
+                             format=self.format, config=self.mcore_config if described else None,
+                             record=self.record if described else None)
 
 
 def resolve(name_or_path, checkpoint=None, *, tokenizer=None, iteration=None) -> Source:

@@ -98,18 +98,22 @@ def describe(path, *, family: str | None = None, reference=None, iteration=None,
     return Description(it, checkpoint.args, checkpoint.common, derived, dtype, checkpoint)
 
 
-def open_megatron(path, family=None, *, reference=None, iteration=None, format: str | None = None
-                  ) -> "MegatronCheckpoint":
+def open_megatron(path, family=None, *, reference=None, iteration=None, format: str | None = None,
+                  config: McoreConfig | None = None, record: dict | None = None) -> "MegatronCheckpoint":
     """Any Megatron checkpoint folder as a :class:`MegatronCheckpoint`: pai-zoo's from its ``pai_zoo.json``,
     Megatron-LM's from its args (``family``: a name, when the args cannot tell; ``reference``: the original HF
     folder; ``iteration``: a saved iteration other than the tracker's; ``format``: what
-    :func:`pai_zoo.formats.detect` said, when known)."""
+    :func:`pai_zoo.formats.detect` said, when known). ``config`` and ``record``: a Megatron-LM folder's, when
+    :func:`describe` derived them already (``pai_zoo.load`` did, to build the model); then ``family`` is the
+    :class:`Family` and the args are not read again."""
     name = getattr(family, "name", family)
     path = Path(path)
     kind = format or detect(path, iteration=iteration)
-    if iteration is None and kind in PAI_ZOO_MCORE:
-        checkpoint = open_checkpoint(path, format=kind)
+    if (iteration is None and kind in PAI_ZOO_MCORE) or config is not None:
+        checkpoint = open_checkpoint(path, iteration=iteration, format=kind)
         try:
+            if config is not None:
+                return MegatronCheckpoint(checkpoint, family, config=config, record=record)
             return MegatronCheckpoint(checkpoint, get_registry().family(name) if name else None)
         except BaseException:
             checkpoint.close()
