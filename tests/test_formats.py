@@ -225,6 +225,20 @@ def test_the_hf_writer_publishes_whole_or_not_at_all(tmp_path):
 
 
 @pytest.mark.no_megatron
+def test_the_peft_writer_round_trips_through_the_peft_reader(tmp_path):
+    tensors = {"base_model.model.model.layers.0.mlp.up_proj.lora_A.weight": torch.randn(2, 6),
+               "base_model.model.model.layers.0.mlp.up_proj.lora_B.weight": torch.randn(9, 2)}
+    dst = tmp_path / "adapter"
+    with peft_adapter.PeftAdapterWriter(dst, {"peft_type": "LORA", "r": 2}) as writer:
+        for name, tensor in tensors.items():
+            writer.write(name, tensor)
+        assert not dst.exists()
+    with formats.open_checkpoint(dst) as reader:
+        assert reader.format == "peft" and reader.config == {"peft_type": "LORA", "r": 2}
+        assert all(torch.equal(reader.read(n), t) for n, t in tensors.items()) and len(reader.names()) == 2
+
+
+@pytest.mark.no_megatron
 def test_a_folder_writer_left_by_an_error_leaves_nothing(tmp_path):
     dst = tmp_path / "out"
     with pytest.raises(RuntimeError):

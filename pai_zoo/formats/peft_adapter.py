@@ -5,12 +5,10 @@ are ``base_model.model.<module>.lora_A.weight`` [rank, in] and ``...lora_B.weigh
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 from ..lora.settings import LoraError, LoraSettings, peft_config, settings_from_peft_dict
-from ..util.files import publish
-from .base import CheckpointReader
+from .base import CheckpointReader, FolderWriter
 
 PEFT_CONFIG = "adapter_config.json"
 PEFT_WEIGHTS = "adapter_model.safetensors"
@@ -116,22 +114,34 @@ def read_peft_adapter(folder, family=None) -> tuple[LoraSettings, dict]:
     return settings, adapters
 
 
+class PeftAdapterWriter(FolderWriter):
+    """A PEFT adapter folder staged beside ``dst`` and published whole by :meth:`close`: :meth:`write` each
+    ``base_model.model.<module>.lora_A.weight`` / ``lora_B.weight``; ``config`` is its ``adapter_config.json``. The
+    tensors are kept until :meth:`close` (an adapter is small), which writes them as one safetensors file."""
+
+    def __init__(self, dst, config: dict, *, force: bool = False):
+        super().__init__(dst, force=force)
+        self.config = dict(config)
+        self.tensors: dict = {}
+
+    def write(self, name: str, tensor) -> None:
+        self.tensors[name] = tensor.contiguous()
+
+    def finish(self) -> None:
+        from safetensors.torch import save_file
+
+        save_file(self.tensors, str(self.staging / PEFT_WEIGHTS), metadata={"format": "pt"})
+        (self.staging / PEFT_CONFIG).write_text(json.dumps(self.config, indent=2) + "\n")
+
+
 def write_peft_adapter(folder, settings: LoraSettings, adapters: dict, base: str | None, dtype=None,
                        family=None) -> None:
-    """Write ``adapters`` (HF form) as a PEFT folder, complete or not at all (written beside it, then renamed);
-    with ``family`` under its transformers model's module names (:meth:`pai_zoo.Family.hf_module_name`)."""
-    from safetensors.torch import save_file
-
-    folder = Path(folder)
-    tmp = folder.with_name(folder.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    tensors = {}
-    for module, (a, b) in sorted(adapters.items()):
-        module = family.hf_module_name(module) if family is not None else module
-        tensors[f"{PREFIX}{module}.lora_A.weight"] = (a if dtype is None else a.to(dtype)).contiguous()
-        tensors[f"{PREFIX}{module}.lora_B.weight"] = (b if dtype is None else b.to(dtype)).contiguous()
-    save_file(tensors, str(tmp / PEFT_WEIGHTS), metadata={"format": "pt"})
+    """Write ``adapters`` (HF form) as a PEFT folder, complete or not at all (:class:`PeftAdapterWriter`, replacing
+    a folder there); with ``family`` under its transformers model's module names
+    (:meth:`pai_zoo.Family.hf_module_name`)."""
     leaves = sorted({m.rsplit(".", 1)[-1] for m in adapters})
-    (tmp / PEFT_CONFIG).write_text(json.dumps(peft_config(settings, leaves, base), indent=2) + "\n")
-    publish(tmp, folder, replace=True)
+    with PeftAdapterWriter(folder, peft_config(settings, leaves, base), force=True) as writer:
+        for module, (a, b) in sorted(adapters.items()):
+            module = family.hf_module_name(module) if family is not None else module
+            writer.write(f"{PREFIX}{module}.lora_A.weight", a if dtype is None else a.to(dtype))
+            writer.write(f"{PREFIX}{module}.lora_B.weight", b if dtype is None else b.to(dtype))
