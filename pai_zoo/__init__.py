@@ -98,8 +98,8 @@ except PackageNotFoundError:  # a source tree that is not installed
 
 
 def convert(src, dst, to: str, **kwargs):
-    """Convert a checkpoint on disk (HF folder <-> Megatron-Core); see :func:`pai_zoo.conversion.convert`."""
-    from .conversion.convert import convert as _convert
+    """Convert a checkpoint on disk (HF folder <-> Megatron-Core); see :func:`pai_zoo.conversion.entry.convert`."""
+    from .conversion.entry import convert as _convert
 
     return _convert(src, dst, to, **kwargs)
 

@@ -6,7 +6,7 @@ import pytest
 
 import pai_zoo
 from pai_zoo.cli import main
-from pai_zoo.conversion.convert import convert
+from pai_zoo.conversion.entry import convert
 from pai_zoo.models.inspection import inspect_checkpoint
 
 pytestmark = pytest.mark.usefixtures("fresh_registry")

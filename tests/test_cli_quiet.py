@@ -45,7 +45,7 @@ def test_quiet_run_turns_off_transformers_bars_when_imported_inside_the_run():
 
 @pytest.fixture(scope="module")
 def mcore_folder(tmp_path_factory):
-    from pai_zoo.conversion.convert import convert
+    from pai_zoo.conversion.entry import convert
 
     root = tmp_path_factory.mktemp("quiet")
     pai_zoo.load("llama3-tiny", backend="hf", seed=0).model.save_pretrained(root / "hf")

@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import pai_zoo
-from pai_zoo.conversion.convert import convert
+from pai_zoo.conversion.entry import convert
 from pai_zoo.formats import mcore_dist
 from pai_zoo.formats.hf_folder import SAFETENSORS_INDEX
 from pai_zoo.plugin.errors import MappingError, PaiZooError, UnknownModelError

@@ -27,7 +27,7 @@ from safetensors.torch import load_file, save_file
 
 import pai_zoo
 from pai_zoo import formats
-from pai_zoo.conversion.convert import convert
+from pai_zoo.conversion.entry import convert
 from pai_zoo.formats.encodings import fp8_blocks
 from pai_zoo_conformance.cli_runs import run_cli
 

@@ -362,7 +362,7 @@ def test_text_prompt_without_tokenizer_is_refused():
 
 # -- tensor parallel --------------------------------------------------------------------------
 def test_tensor_parallel_2_generates_the_same_tokens_as_one_process(folder, tmp_path):
-    from pai_zoo.conversion.convert import convert
+    from pai_zoo.conversion.entry import convert
 
     ckpt = tmp_path / "mcore"
     convert(folder, ckpt, "mcore", tp=2, progress=False)

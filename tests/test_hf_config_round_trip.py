@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from pai_zoo.conversion.convert import convert
+from pai_zoo.conversion.entry import convert
 from pai_zoo.families.registry import get_registry
 from pai_zoo.hf import models as hf
 from pai_zoo.plugin.config_map import McoreConfig

@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 
 import pai_zoo
 from pai_zoo.cli import main
-from pai_zoo.conversion.convert import convert
+from pai_zoo.conversion.entry import convert
 from pai_zoo.formats.safe_pickle import allowing
 from pai_zoo.models.megatron_checkpoint import open_megatron
 from pai_zoo.plugin.errors import PaiZooError

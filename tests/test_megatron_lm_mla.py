@@ -112,7 +112,7 @@ def test_torch_dist_with_transformer_engine_mla_norm_keys_reads_from_its_args(de
     Transformer Engine layer spec saves them (``linear_q_up_proj.layer_norm_weight`` ...)."""
     import megatron_lm_writer as mlw
 
-    from pai_zoo.conversion.convert import convert
+    from pai_zoo.conversion.entry import convert
     from pai_zoo.formats.mcore_dist import PAI_ZOO_CONFIG
 
     model, _ = deepseek["deepseek-v2"]

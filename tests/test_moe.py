@@ -365,7 +365,7 @@ def test_convert_ep_2_and_an_expert_parallel_save_read_back_in_one_process(tmp_p
     import torch
 
     import pai_zoo
-    from pai_zoo.conversion.convert import convert
+    from pai_zoo.conversion.entry import convert
     from pai_zoo.formats import mcore_dist
     from pai_zoo_conformance import checks
 
@@ -403,7 +403,7 @@ def test_a_megatron_checkpoint_loads_as_transformers_moe_model(tmp_path):
     import torch
 
     import pai_zoo
-    from pai_zoo.conversion.convert import convert
+    from pai_zoo.conversion.entry import convert
     from pai_zoo_conformance import checks
 
     case = checks.build_case(get_registry().family("qwen2-moe"), "qwen2-moe-odd")
@@ -428,7 +428,7 @@ def test_a_megatron_checkpoint_loads_as_transformers_moe_model(tmp_path):
 ])
 def test_convert_refuses_an_expert_layout_the_model_cannot_have(tmp_path, preset, changes, message):
     from pai_zoo import PaiZooError
-    from pai_zoo.conversion.convert import convert
+    from pai_zoo.conversion.entry import convert
     from pai_zoo_conformance import checks
 
     family = "glm4-moe" if "moe" in preset else "glm"
@@ -511,7 +511,7 @@ def test_glm4_moe_mtp_tensors_the_config_does_not_count_are_refused_by_name(tmp_
     from safetensors.torch import load_file, save_file
 
     from pai_zoo import MappingError
-    from pai_zoo.conversion.convert import convert
+    from pai_zoo.conversion.entry import convert
     from pai_zoo_conformance import checks
 
     case = checks.build_case(get_registry().family("glm4-moe"), "glm4-moe-tiny")

@@ -22,7 +22,7 @@ from fp8_reference import bytes_of, is_quantized, reference_dequantize, write_fp
 from safetensors.torch import load_file, save_file
 
 import pai_zoo
-from pai_zoo.conversion.convert import convert
+from pai_zoo.conversion.entry import convert
 from pai_zoo.plugin.errors import SettingError
 from pai_zoo_conformance.cli_runs import run_cli
 

@@ -100,6 +100,19 @@ def test_from_imports_of_the_old_paths():
     assert callable(sliding_window) and callable(mcore_tensors) and RMSNorm.__module__ == "pai_zoo.hf.reference"
 
 
+def test_the_former_conversion_module_names():
+    """``pai_zoo.conversion`` was a module; as a package it still gives its names (``convert`` the function, not a
+    submodule, even once every conversion module is imported)."""
+    import pai_zoo.conversion.entry
+    import pai_zoo.conversion.to_hf  # noqa: F401
+    from pai_zoo.conversion import ConversionReport, convert, verify_conversion
+
+    assert convert is pai_zoo.conversion.entry.convert and callable(verify_conversion)
+    assert ConversionReport.__module__ == "pai_zoo.conversion.report"
+    with pytest.raises(AttributeError):
+        pai_zoo.conversion.no_such_name  # noqa: B018
+
+
 def test_an_unknown_path_still_fails():
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module("pai_zoo.no_such_module")

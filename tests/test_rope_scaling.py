@@ -8,7 +8,7 @@ import torch
 
 import pai_zoo
 from pai_zoo import ConfigTranslationError
-from pai_zoo.conversion.convert import convert
+from pai_zoo.conversion.entry import convert
 from pai_zoo.families.registry import get_registry
 from pai_zoo.plugin.config_map import ROPE_SCALING, attention_factor
 from pai_zoo_conformance import checks

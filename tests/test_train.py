@@ -423,7 +423,7 @@ def test_linear_decay_and_the_default_warmup(setup, tmp_path):
 
 def test_final_checkpoint_converts_to_hf_with_the_trained_logits(baseline, tmp_path):
     import pai_zoo
-    from pai_zoo.conversion.convert import convert
+    from pai_zoo.conversion.entry import convert
 
     convert(baseline, tmp_path / "hf", to="hf")
     ids = torch.randint(0, 300, (2, 20), generator=torch.Generator().manual_seed(0))

@@ -187,7 +187,7 @@ def test_switching_the_distributed_optimizer_on_resume_is_refused(tmp_path):
 
 def test_distributed_optimizer_resumes_after_sigkill_and_converts_to_hf(setup, scaled, tmp_path):
     import pai_zoo
-    from pai_zoo.conversion.convert import convert
+    from pai_zoo.conversion.entry import convert
 
     save = tmp_path / "killed"
     values = settings(setup, save, use_distributed_optimizer=True)

@@ -9,7 +9,7 @@ import torch
 
 import pai_zoo
 from pai_zoo.cli import main
-from pai_zoo.conversion.convert import convert
+from pai_zoo.conversion.entry import convert
 from pai_zoo.formats import hf_folder
 from pai_zoo.models.verification import VERIFY_TOLERANCES, compare_logits, parse_tolerance, tolerance_for
 from pai_zoo.plugin.errors import PaiZooError

@@ -31,7 +31,7 @@ from pathlib import Path
 
 #: What the server imports before it forks: everything a ``pai-zoo`` command spends its start on.
 PRELOAD = ("torch", "transformers", "megatron.core", "megatron.core.models.gpt", "pai_zoo.cli",
-           "pai_zoo.conversion.convert", "pai_zoo.training.trainer", "pai_zoo.generation", "pai_zoo.rl",
+           "pai_zoo.conversion.entry", "pai_zoo.training.trainer", "pai_zoo.generation", "pai_zoo.rl",
            "pai_zoo.data.preprocess", "pai_zoo.models.inspection", "pai_zoo.models.verification")
 #: Seconds the server may take to import :data:`PRELOAD` and listen.
 START_TIMEOUT = 300.0

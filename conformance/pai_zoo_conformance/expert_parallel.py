@@ -33,7 +33,7 @@ def check_expert_parallel_equivalence(case: Case, folder: Path, ep: int = 2, ato
     the one-process load's within ``atol``. Returns the max |delta|."""
     import torch
 
-    from pai_zoo.conversion.convert import convert
+    from pai_zoo.conversion.entry import convert
     from pai_zoo.models.handle import load
 
     folder = Path(folder)

@@ -104,7 +104,7 @@ def check_parallel_equivalence(case: Case, folder: Path, layouts=PARALLEL_LAYOUT
     Returns max |delta| per layout."""
     import torch
 
-    from pai_zoo.conversion.convert import convert
+    from pai_zoo.conversion.entry import convert
     from pai_zoo.models.handle import load
 
     workers = workers or shared_workers()

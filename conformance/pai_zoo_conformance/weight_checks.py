@@ -50,7 +50,7 @@ def check_disk_round_trip(case: Case, folder: Path) -> float:
     import torch
     from safetensors.torch import load_file
 
-    from pai_zoo.conversion.convert import convert
+    from pai_zoo.conversion.entry import convert
     from pai_zoo.hf import models as hf
 
     folder = Path(folder)

@@ -56,7 +56,7 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
-    from ..conversion.convert import convert, describe_verification
+    from ..conversion.entry import convert, describe_verification
 
     report = convert(
         args.src, args.dst, args.to, family=args.family, tp=args.tp, pp=args.pp, dtype=args.dtype,

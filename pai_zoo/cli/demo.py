@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from pai_zoo.conversion.convert import convert
+    from pai_zoo.conversion.entry import convert
 
     torch.set_num_threads(min(2, torch.get_num_threads()))
     start = time.perf_counter()

@@ -1,5 +1,5 @@
-"""The defaults of :func:`pai_zoo.conversion.convert`'s options: one source for the function and ``pai-zoo convert``'s
-flags (the CLI reads them here, without importing the conversion machinery and torch)."""
+"""The defaults of :func:`pai_zoo.conversion.entry.convert`'s options: one source for the function and
+``pai-zoo convert``'s flags (the CLI reads them here, without importing the conversion machinery and torch)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from .. import formats
-from ..conversion.convert import mtp_choice
+from ..conversion.entry import mtp_choice
 from ..families.registry import get_registry
 from ..formats import mcore_dist, training_run
 from ..formats.hf_folder import generation_config_file, tokenizer_files
