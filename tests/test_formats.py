@@ -29,8 +29,6 @@ from pai_zoo.plugin.errors import PaiZooError
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT.parent / "shared" / "megatron-lm-fixtures"
 HAVE_FIXTURES = (FIXTURES / "llama-hf" / "model.safetensors").is_file()
-needs_fixtures = pytest.mark.skipif(not HAVE_FIXTURES,
-                                    reason="Megatron-LM fixtures not present (../shared/megatron-lm-fixtures)")
 
 
 def _touch(path: Path, text: str = "{}") -> Path:

@@ -9,6 +9,7 @@ staging folder.
 """
 from __future__ import annotations
 
+import abc
 import os
 import shutil
 from pathlib import Path
@@ -30,7 +31,7 @@ class UnknownFormatError(UnknownModelError):
     """A path that no checkpoint format fits: the message lists each format tried and why it did not fit."""
 
 
-class CheckpointReader:
+class CheckpointReader(abc.ABC):
     """What every format's reader offers. ``format`` names the format (:data:`pai_zoo.formats.FORMATS`), ``path``
     is the folder given, ``config`` the format's own description of the model (a Hugging Face ``config.json``, a
     ``pai_zoo.json`` record, a Megatron-LM checkpoint's args, an ``adapter_config.json``)."""
@@ -39,20 +40,21 @@ class CheckpointReader:
     path: Path
     config: dict
 
+    @abc.abstractmethod
     def names(self) -> list[str]:
         """The stored tensors' names (encodings hidden: a quantized weight is one name)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def shape(self, name: str) -> tuple[int, ...]:
-        raise NotImplementedError
+        """The stored tensor's full shape."""
 
+    @abc.abstractmethod
     def dtype(self, name: str):
         """The ``torch.dtype`` :meth:`read` gives for ``name``."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def read(self, name: str):
         """One whole tensor, as a plain ``torch.Tensor`` in fresh memory."""
-        raise NotImplementedError
 
     def read_slice(self, name: str, offsets, sizes):
         """The region ``[offsets, offsets + sizes)`` of tensor ``name``; a format that stores tensors in pieces
@@ -65,7 +67,7 @@ class CheckpointReader:
         return weight_files_in(self.path)
 
     def close(self) -> None:
-        pass
+        """Release open files (a reader that holds none has nothing to do)."""
 
     def __enter__(self):
         return self
@@ -77,8 +79,9 @@ class CheckpointReader:
 class FolderWriter:
     """A checkpoint folder written into ``staging`` (``.NAME.pai-zoo-tmp-PID`` beside ``dst``) and renamed to
     ``dst`` by :meth:`close`. An existing ``dst`` is refused unless ``force``; then it is replaced only once the new
-    folder is complete. Other files of the format (configs, tokenizer files) go into :attr:`staging` before
-    ``close``."""
+    folder is complete. Each format's writer adds ``write(name, tensor)``; other files of the format (configs,
+    tokenizer files) go into :attr:`staging` before ``close``. A bare ``FolderWriter`` stages a folder that another
+    function fills (a LoRA run's export)."""
 
     def __init__(self, dst, *, force: bool = False):
         self.dst = Path(dst)
@@ -88,9 +91,6 @@ class FolderWriter:
         if self.staging.exists():
             shutil.rmtree(self.staging)
         self.staging.mkdir(parents=True)
-
-    def write(self, name: str, tensor) -> None:
-        raise NotImplementedError
 
     def finish(self) -> None:
         """Complete the staged files (indexes, metadata); called by :meth:`close` before publishing."""

@@ -361,10 +361,6 @@ class HFFolderWriter(FolderWriter):
     def total_size(self) -> int:
         return self.tensors.total_size
 
-    @property
-    def weight_map(self) -> dict[str, str]:
-        return self.tensors.weight_map
-
     def write(self, name: str, tensor) -> None:
         self.tensors.write(name, tensor)
 

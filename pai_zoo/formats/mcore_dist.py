@@ -52,7 +52,6 @@ from .megatron_folder import (
     MegatronCheckpointError,
     checkpoint_args,
     has_tracker,
-    is_megatron_folder,
 )
 from .safe_pickle import safe_load
 
@@ -298,11 +297,6 @@ class DistCheckpointReader:
 def is_mcore_checkpoint(path) -> bool:
     """A Megatron checkpoint folder with a tracker file (pai-zoo's or Megatron-LM's)."""
     return has_tracker(path)
-
-
-def is_pai_zoo_checkpoint(path) -> bool:
-    """A Megatron checkpoint folder that pai-zoo wrote: its ``pai_zoo.json`` describes the model."""
-    return is_megatron_folder(path) and (Path(path) / PAI_ZOO_CONFIG).is_file()
 
 
 def read_pai_zoo_config(path) -> dict:

@@ -14,8 +14,8 @@ import torch
 
 from ..families.family import Family
 from ..families.registry import get_registry
-from ..formats import MEGATRON_LM, PAI_ZOO_MCORE, detect, mcore_dist, open_checkpoint
-from ..formats.megatron_folder import IterationFolder, MegatronCheckpointError, is_megatron_folder
+from ..formats import PAI_ZOO_MCORE, detect, mcore_dist, open_checkpoint
+from ..formats.megatron_folder import IterationFolder, MegatronCheckpointError
 from ..formats.safe_pickle import safe_load
 from ..mcore.dist_ckpt import layout_of
 from ..mcore.heads import score_weight_map
@@ -23,25 +23,9 @@ from ..plugin.config_map import McoreConfig
 from ..tables.mapping import TO_HF, MappingContext
 from .megatron_lm_config import DerivedConfig, derive_config
 
-__all__ = ["Description", "MegatronCheckpoint", "MegatronCheckpointError", "describe", "is_megatron_checkpoint",
-           "is_megatron_lm_checkpoint", "open_megatron", "safe_load"]
+__all__ = ["Description", "MegatronCheckpoint", "MegatronCheckpointError", "describe", "open_megatron", "safe_load"]
 
 EMBEDDING = "embedding.word_embeddings.weight"
-
-
-def is_megatron_checkpoint(path) -> bool:
-    """A Megatron checkpoint folder of either kind (pai-zoo's or Megatron-LM's, either format)."""
-    return is_megatron_folder(path)
-
-
-def is_megatron_lm_checkpoint(path) -> bool:
-    """A Megatron checkpoint folder that pai-zoo did not write (no ``pai_zoo.json``)."""
-    if not is_megatron_folder(path):
-        return False
-    try:
-        return detect(path) in MEGATRON_LM
-    except Exception:  # a damaged Megatron-LM folder: still one, and its reader says what is wrong
-        return not mcore_dist.is_pai_zoo_checkpoint(path)
 
 
 @dataclass

@@ -27,6 +27,7 @@ import torch
 
 from ...plugin.errors import PaiZooError
 from ...plugin.quantization import FP8_BLOCK_128
+from ..base import CheckpointReader
 
 #: The largest finite ``float8_e4m3fn`` value.
 FP8_MAX = 448.0
@@ -147,7 +148,7 @@ def _to_fp8(blocks: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
 
 
 # -- reading -----------------------------------------------------------------------------------------------------
-class DequantizedCheckpoint:
+class DequantizedCheckpoint(CheckpointReader):
     """An FP8 block-scaled HF folder seen as a plain one: the same interface as :class:`HFCheckpoint`, without the
     ``*.weight_scale_inv`` tensors, each FP8 weight dequantized into ``dtype`` when it is read."""
 
@@ -204,11 +205,6 @@ class DequantizedCheckpoint:
     def read_slice(self, name: str, offsets, sizes) -> torch.Tensor:
         return self.get(name)[tuple(slice(o, o + s) for o, s in zip(offsets, sizes))].clone()
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def meta(self, name: str) -> torch.Tensor:
         meta = self.source.meta(name)
