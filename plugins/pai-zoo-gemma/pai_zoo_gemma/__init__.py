@@ -25,6 +25,7 @@ from pai_zoo import (
 )
 from pai_zoo.config_map import EMBEDDING_SCALE, FAMILY_KEY_PREFIX
 from pai_zoo.layouts import llama_layout, llama_shape_rules
+from pai_zoo.plugin.layer_pattern import LayerTypes
 
 from .presets import GEMMA2_PRESETS, GEMMA_PRESETS
 from .tokenizer_files import write_gemma_tokenizer
@@ -33,9 +34,6 @@ from .tokenizer_files import write_gemma_tokenizer
 POST_NORMS = FAMILY_KEY_PREFIX + "post_norms"
 ATTN_SOFTCAP = FAMILY_KEY_PREFIX + "attn_logit_softcapping"
 FINAL_SOFTCAP = FAMILY_KEY_PREFIX + "final_logit_softcapping"
-
-SLIDING, FULL = "sliding_attention", "full_attention"
-
 
 class QueryPreAttnScalar(Rule):
     """``query_pre_attn_scalar`` q <-> megatron-core's ``softmax_scale`` ``q ** -0.5`` (back: the nearest integer
@@ -56,35 +54,6 @@ class QueryPreAttnScalar(Rule):
 
     def describe(self) -> str:
         return "query_pre_attn_scalar q -> softmax_scale q ** -0.5"
-
-
-class LayerTypes(Rule):
-    """``sliding_window`` w and ``layer_types`` -> megatron-core's ``window_size`` ``[w - 1, 0]`` and
-    ``window_attn_skip_freq``, one flag per layer (1: the window applies, layer type ``sliding_attention``;
-    0: ``full_attention``), which megatron-core's attention reads by its global layer number."""
-
-    hf_keys = ("sliding_window", "layer_types")
-
-    def to_mcore(self, hf: dict, arch: dict) -> None:
-        window, types = hf.get("sliding_window"), hf.get("layer_types")
-        if types is None or len(types) != hf["num_hidden_layers"]:
-            raise ConfigTranslationError(f"config.json has layer_types={types!r}; Gemma-2 needs one entry per layer "
-                                         f"(num_hidden_layers={hf['num_hidden_layers']})")
-        unknown = sorted({t for t in types if t not in (SLIDING, FULL)})
-        if unknown:
-            raise ConfigTranslationError(f"config.json's layer_types has {unknown}; supported: {SLIDING!r}, {FULL!r}")
-        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
-            raise ConfigTranslationError(f"config.json has sliding_window={window!r}; it must be a positive integer")
-        arch["window_size"] = None if window is None else [window - 1, 0]
-        arch["window_attn_skip_freq"] = [1 if t == SLIDING else 0 for t in types]
-
-    def to_hf(self, arch: dict, hf: dict) -> None:
-        window = arch.get("window_size")
-        hf["sliding_window"] = None if window is None else int(window[0]) + 1
-        hf["layer_types"] = [SLIDING if flag else FULL for flag in arch["window_attn_skip_freq"]]
-
-    def describe(self) -> str:
-        return "sliding_window w, layer_types -> window_size [w - 1, 0], window_attn_skip_freq (1 = sliding layer)"
 
 
 def _config_rules(*family_rules: Rule, hf_fixed: dict, passthrough: tuple[str, ...] = ()) -> ConfigMap:
@@ -115,7 +84,7 @@ GEMMA_CONFIG = _config_rules(
 
 GEMMA2_CONFIG = _config_rules(
     QueryPreAttnScalar(),
-    LayerTypes(),
+    LayerTypes(default_pattern=2, default_window=4096, family="Gemma-2"),  # Gemma2Config's defaults
     Field("attn_logit_softcapping", ATTN_SOFTCAP, default=None),
     Field("final_logit_softcapping", FINAL_SOFTCAP, default=None),
     Fixed(mcore={POST_NORMS: True}),

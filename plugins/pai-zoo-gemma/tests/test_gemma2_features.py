@@ -145,7 +145,8 @@ def test_query_pre_attn_scalar_round_trips_27b():
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"layer_types": ["sliding_attention", "chunked_attention"]}, r"layer_types has \['chunked_attention'\]"),
+    ({"layer_types": ["sliding_attention", "chunked_attention"]},
+     r"layer_types has 'chunked_attention', which Gemma-2 cannot compute; supported layer types: "),
     ({"hidden_activation": "gelu"}, r"hidden_activation='gelu'; this family supports only"),
     ({"attention_bias": True}, r"attention_bias=True"),
 ])
