@@ -1,0 +1,34 @@
+"""The suite catches the scaling mechanisms turned off: a no-RoPE layer given RoPE, a Granite multiplier dropped
+(residual, logits), LongRoPE's long factor ignored past ``original_max_position_embeddings``."""
+import dataclasses
+
+import pytest
+
+from pai_zoo import ConfigMap
+from pai_zoo.families.registry import get_registry
+from pai_zoo.plugin.no_rope import NoRopeLayers
+from pai_zoo_conformance import ConformanceFailure, checks
+
+
+def with_rule(family, kind: type, replacement, name: str):
+    """``family`` whose config rule of class ``kind`` is ``replacement``."""
+    rules = [replacement if isinstance(rule, kind) else rule for rule in family.config_map.rules]
+    assert any(isinstance(rule, kind) for rule in family.config_map.rules)
+    return dataclasses.replace(family, name=name,
+                               config_map=ConfigMap(*rules, passthrough=tuple(family.config_map.passthrough)))
+
+
+class RopeEverywhere(NoRopeLayers):
+    """Reads the no-RoPE layers and forgets them: every layer rotates."""
+
+    def to_mcore(self, hf: dict, arch: dict) -> None:
+        super().to_mcore(hf, arch)
+        arch["no_rope_freq"] = [0] * len(arch["no_rope_freq"])
+
+
+def test_smollm3_passes_and_a_no_rope_layer_given_rope_fails_forward_equivalence():
+    family = get_registry().family("smollm3")
+    checks.check_forward_equivalence(checks.shared_case(family, family.odd))
+    broken = with_rule(family, NoRopeLayers, RopeEverywhere(), "smollm3-rope-everywhere")
+    with pytest.raises(ConformanceFailure, match=r"\[forward\]"):
+        checks.check_forward_equivalence(checks.build_case(broken, broken.odd))
