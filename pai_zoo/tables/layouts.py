@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..plugin.config_map import FAMILY_KEY_PREFIX, REQUIRED, Field, Fixed, Require, Rule
+from ..plugin.config_map import FAMILY_KEY_PREFIX, NORM_PLACEMENT, QK_NORM, REQUIRED, Field, Fixed, Require, Rule
 from ..plugin.errors import ConfigTranslationError
 from ..plugin.megatron_args import MIXTURE_OF_EXPERTS, MULTI_LATENT_ATTENTION, layer_pattern
 from .mapping import QKV, Copy, GateUp, Output, Row, Vocab, on_layers
@@ -334,6 +334,61 @@ class FirstKDense(Rule):
         return f"{self.key} -> moe_layer_freq (the first k layers dense)"
 
 
+class MoeLayerRange(Rule):
+    """ERNIE-4.5's dense layers: layer ``i`` is a MoE layer when ``start <= i <= end`` and ``(i + 1) % interval
+    == 0`` (``end`` -1: the last layer) -> megatron's ``moe_layer_freq``. The HF values are kept and written back
+    while they still give the pattern; another pattern is written as its first and last MoE layer with the one
+    interval that gives it, or refused."""
+
+    def __init__(self, start: str = "moe_layer_start_index", end: str = "moe_layer_end_index",
+                 interval: str = "moe_layer_interval"):
+        self.start, self.end, self.interval = start, end, interval
+        self.hf_keys = (start, end, interval)
+
+    @staticmethod
+    def pattern(start: int, end: int, interval: int, layers: int) -> list[int]:
+        end = layers - 1 if end == -1 else end
+        return [int(start <= i <= end and (i + 1) % interval == 0) for i in range(layers)]
+
+    def _values(self, values: dict, defaults: tuple[int, int, int]) -> tuple[int, int, int]:
+        got = [values.get(key) for key in self.hf_keys]
+        got = [default if v is None else v for v, default in zip(got, defaults)]
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in got) or got[2] < 1:
+            raise ConfigTranslationError(f"{self.start}, {self.end}, {self.interval} = {got}: whole layer indices "
+                                         f"({self.end} -1: the last layer) and an interval of 1 or more")
+        return got[0], got[1], got[2]
+
+    def to_mcore(self, hf: dict, arch: dict) -> None:
+        start, end, interval = self._values(hf, (1, -1, 1))  # transformers' defaults
+        pattern = self.pattern(start, end, interval, arch["num_layers"])
+        if not any(pattern):
+            raise ConfigTranslationError(f"{self.start}={start}, {self.end}={end}, {self.interval}={interval}: no "
+                                         f"layer of {arch['num_layers']} is a mixture of experts (a dense model: use "
+                                         "the dense family)")
+        arch["moe_layer_freq"] = 1 if all(pattern) else pattern
+        for key in self.hf_keys:
+            if key in hf:
+                arch[FAMILY_KEY_PREFIX + key] = hf[key]
+
+    def to_hf(self, arch: dict, hf: dict) -> None:
+        layers, pattern = arch["num_layers"], moe_pattern(arch)
+        kept = {key: _remembered(arch, key) for key in self.hf_keys}
+        start, end, interval = self._values(kept, (1, -1, 1))
+        if self.pattern(start, end, interval, layers) != pattern:
+            moe = [i for i, v in enumerate(pattern) if v]
+            start, end = moe[0], moe[-1]
+            found = [k for k in range(1, layers + 1) if self.pattern(start, end, k, layers) == pattern]
+            if not found:
+                raise ConfigTranslationError(
+                    f"moe_layer_freq={arch.get('moe_layer_freq')}: this family's MoE layers are every "
+                    f"{self.interval}-th layer from {self.start} to {self.end}, which gives no such pattern")
+            interval = found[0]
+        hf[self.start], hf[self.end], hf[self.interval] = start, end, interval
+
+    def describe(self) -> str:
+        return f"{self.start}, {self.end}, {self.interval} -> moe_layer_freq (every interval-th layer in the range)"
+
+
 class EveryLayerMoe(Rule):
     """No dense layers (Mixtral): ``moe_layer_freq`` must stay 1 on the way back."""
 
@@ -384,6 +439,10 @@ class AuxLoss(Rule):
                 "(seq_aux_loss / aux_loss; none when absent)")
 
 
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
 def moe_pattern(arch: dict) -> list[int]:
     """megatron's ``moe_layer_freq`` of ``arch`` as one 1 (MoE) or 0 (dense) per layer."""
     return layer_pattern(arch.get("moe_layer_freq", 1), arch["num_layers"])
@@ -428,12 +487,16 @@ def moe_config_rules(
     * ``shared_ffn``: a sigmoid-gated shared expert of that HF width (:class:`SharedExpertWidth`), or
       ``shared_count``: that many ungated shared experts of the routed width (:class:`SharedExpertCount`);
     * ``dense_layers``: the rule placing dense layers among the MoE layers (:class:`SparseStep`,
-      :class:`FirstKDense`); ``None``: every layer is MoE (:class:`EveryLayerMoe`);
+      :class:`FirstKDense`, :class:`MoeLayerRange`); ``None``: every layer is MoE (:class:`EveryLayerMoe`);
     * ``router_fp32``: the router computes in fp32 whatever the model's dtype (``moe_router_dtype`` fp32).
     """
     if score not in ("softmax", "sigmoid"):
         raise ValueError(f"score must be softmax or sigmoid, not {score!r}")
-    rules: list[Rule] = [Field(experts, "num_moe_experts"), Field(topk, "moe_router_topk")]
+    rules: list[Rule] = [Field(experts, "num_moe_experts"), Field(topk, "moe_router_topk"),
+                         Require(lambda hf: _whole(hf.get(experts)) and _whole(hf.get(topk))
+                                 and hf[topk] <= hf[experts],
+                                 f"{experts} and {topk}: a mixture of experts needs a whole number of experts (1 or "
+                                 f"more) and a top-k between 1 and that number")]
     if score_key:
         rules.append(Field(score_key, "moe_router_score_function", default=score))
     else:
@@ -484,7 +547,7 @@ def llama_megatron_args(**values: Any) -> tuple[dict[str, Any], ...]:
     no q/k norms, dense, changed by ``values`` (``add_qkv_bias=True`` for Qwen2)."""
     claim = {**SWIGLU_RMSNORM, "position_embedding_type": "rope", "add_bias_linear": False, "add_qkv_bias": False,
              "qk_layernorm": False, "layernorm_zero_centered_gamma": False, MIXTURE_OF_EXPERTS: False,
-             MULTI_LATENT_ATTENTION: False}
+             MULTI_LATENT_ATTENTION: False, NORM_PLACEMENT: "pre", QK_NORM: "head"}
     return ({**claim, **values},)
 
 
