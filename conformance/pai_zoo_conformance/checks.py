@@ -43,6 +43,7 @@ from .forward_checks import (  # noqa: F401
     vision_example,
 )
 from .generation_checks import GENERATION_TIE_TOL, _check_vision_generation, check_generation  # noqa: F401
+from .thresholds import check_layer_kinds, forward_plan, layer_kinds, thresholds  # noqa: F401
 from .tokenizer_checks import (  # noqa: F401
     MIXED_TEXT,
     _model_token_ids,
@@ -50,6 +51,7 @@ from .tokenizer_checks import (  # noqa: F401
     check_tokenizer,
     check_tokenizer_against_model,
 )
+from .tool_checks import check_inspect, check_megatron_args, check_plan  # noqa: F401
 from .training_checks import check_lora, check_training
 from .weight_checks import _read_json, check_disk_round_trip, check_mapping_coverage, check_weight_round_trip  # noqa: F401
 
@@ -66,9 +68,13 @@ __all__ = [
     "check_disk_round_trip",
     "check_forward_equivalence",
     "check_generation",
+    "check_inspect",
+    "check_layer_kinds",
     "check_lora",
     "check_mapping_coverage",
+    "check_megatron_args",
     "check_parallel_equivalence",
+    "check_plan",
     "check_preset_matches_published",
     "check_registration",
     "check_tokenizer",

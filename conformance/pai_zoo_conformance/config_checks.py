@@ -8,7 +8,8 @@ from .cases import _fail
 
 
 def check_registration(family: Family) -> None:
-    """Entry point, names, presets and hooks."""
+    """Entry point, names, presets and hooks; every layer kind of a preset appears in the tiny or odd preset
+    (:func:`~pai_zoo_conformance.thresholds.check_layer_kinds`)."""
     from pai_zoo.families.registry import get_registry
 
     registry = get_registry()
@@ -27,6 +28,9 @@ def check_registration(family: Family) -> None:
     config = family.to_mcore_config(_hf_dict(family, family.tiny))
     if registry.weight_map(family, config) is None:
         _fail("registration", "no weight map for the tiny preset")
+    from .thresholds import check_layer_kinds
+
+    check_layer_kinds(family)  # every kind of layer a preset names (layer_types, no-RoPE, MoE) is in a test preset
 
 
 def _hf_dict(family: Family, preset: str) -> dict:

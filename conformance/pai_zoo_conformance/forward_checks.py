@@ -16,23 +16,39 @@ from .workers import WorkerError, shared_workers
 LOGITS_ATOL = 1e-4
 
 
-def check_forward_equivalence(case: Case, batch: int = 2, seq_len: int = 16, atol: float | None = None) -> float:
+def check_forward_equivalence(case: Case, batch: int = 2, seq_len: int | None = None, atol: float | None = None,
+                              reach: bool | None = None) -> float:
     """Logits of the transformers and megatron-core models agree by :func:`pai_zoo.models.verification.compare_logits`
     (float32: max |delta| <= atol + rtol x max |logits|; a given ``atol``: that absolute bound) with the same
     argmax everywhere, at positions from 0 and at far positions (where RoPE scaling and
-    long-range position handling show). Returns max |delta|."""
+    long-range position handling show), and past every threshold of the config (:mod:`.thresholds`: the sequences
+    are longer than each sliding window and attention chunk, and straddle each position where a scaling rule
+    changes). ``seq_len`` fixes the length instead. With ``reach`` (default: on the family's odd preset) a threshold
+    the check cannot reach fails it, naming the config key to set small. Returns max |delta|."""
     import torch
 
     from pai_zoo.mcore.forward import mcore_forward
     from pai_zoo.models.verification import compare_logits
 
+    from .thresholds import case_plan
+
     vocab = case.mcore_config["vocab_size"]
+    plan = case_plan(case)
+    if reach is None:
+        reach = case.preset == case.family.odd
+    if reach and plan.unreached:
+        _fail("forward", f"{case.preset}: the check cannot reach " + "; ".join(
+            f"{label} ({why})" for label, why in plan.unreached.items()) + ": set it small in the preset")
+    offsets = plan.offsets
+    if seq_len is None:
+        seq_len = plan.seq_len
+    else:  # a length of the caller's: the standard offsets
+        max_positions = case.mcore_config.get("max_sequence_length") or seq_len
+        offsets = sorted({0, max(0, min(max_positions - seq_len, 256))})
     gen = torch.Generator().manual_seed(1234)
     ids = torch.randint(0, vocab, (batch, seq_len), generator=gen)
-    max_positions = case.mcore_config.get("max_sequence_length") or seq_len
-    far = max(0, min(max_positions - seq_len, 256))  # far enough for RoPE; float32 angles stay exact to ~1e-5
     worst = 0.0
-    for offset in sorted({0, far}):
+    for offset in offsets:
         positions = torch.arange(offset, offset + seq_len).expand(batch, seq_len)
         with torch.no_grad():
             expected = case.hf_model(input_ids=ids, position_ids=positions).logits.float()

@@ -40,6 +40,9 @@ def pytest_ignore_collect(collection_path, config):
 
 
 def pytest_collection_modifyitems(config, items):
+    from .suite import mark_once
+
+    mark_once(items)  # a `once = True` suite's checks but the forward ones: megatron_once, before the selection
     megatron_free.modify_items(config, items)
 
 

@@ -6,8 +6,13 @@ A family plugin runs it against itself with a three-line test module::
 
     class TestLlamaConformance(ConformanceSuite):
         family = "llama"
+        once = True   # optional: the full suite in one megatron-core pass, the forward checks in every pass
 
 ``pai-zoo conformance NAME`` runs the same class on any installed family.
+
+With ``once = True`` every test but :data:`EVERY_PASS` is marked ``megatron_once`` at collection
+(:func:`mark_once`, called by the pytest plugin): ``make test`` runs them in the megatron-core 0.19 pass only, and the
+forward checks in both.
 """
 from __future__ import annotations
 
@@ -18,6 +23,23 @@ from . import checks
 #: The ``user_properties`` name under which a check reports its max |delta|s (label -> float); the pytest plugin
 #: (:mod:`pai_zoo_conformance.plugin`) records them with the outcome.
 DELTAS = "pai_zoo_max_abs_delta"
+
+
+#: The checks a ``once`` suite still runs in every megatron-core pass: the logits against transformers.
+EVERY_PASS = ("test_forward_equivalence", "test_odd_preset_forward_equivalence")
+
+
+def mark_once(items) -> None:
+    """Mark ``megatron_once`` every collected test of a ``once = True`` :class:`ConformanceSuite` subclass but the
+    checks of :data:`EVERY_PASS` (before :func:`pai_zoo_conformance.megatron_free.modify_items` selects)."""
+    from .megatron_free import ONCE
+
+    for item in items:
+        cls = getattr(item, "cls", None)
+        if cls is None or not issubclass(cls, ConformanceSuite) or not getattr(cls, "once", False):
+            continue
+        if (getattr(item, "originalname", None) or item.name) not in EVERY_PASS:
+            item.add_marker(ONCE)
 
 
 def _record(request, deltas: dict) -> None:
@@ -35,6 +57,8 @@ class ConformanceSuite:
 
     #: The family name or alias to check (``pai-zoo conformance`` parametrizes it instead).
     family: str | None = None
+    #: True: every check runs in one megatron-core pass (``megatron_once``), the forward checks in every pass.
+    once: bool = False
 
     @pytest.fixture(scope="class")
     @classmethod
@@ -75,6 +99,13 @@ class ConformanceSuite:
 
     def test_forward_equivalence(self, case, request):
         _record(request, {"forward": checks.check_forward_equivalence(case)})
+
+    def test_inspect_plan_and_megatron_lm_args(self, case, tmp_path):
+        from .tool_checks import check_inspect, check_megatron_args, check_plan
+
+        check_inspect(case, tmp_path / "hf")
+        check_plan(case)
+        check_megatron_args(case)
 
     def test_tokenizer_matches_transformers(self, fam, tmp_path_factory):
         checks.check_tokenizer(fam, tmp_path_factory.mktemp(f"{fam.name}-tokenizer"))

@@ -4,6 +4,7 @@ selections together hold every test once."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -105,3 +106,33 @@ def test_a_megatron_once_test_is_left_out_of_the_pass_told_so(tmp_path):
     assert "1 passed, 2 deselected" in other.stdout, other.stdout  # the once-only one and the megatron_once one
     alone = _pytest(tmp_path, "--pai-zoo-without-megatron-once")  # without a pass selection: every other test
     assert "2 passed, 1 deselected" in alone.stdout and "test_version_independent" not in alone.stdout, alone.stdout
+
+
+ONCE_SUITE = '''
+from pai_zoo_conformance import ConformanceSuite
+
+
+class TestOnce(ConformanceSuite):
+    family = "llama"
+    once = True
+
+
+class TestEvery(ConformanceSuite):
+    family = "llama"
+'''
+
+
+@pytest.mark.no_megatron  # collection only: no check runs
+def test_a_once_suite_runs_only_its_forward_checks_in_the_other_pass(tmp_path):
+    """``once = True``: every check is megatron_once but the two forward checks; a plain suite keeps them all."""
+    from pai_zoo_conformance.suite import EVERY_PASS, ConformanceSuite
+
+    (tmp_path / "test_suite_once.py").write_text(ONCE_SUITE)
+    checks = sorted(n for n in dir(ConformanceSuite) if n.startswith("test_"))
+    every = _pytest(tmp_path, "--collect-only", "--pai-zoo-megatron-only")
+    assert f"{2 * len(checks)} tests collected" in every.stdout, every.stdout
+    other = _pytest(tmp_path, "--collect-only", "--pai-zoo-megatron-only", "--pai-zoo-without-megatron-once")
+    kept = re.findall(r"test_suite_once.py::(\w+)::(\w+)", other.stdout)
+    assert sorted(n for c, n in kept if c == "TestOnce") == sorted(EVERY_PASS), other.stdout
+    assert sorted(n for c, n in kept if c == "TestEvery") == checks, other.stdout
+    assert f"{len(checks) + 2}/{2 * len(checks)} tests collected ({len(checks) - 2} deselected)" in other.stdout

@@ -18,9 +18,9 @@ from typing import Any, Mapping
 import torch
 
 from ..families.registry import get_registry
-from ..plugin.config_map import ROPE_SCALING, McoreConfig
+from ..plugin.config_map import NORM_PLACEMENT, QK_NORM, ROPE_SCALING, McoreConfig
 from ..plugin.errors import ConfigTranslationError
-from ..plugin.megatron_args import args_from_arch
+from ..plugin.megatron_args import arch_from_args, args_from_arch, differences
 
 #: The ``--tokenizer-type`` of a Hugging Face tokenizer folder.
 HF_TOKENIZER_TYPE = "HuggingFaceTokenizer"
@@ -289,6 +289,38 @@ def megatron_lm_caveats(config: McoreConfig) -> list[str]:
         out.append(f"window_attn_skip_freq={a['window_attn_skip_freq']!r} (pass --window-attn-skip-freq)")
     if a.get(ROPE_SCALING) and a.get("position_embedding_type") != "rope":
         out.append("RoPE scaling without RoPE")
+    if (a.get(NORM_PLACEMENT) or "pre") != "pre":
+        out.append(f"norm placement {a[NORM_PLACEMENT]!r} (pai_zoo_norm_placement: norms on the attention and MLP "
+                   "outputs; Megatron-LM's layers norm their inputs only)")
+    if (a.get(QK_NORM) or "head") != "head":
+        out.append(f"q/k norms over the whole {a[QK_NORM]} (pai_zoo_qk_norm; Megatron-LM's --qk-layernorm norms "
+                   "each head)")
+    return out + _unread_caveats(config, out)
+
+
+#: Architecture keys that are settings or implementation switches rather than architecture (not caveats).
+_NOT_ARCH = ("vocab_size", "attention_dropout", "hidden_dropout", "moe_grouped_gemm", "moe_token_dispatcher_type")
+
+
+def _unread_caveats(config: McoreConfig, named: list[str]) -> list[str]:
+    """The other keys of ``config`` that its args do not give back (args -> :func:`arch_from_args`), each not yet
+    named by a caveat of ``named``: a core mechanism (``pai_zoo.*``) or a megatron-core option with no args field
+    that pai-zoo writes."""
+    a = dict(config.arch)
+    if a.get("ffn_hidden_size") is None:
+        a["ffn_hidden_size"] = 4 * a["hidden_size"]
+    try:
+        back = arch_from_args(_arch_args(config), rules=_family_rules(config))
+    except ConfigTranslationError:
+        return []
+    out = []
+    for key in differences(a, back, keys=[k for k in a if k not in _NOT_ARCH and not k.startswith("family.")]):
+        short = key.split(".", 1)[-1]
+        if a[key] in (None, False, 0) or any(key in c or short in c for c in named):
+            continue
+        if key in ("activation_func", "gated_linear_unit") and any("MLP" in c or "activation" in c for c in named):
+            continue
+        out.append(f"{key}={a[key]!r} (no Megatron-LM args field that pai-zoo writes carries it)")
     return out
 
 

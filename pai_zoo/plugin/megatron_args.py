@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from .config_map import MCORE_LLAMA3_SCALING, ROPE_SCALING, ConfigMap, Field, Rule
+from .config_map import MCORE_LLAMA3_SCALING, NORM_PLACEMENT, QK_NORM, ROPE_SCALING, ConfigMap, Field, Rule
 from .errors import ConfigTranslationError
 
 #: Megatron-LM's own default for a field the args omit (older Megatron-LM versions).
@@ -34,8 +34,8 @@ class _Activation(Rule):
             arch.update(gated_linear_unit=True, activation_func="silu")
         elif args.get("squared_relu"):
             arch.update(gated_linear_unit=False, activation_func="squared_relu")
-        else:
-            arch.update(gated_linear_unit=False, activation_func="gelu")
+        else:  # --openai-gelu: the tanh approximation (Megatron-LM's openai_gelu)
+            arch.update(gated_linear_unit=False, activation_func="gelu_tanh" if args.get("openai_gelu") else "gelu")
 
     def to_hf(self, arch: dict, args: dict) -> None:
         gated, act = bool(arch.get("gated_linear_unit")), arch.get("activation_func", "gelu")
@@ -88,6 +88,27 @@ class _RopeScaling(Rule):
             args["rotary_seq_len_interpolation_factor"] = float(scaling["factor"])
         elif kind:
             args["pai_zoo_rope_scaling"] = dict(scaling)  # no Megatron-LM flag reproduces it
+
+
+@dataclass
+class _NormPlacement(Rule):
+    """pai-zoo's norm placement and q/k norm span (:data:`~pai_zoo.plugin.config_map.NORM_PLACEMENT`,
+    :data:`~pai_zoo.plugin.config_map.QK_NORM`), which no Megatron-LM flag reproduces: written as the args fields
+    ``pai_zoo_norm_placement`` / ``pai_zoo_qk_norm`` where they are not megatron-core's own (pre, per head), and
+    read back from them (Megatron-LM ignores both; :func:`pai_zoo.mcore.megatron_lm_args.megatron_lm_caveats`
+    names them)."""
+
+    hf_keys: tuple[str, ...] = ("pai_zoo_norm_placement", "pai_zoo_qk_norm")
+
+    def to_mcore(self, args: dict, arch: dict) -> None:
+        for field_name, key in zip(self.hf_keys, (NORM_PLACEMENT, QK_NORM)):
+            if args.get(field_name):
+                arch[key] = args[field_name]
+
+    def to_hf(self, arch: dict, args: dict) -> None:
+        for field_name, key, default in zip(self.hf_keys, (NORM_PLACEMENT, QK_NORM), ("pre", "head")):
+            if (arch.get(key) or default) != default:
+                args[field_name] = arch[key]
 
 
 #: A claim key (:func:`matches`): whether the architecture is a mixture of experts (``num_moe_experts`` set).
@@ -211,6 +232,7 @@ MEGATRON_LM_ARGS = ConfigMap(
           encode=lambda w: None if w is None else list(w), decode=lambda w: None if w is None else tuple(w)),
     _Experts(),
     _MtpLayers(),
+    _NormPlacement(),
 )
 
 #: Architecture features pai-zoo cannot read from Megatron-LM args yet: (args field, value that is fine, why).
@@ -227,7 +249,7 @@ ARCH_DEFAULTS = {"add_qkv_bias": False, "add_bias_linear": True, "qk_layernorm":
                  "layernorm_zero_centered_gamma": False, "normalization": "LayerNorm", "gated_linear_unit": False,
                  "activation_func": "gelu", "position_embedding_type": "learned_absolute", "rotary_percent": 1.0,
                  "rotary_base": 10000, "share_embeddings_and_output_weights": False, "layernorm_epsilon": 1e-5,
-                 "window_size": None, ROPE_SCALING: None, "rotary_interleaved": False, "num_moe_experts": None,
+                 "window_size": None, ROPE_SCALING: None, NORM_PLACEMENT: "pre", QK_NORM: "head", "rotary_interleaved": False, "num_moe_experts": None,
                  **{k: v for k, v in MOE_ARGS.items() if k != "moe_ffn_hidden_size"},
                  "moe_router_topk_scaling_factor": 1.0}
 
