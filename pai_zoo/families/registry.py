@@ -150,12 +150,17 @@ class Registry:
         return name.lower() in self._names
 
     def family_for_hf_config(self, config: dict, where: str = "config.json") -> Family:
-        """The family claiming a HF config's ``architectures`` (first) or ``model_type``."""
+        """The family claiming a HF config's ``architectures`` (first) or ``model_type``. Of several families
+        claiming the architecture, each naming its model types, the one naming the config's ``model_type``."""
         model_type = config.get("model_type")
         for claims in (
             [f for f in self.families.values() if set(config.get("architectures") or ()) & set(f.hf_architectures)],
             [f for f in self.families.values() if model_type in f.model_types],
         ):
+            typed = [f for f in claims if model_type in f.model_types]
+            if len(claims) > 1 and len(typed) == 1 and all(f.model_types for f in claims):
+                # one architecture, several model types (DeepseekV3ForCausalLM: deepseek_v3, kimi_k2)
+                return typed[0]
             if len(claims) > 1:
                 raise PluginError(
                     f"{where}: architectures={config.get('architectures')!r} model_type={model_type!r} is claimed by "

@@ -16,6 +16,7 @@ from pai_zoo import (
     Field,
     Fixed,
     FixedIfPresent,
+    LazyClass,
     Output,
     Rope,
     Rule,
@@ -36,7 +37,8 @@ from pai_zoo.layouts import (
 )
 
 from . import megatron_lm
-from .presets import DEEPSEEK_PRESETS
+from .kimi_tokenizer import write_kimi_tokenizer
+from .presets import DEEPSEEK_PRESETS, KIMI_PRESETS
 from .tokenizer_files import write_deepseek_tokenizer
 
 #: The arch key of the MLA RoPE's transformers parameters (less the theta), read by the layer spec.
@@ -340,6 +342,40 @@ DEEPSEEK_V3 = _family(3, _presets(3), "deepseek-v3-tiny", "deepseek-v3-odd", DEE
                       "DeepSeek-V3 (DeepseekV3ForCausalLM): MLA with q LoRA, sigmoid grouped routing with expert bias")
 
 
+#: Kimi-K2: DeepSeek-V3's architecture and config keys under ``model_type: kimi_k2`` (transformers has no such type:
+#: its DeepseekV3Config writing kimi_k2 back, and its DeepseekV3ForCausalLM, no remote code), a tiktoken tokenizer.
+#: A Megatron-LM checkpoint's args cannot tell it from DeepSeek-V3: ``--family kimi-k2`` picks it.
+KIMI_K2 = Family(
+    name="kimi-k2",
+    aliases=("kimi_k2",),
+    hf_architectures=("DeepseekV3ForCausalLM",),
+    model_types=("kimi_k2",),
+    presets=KIMI_PRESETS,
+    tiny="kimi-k2-tiny",
+    odd="kimi-k2-odd",
+    config_map=DEEPSEEK_V3_CONFIG,
+    weight_map=deepseek_weights,
+    layer_spec=layer_spec,
+    hf_config_class=LazyClass("pai_zoo_deepseek.kimi_hf:KimiK2Config"),
+    hf_model_class=LazyClass("transformers:DeepseekV3ForCausalLM"),
+    test_tokenizer=write_kimi_tokenizer,
+    description="Kimi-K2 (DeepseekV3ForCausalLM, model_type kimi_k2): DeepSeek-V3's MLA and sigmoid-routed experts "
+                "with 384 experts in one group; tiktoken tokenizer",
+    megatron_lm_rules=(megatron_lm.MegatronLmMla(),),
+)
+
+
 @hookimpl
 def pai_zoo_families():
-    return [DEEPSEEK_V2, DEEPSEEK_V3]
+    return [DEEPSEEK_V2, DEEPSEEK_V3, KIMI_K2]
+
+
+@hookimpl
+def pai_zoo_tokenizer(family, path):
+    """Kimi-K2 folders carry ``tiktoken.model`` and remote tokenizer code: read the rank file with Kimi's split
+    pattern and special tokens instead (:func:`pai_zoo_deepseek.kimi_tokenizer.load_kimi_tiktoken`)."""
+    if family.name != KIMI_K2.name:
+        return None
+    from .kimi_tokenizer import kimi_tiktoken_file, load_kimi_tiktoken
+
+    return load_kimi_tiktoken(path) if kimi_tiktoken_file(path) is not None else None

@@ -95,3 +95,47 @@ DEEPSEEK_PRESETS = {
     "deepseek-v3-671b": _v3_671b(),
     "deepseek-r1": _v3_671b(),  # DeepSeek-R1 (and R1-0528): DeepSeek-V3's architecture and config.json
 }
+
+
+def _kimi(config, **changes):
+    """A DeepSeek-V3 config as Kimi-K2 publishes it: ``model_type`` ``kimi_k2``, one expert group."""
+    return {**config, "model_type": "kimi_k2", **changes}
+
+
+#: Kimi-K2's test tokenizer (:mod:`pai_zoo_deepseek.kimi_tokenizer`): 400 ranks, then [BOS] 400 and [EOS] 401.
+KIMI_TOY_BOS, KIMI_TOY_EOS = 400, 401
+
+
+def _kimi_k2(max_pos, factor):
+    """Kimi-K2 (1T total, 32B active; from memory): 61 layers, the first dense, 384 experts top-8 in one group,
+    one shared expert, 64 heads, routed scaling 2.827, YaRN from 4096 positions with beta 1/1, RoPE base 50000,
+    vocabulary 163840 ([BOS] 163584, [EOS] 163585), published as FP8 blocks of 128."""
+    return _kimi(_published(_deepseek(
+        3, vocab=163840, hidden=7168, inter=18432, moe_inter=2048, layers=61, heads=64, q_lora=1536, kv_lora=512,
+        nope=128, rope=64, v=128, experts=384, topk=8, shared=1, first_dense=1, groups=1, topk_group=1,
+        scaling=2.827, norm_topk=True, max_pos=max_pos,
+        rope_parameters=_yarn(factor, 4096, 1.0, 1.0, theta=50000.0, beta_fast=1.0, beta_slow=1.0),
+        bos=163584, eos=163585), scoring="sigmoid", topk_method="noaux_tc", aux_loss_alpha=0.001, seq_aux=True),
+        quantization_config=dict(FP8_BLOCK_128))
+
+
+KIMI_PRESETS = {
+    # Tiny Kimi-K2: q LoRA, YaRN with Kimi's betas, one dense layer then MoE, 4 experts top-2 in one group (no
+    # grouped routing), routed scaling 2.827.
+    "kimi-k2-tiny": _kimi(_deepseek(
+        3, vocab=672, hidden=64, inter=96, moe_inter=32, layers=2, heads=4, q_lora=24, kv_lora=16, nope=16,
+        rope=8, v=12, experts=4, topk=2, shared=1, first_dense=1, groups=1, topk_group=1, scaling=2.827,
+        norm_topk=True, max_pos=512,
+        rope_parameters=_yarn(4.0, 64, 1.0, 1.0, theta=50000.0, beta_fast=1.0, beta_slow=1.0),
+        bos=KIMI_TOY_BOS, eos=KIMI_TOY_EOS)),
+    # Odd Kimi-K2: 6 heads, hidden 48, vocab 701, v_head_dim != qk_nope_head_dim, 6 experts top-3, 3 layers (the
+    # first dense), YaRN from 32 positions (the forward check reaches past it) with an attention factor != 1.
+    "kimi-k2-odd": _kimi(_deepseek(
+        3, vocab=701, hidden=48, inter=80, moe_inter=16, layers=3, heads=6, q_lora=20, kv_lora=20, nope=12,
+        rope=6, v=10, experts=6, topk=3, shared=1, first_dense=1, groups=1, topk_group=1, scaling=2.827,
+        norm_topk=True, max_pos=512,
+        rope_parameters=_yarn(8.0, 32, 1.0, 0.5, theta=50000.0, beta_fast=1.0, beta_slow=1.0),
+        bos=KIMI_TOY_BOS, eos=KIMI_TOY_EOS)),
+    "kimi-k2-1t": _kimi_k2(131072, 32.0),  # Kimi-K2-Base / Kimi-K2-Instruct (from memory)
+    "kimi-k2-instruct-0905": _kimi_k2(262144, 64.0),  # Kimi-K2-Instruct-0905: 256K context (from memory)
+}
