@@ -33,7 +33,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--quantize", choices=QUANTIZE_CHOICES,
                    help="--to hf: write FP8 block-scaled weights (float8_e4m3fn with 128x128 weight_scale_inv, as "
                         "DeepSeek-V3 and Qwen3-FP8 publish them), reusing an FP8 source's scales where the weights "
-                        "are unchanged (default: plain weights, --dtype)")
+                        "are unchanged; mxfp4: gpt-oss's MXFP4 experts (*_blocks, *_scales), an MXFP4 source's bytes "
+                        "where the weights are unchanged (default: plain weights, --dtype)")
     p.add_argument("--no-mtp", action="store_true",
                    help="leave out the multi-token-prediction layers (num_nextn_predict_layers: DeepSeek-V3's and "
                         "GLM-4.5's model.layers.{num_hidden_layers}.*); a note says what was dropped")

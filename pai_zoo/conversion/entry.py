@@ -45,7 +45,8 @@ def convert(src, dst, to: str, *, family: str | None = None, tp: int = DEFAULTS.
     ``tokenizer`` is a folder whose tokenizer files are copied and whose ``config.json`` (the original HF model's)
     supplies what the args lack; ``iteration`` picks a saved iteration. ``quantize="fp8-block"`` (``--to hf``)
     writes FP8 block-scaled weights as DeepSeek-V3 and Qwen3-FP8 publish them
-    (:mod:`pai_zoo.formats.encodings.fp8_blocks`), reusing an FP8 source's scales where they still fit; without it
+    (:mod:`pai_zoo.formats.encodings.fp8_blocks`), reusing an FP8 source's scales where they still fit;
+    ``quantize="mxfp4"`` writes gpt-oss's MXFP4 experts (:mod:`pai_zoo.formats.encodings.mxfp4`); without it
     the weights are written in ``dtype`` (default: the stored one, bf16 for an FP8 source). ``verify`` compares the
     logits of both sides on a sample prompt (see :func:`verify_conversion`; ``verify_tolerance``, ``(atol, rtol)``
     or ``"ATOL[,RTOL]"``, overrides its rule). Multi-token-prediction layers (DeepSeek-V3's and GLM-4.5's

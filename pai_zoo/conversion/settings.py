@@ -17,5 +17,5 @@ class ConvertSettings:
 
 DEFAULTS = ConvertSettings()
 
-#: ``convert --quantize`` choices (:mod:`pai_zoo.formats.encodings.fp8_blocks`).
-QUANTIZE_CHOICES = ("fp8-block",)
+#: ``convert --quantize`` choices (:mod:`pai_zoo.formats.encodings.fp8_blocks`, :mod:`pai_zoo.formats.encodings.mxfp4`).
+QUANTIZE_CHOICES = ("fp8-block", "mxfp4")

@@ -1,5 +1,6 @@
 """A Megatron checkpoint (pai-zoo's or Megatron-LM's, any layout) -> a Hugging Face folder, tensor by tensor, in
-the stored dtype, another one, or FP8 blocks (``--quantize fp8-block``: :mod:`pai_zoo.formats.encodings.fp8_blocks`).
+the stored dtype, another one, FP8 blocks (``--quantize fp8-block``: :mod:`pai_zoo.formats.encodings.fp8_blocks`)
+or MXFP4 experts (``--quantize mxfp4``: :mod:`pai_zoo.formats.encodings.mxfp4`).
 The folder is written by :class:`pai_zoo.formats.hf_folder.HFFolderWriter`, published by the caller."""
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 import torch
 
 from ..families.family import Family
-from ..formats.encodings import scheme_of
+from ..formats.encodings import mxfp4, scheme_of
 from ..formats.encodings.fp8_blocks import writer_for
 from ..formats.hf_folder import (
     CONFIG,
@@ -42,7 +43,8 @@ def mcore_to_hf(src: Path, writer: HFFolderWriter, family_name, dtype, max_shard
 def _write_hf(checkpoint: MegatronCheckpoint, writer: HFFolderWriter, dtype, max_shard_size, progress,
               tokenizer=None, quantize: str | None = None) -> ConversionReport:
     tied = set(checkpoint.table.tied_outputs(checkpoint.ctx))
-    fp8 = _fp8_writer(checkpoint) if quantize == "fp8-block" else None
+    fp8 = _fp8_writer(checkpoint) if quantize == "fp8-block" else _mxfp4_writer(checkpoint) if quantize == "mxfp4" \
+        else None
     plan = [(n, tuple(t.shape), dtype) for n, t in checkpoint.hf_tensors(meta=True) if n not in tied]
     if fp8 is not None:
         plan = [entry for n, shape, d in plan for entry in fp8.plan(n, shape, d)]
@@ -64,10 +66,17 @@ def _write_hf(checkpoint: MegatronCheckpoint, writer: HFFolderWriter, dtype, max
     writer.finish()
     bar.close()
     hf_side = _hf_side(checkpoint, tokenizer, report)
-    if fp8 is not None:
+    if isinstance(fp8, mxfp4.Mxfp4Writer):
+        report.notes.append(f"MXFP4: {sum(1 for n, _, _ in plan if n.endswith(mxfp4.BLOCKS_SUFFIX))} expert weights "
+                            "as *_blocks and *_scales"
+                            + (" (the source's scales where the weights are unchanged)" if fp8.recorded else ""))
+    elif fp8 is not None:
         report.notes.append(f"FP8 block-scaled: {sum(1 for n, _, d in plan if d == torch.float8_e4m3fn)} weights in "
                             f"float8_e4m3fn with {fp8.scheme.block[0]}x{fp8.scheme.block[1]} block scales"
                             + (" (the source's scales where the weights are unchanged)" if fp8.recorded else ""))
+    elif mxfp4.recorded_scales(checkpoint.path) is not None:
+        report.notes.append(f"the checkpoint came from an MXFP4 folder; written in "
+                            f"{str(dtype).removeprefix('torch.')} (--quantize mxfp4 writes MXFP4)")
     elif _recorded_fp8(checkpoint):
         report.notes.append(f"the checkpoint came from an FP8 block-scaled folder; written in "
                             f"{str(dtype).removeprefix('torch.')} (--quantize fp8-block writes FP8)")
@@ -85,10 +94,25 @@ def _fp8_writer(checkpoint):
     from an FP8 folder, else every linear weight transformers' FP8 quantizer would convert."""
     with torch.device("meta"):
         skeleton = hf.build_hf_model(checkpoint.family, hf.hf_config_from_mcore(checkpoint.family, checkpoint.config))
-    own = checkpoint.hf_side()
-    scheme = scheme_of(read_config(own), str(own / CONFIG)) if own is not None and (own / CONFIG).is_file() else None
+    scheme = _source_scheme(checkpoint)
+    scheme = scheme if scheme is not None and scheme.method == "fp8" else None
     names = [n for n, _ in checkpoint.hf_tensors(meta=True)]
     return writer_for(scheme, recorded_scales(checkpoint.path) if scheme is not None else None, skeleton, names)
+
+
+def _source_scheme(checkpoint):
+    """The encoding scheme the checkpoint's source folder declared (its ``hf/config.json``), if any."""
+    own = checkpoint.hf_side()
+    return scheme_of(read_config(own), str(own / CONFIG)) if own is not None and (own / CONFIG).is_file() else None
+
+
+def _mxfp4_writer(checkpoint):
+    """What ``--quantize mxfp4`` stores as MXFP4: the source's MXFP4 weights (and scales) when the checkpoint came
+    from an MXFP4 folder, else every routed expert's gate_up_proj and down_proj."""
+    scheme = _source_scheme(checkpoint)
+    scheme = scheme if scheme is not None and scheme.method == mxfp4.METHOD else None
+    names = [n for n, _ in checkpoint.hf_tensors(meta=True)]
+    return mxfp4.writer_for(scheme, mxfp4.recorded_scales(checkpoint.path) if scheme is not None else None, names)
 
 
 def _hf_side(checkpoint: MegatronCheckpoint, tokenizer, report: ConversionReport) -> Path | None:

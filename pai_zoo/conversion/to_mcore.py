@@ -17,6 +17,8 @@ from .. import formats
 from ..families.family import Family
 from ..families.registry import get_registry
 from ..formats.encodings.fp8_blocks import DequantizedCheckpoint
+from ..formats.encodings.mxfp4 import SCALES_FILE as MXFP4_SCALES_FILE
+from ..formats.encodings.mxfp4 import Mxfp4Checkpoint
 from ..formats.hf_folder import CONFIG, GENERATION_CONFIG, read_config, tokenizer_files
 from ..formats.mcore_dist import HF_DIR, SCALES_FILE, McoreDistWriter
 from ..hf import models as hf
@@ -151,6 +153,13 @@ def _write_mcore(
         report.notes.append(f"FP8 block-scaled source: {len(source.quantized)} weights dequantized to "
                             f"{str(dtype).removeprefix('torch.')}; their scales are kept in "
                             f"{HF_DIR}/{SCALES_FILE} (convert --to hf --quantize fp8-block writes them back)")
+    if isinstance(source, Mxfp4Checkpoint):
+        from safetensors.torch import save_file
+
+        save_file(source.scales(), str(out / HF_DIR / MXFP4_SCALES_FILE))
+        report.notes.append(f"MXFP4 source: {len(source.quantized)} expert weights dequantized to "
+                            f"{str(dtype).removeprefix('torch.')}; their scales are kept in "
+                            f"{HF_DIR}/{MXFP4_SCALES_FILE} (convert --to hf --quantize mxfp4 writes them back)")
     mla.write_readme(out, config, args, load_dir=final)
     report.notes.append("Megatron-LM: add " + mla.load_command(final, config, dtype))
     return report

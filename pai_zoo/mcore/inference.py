@@ -18,7 +18,7 @@ same model and weights and changes only how a generation step runs:
   Core attentions other than megatron's own ``DotProductAttention`` (ALiBi's and Falcon's
   subclasses) receive the cached keys in megatron's layout instead, so their biases apply as in
   training. Anything else (training, megatron's own inference context, packed sequences, output
-  gates, sliding windows, YaRN) runs megatron-core's ``forward`` unchanged.
+  gates, sliding windows, YaRN, attention sinks) runs megatron-core's ``forward`` unchanged.
 * :class:`InferenceColumnParallelLinear` and :class:`InferenceRowParallelLinear` -- megatron-core's
   local tensor-parallel linear layers; under ``torch.inference_mode()`` they run the same
   operations (``matmul``, bias, the tensor-parallel gather or all-reduce) without megatron's
@@ -149,6 +149,7 @@ class CachedSelfAttention(SelfAttention):
             and not getattr(config, "attention_output_gate", False)
             and not getattr(config, "multi_latent_attention", False)
             and not hasattr(config, "yarn_rotary_scaling_factor")
+            and getattr(core, "softmax_offset", None) is None  # attention sinks: megatron's softmax
         )
         # megatron's own DotProductAttention (and its scale) goes to SDPA; subclasses add biases
         self._sdpa = type(core) is DotProductAttention and not config.apply_query_key_layer_scaling

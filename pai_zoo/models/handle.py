@@ -359,7 +359,9 @@ def _load_mcore(source: Source, config: McoreConfig, dtype, seed: int, tp: int |
     from ..mcore.compat import ensure_model_parallel
 
     check_layout(config, tp or 1, pp or 1)  # an invalid tp/pp names the valid ones, before any process group
-    ensure_model_parallel(tp or 1, pp or 1)
+    from ..mcore.biased_experts import expert_tensor_parallel_size
+
+    ensure_model_parallel(tp or 1, pp or 1, expert_tensor_parallel_size=expert_tensor_parallel_size(config))
     have = (
         parallel_state.get_tensor_model_parallel_world_size(),
         parallel_state.get_pipeline_model_parallel_world_size(),

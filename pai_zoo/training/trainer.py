@@ -35,6 +35,7 @@ from ..formats import training_run
 from ..formats.training_run import iteration_name, latest_iteration
 from ..hf.models import config_dict, hf_config
 from ..mcore import import_megatron
+from ..mcore.biased_experts import expert_tensor_parallel_size
 from ..mcore.compat import ensure_model_parallel
 from ..mcore.flops import model_flops_per_token, peak_flops
 from ..mcore.mtp import take_losses
@@ -104,7 +105,8 @@ class Trainer(ModelSetup):
         ensure_model_parallel(cfg.tensor_parallel_size, cfg.pipeline_parallel_size, cfg.seed,
                               virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None,
                               context_parallel_size=cfg.context_parallel_size,
-                              expert_model_parallel_size=cfg.expert_model_parallel_size)
+                              expert_model_parallel_size=cfg.expert_model_parallel_size,
+                              expert_tensor_parallel_size=expert_tensor_parallel_size(self.mcore_config))
         self.rank, self.world = _world()
         self.dp_rank = parallel_state.get_data_parallel_rank()
         self.dp_size = parallel_state.get_data_parallel_world_size()

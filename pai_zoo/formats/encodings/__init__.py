@@ -4,7 +4,7 @@
 :func:`decoded` is the one place a reader of a Hugging Face folder meets an encoding: it wraps the folder's reader
 in the decoder of the method its config declares, and refuses in one line a method pai-zoo does not read. Each
 encoding is a module here with a scheme (``scheme_of``), a decoding reader and, where pai-zoo writes it, an
-encoder: :mod:`.fp8_blocks` (block-scaled FP8).
+encoder: :mod:`.fp8_blocks` (block-scaled FP8), :mod:`.mxfp4` (gpt-oss's MXFP4 experts).
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Mapping
 from ...plugin.errors import PaiZooError
 
 #: quant_method -> the module of its encoding (imported when a folder declares it: each imports torch).
-ENCODINGS = {"fp8": "fp8_blocks"}
+ENCODINGS = {"fp8": "fp8_blocks", "mxfp4": "mxfp4"}
 
 
 def encoding(method: str):
@@ -33,7 +33,8 @@ def scheme_of(config: Mapping, where: str = "config.json"):
     method = quant.get("quant_method")
     if method not in ENCODINGS:
         raise PaiZooError(f"{where}: quantization_config quant_method {method!r} is not supported; pai-zoo reads "
-                          "block-scaled FP8 (quant_method 'fp8' with weight_block_size [128, 128]); dequantize the "
+                          "block-scaled FP8 (quant_method 'fp8' with weight_block_size [128, 128]) and MXFP4 experts "
+                          "(quant_method 'mxfp4'); dequantize the "
                           "model with its own tools first")
     return encoding(method).scheme_of(quant, where)
 

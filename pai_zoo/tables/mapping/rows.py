@@ -1,6 +1,6 @@
 """The row kinds of a table (:class:`Row` and its subclasses :class:`Copy`, :class:`Vocab`, :class:`Output`,
-:class:`QKV`, :class:`GateUp`, :class:`FusedQKV`, :class:`Dropped`, :class:`Refused`): the names each links and
-the tensor transform each way. Torch is imported only when a tensor is transformed."""
+:class:`QKV`, :class:`GateUp`, :class:`FusedQKV`, :class:`StackedExperts`, :class:`Dropped`, :class:`Refused`): the
+names each links and the tensor transform each way. Torch is imported only when a tensor is transformed."""
 from __future__ import annotations
 
 import re
@@ -236,6 +236,52 @@ class FusedQKV(QKV):
         import torch
 
         return [torch.cat(super().to_hf(tensors, self._own(ctx)), dim=0)]
+
+
+class StackedExperts(Row):
+    """One HF tensor holding every routed expert of a layer, ``[experts, ...]`` (gpt-oss's ``mlp.experts.gate_up_proj``
+    ``[E, hidden, 2 * ffn]``, ``down_proj`` ``[E, ffn, hidden]`` and their biases) <-> megatron's per-expert
+    ``mcore`` (``{expert}`` in it: ``...local_experts.{expert}.linear_fc1.weight``), ``experts`` of them.
+
+    ``transposed``: a 3-D HF tensor is ``[E, in, out]`` (``x @ W``), megatron's ``[out, in]``. ``interleaved``: the
+    gate and up columns alternate (gate ``[..., ::2]``, up ``[..., 1::2]``), megatron's ``linear_fc1`` is
+    ``[gate; up]``."""
+
+    def __init__(self, hf: str, mcore: str, experts: int, transposed: bool = True, interleaved: bool = False):
+        if "{expert}" not in mcore or "{expert}" in hf:
+            raise MappingError(f"StackedExperts row {hf!r} <-> {mcore!r}: {{expert}} belongs in the megatron name only")
+        self.hf = (hf,)
+        self.mcore = tuple(mcore.replace("{expert}", str(e)) for e in range(experts))
+        self.experts, self.transposed, self.interleaved = experts, transposed, interleaved
+
+    def to_mcore(self, tensors, ctx):
+        import torch
+
+        (t,) = tensors
+        if t.shape[0] != self.experts:
+            raise MappingError(f"{self.hf[0]}: first dimension {t.shape[0]} is not the {self.experts} experts")
+        out = []
+        for e in range(self.experts):
+            x = t[e].transpose(0, 1) if self.transposed and t.dim() == 3 else t[e]
+            if self.interleaved:
+                if x.shape[0] % 2:
+                    raise MappingError(f"{self.hf[0]}: {x.shape[0]} gate/up columns, an odd number")
+                x = torch.cat([x[0::2], x[1::2]], dim=0)
+            out.append(x.contiguous())
+        return out
+
+    def to_hf(self, tensors, ctx):
+        import torch
+
+        out = []
+        for name, x in zip(self.mcore, tensors):
+            if self.interleaved:
+                if x.shape[0] % 2:
+                    raise MappingError(f"{name}: first dimension {x.shape[0]} is odd, cannot split into gate and up")
+                gate, up = x.chunk(2, dim=0)
+                x = torch.stack([gate, up], dim=1).reshape(x.shape)
+            out.append(x.transpose(0, 1) if self.transposed and x.dim() == 2 else x)
+        return [torch.stack(out, dim=0).contiguous()]
 
 
 class Dropped(Row):
