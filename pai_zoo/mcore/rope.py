@@ -30,7 +30,8 @@ from typing import Any
 from ..plugin.config_map import MCORE_LLAMA3_SCALING, ROPE_SCALING, McoreConfig, attention_factor
 
 __all__ = [
-    "inverse_frequencies", "megatron_lm_rope_scaling", "set_inverse_frequencies", "softmax_scale",
+    "inverse_frequencies", "inverse_frequencies_of", "megatron_lm_rope_scaling", "set_inverse_frequencies",
+    "softmax_scale",
 ]
 
 
@@ -43,14 +44,22 @@ def rotary_dim(config: McoreConfig) -> int:
 def inverse_frequencies(config: McoreConfig):
     """The float32 CPU inverse frequencies ``[rotary_dim / 2]`` of ``config``'s scaled RoPE, or
     ``None`` when it has none (megatron-core's own frequencies are then the right ones)."""
-    import torch
-
     scaling = config.get(ROPE_SCALING)
     if not scaling:
         return None
-    rope_type = scaling.get("rope_type", scaling.get("type"))
-    base, dim = config["rotary_base"], rotary_dim(config)
+    return inverse_frequencies_of(config["rotary_base"], rotary_dim(config), scaling)
+
+
+def inverse_frequencies_of(base: float, dim: int, scaling: dict[str, Any] | None):
+    """The float32 CPU inverse frequencies ``[dim / 2]`` of a RoPE of base ``base`` over ``dim`` channels with
+    transformers' ``scaling`` parameters (``rope_type`` ``linear``, ``llama3``, ``yarn``; ``None`` or ``default``:
+    unscaled, as megatron-core and transformers compute it)."""
+    import torch
+
+    rope_type = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
     exponents = torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").to(dtype=torch.float) / dim  # even under meta
+    if rope_type == "default":
+        return 1.0 / (base ** exponents)
     if rope_type == "linear":
         return 1.0 / (base ** exponents) / scaling["factor"]
     if rope_type == "llama3":

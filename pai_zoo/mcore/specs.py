@@ -4,15 +4,18 @@ from __future__ import annotations
 import functools
 import warnings
 
+from ..plugin.config_map import NORM_PLACEMENT, NORM_PLACEMENTS, QK_NORM, QK_NORMS
 from ..plugin.errors import PaiZooError
 
 __all__ = ["block_spec", "default_layer_spec", "layer_spec_for", "layer_specs", "stage_spec", "submodules_of",
-           "te_layer_spec", "with_norm", "with_sequence_parallel_norms"]
+           "te_layer_spec", "with_norm", "with_norm_placement", "with_sequence_parallel_norms"]
 
 #: arch options of the local spec that megatron-core's Transformer Engine spec cannot express: option -> why
 TE_UNSUPPORTED = {
     "layernorm_zero_centered_gamma": "zero-centred norms are pai-zoo modules of the local spec",
     "position_embedding_type": "ALiBi is a pai-zoo attention bias of the local spec",
+    "pai_zoo.query_scale": "the position-dependent query scale is a pai-zoo core attention of the local spec",
+    "pai_zoo.attention_chunk": "chunked attention is a pai-zoo core attention of the local spec",
 }
 
 
@@ -43,6 +46,11 @@ def layer_spec_for(family, config, transformer_impl: str = "local"):
                           f"{transformer_impl} (its own modules are local ones); use --transformer-impl local")
     if transformer_impl == "local":
         return (family.layer_spec or default_layer_spec)(config)
+    for key, default in ((NORM_PLACEMENT, "pre"), (QK_NORM, "head")):
+        if (config.get(key) or default) != default:
+            raise PaiZooError(f"family {family.name!r}: {key}={config.get(key)!r} cannot use transformer_impl "
+                              "transformer_engine (its norms are pai-zoo modules of the local spec); use "
+                              "--transformer-impl local")
     for option, reason in TE_UNSUPPORTED.items():
         value = config.get(option)
         if value and (option != "position_embedding_type" or value == "alibi"):  # pai_zoo.mcore.alibi.ALIBI
@@ -61,7 +69,8 @@ def default_layer_spec(config):
     (``1 + weight``); :func:`pai_zoo.mcore.build.build_gpt_model` then gives the final norm the same class.
     With ``num_moe_experts`` every layer's MLP is megatron-core's ``MoELayer`` (router, ``SequentialMLP``
     experts ``mlp.experts.local_experts.{e}``, shared experts when ``moe_shared_expert_intermediate_size``); where
-    ``moe_layer_freq`` lists dense layers (0) among them, a :func:`block_spec` with a dense MLP on those layers."""
+    ``moe_layer_freq`` lists dense layers (0) among them, a :func:`block_spec` with a dense MLP on those layers.
+    The norm placement and the q/k norms' span are the config's (:func:`with_norm_placement`)."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     def one(experts):
@@ -77,7 +86,7 @@ def default_layer_spec(config):
             from .norms import ZeroCenteredNorm
 
             spec = with_norm(spec, ZeroCenteredNorm)
-        return spec
+        return with_norm_placement(spec, config)
 
     experts = config.get("num_moe_experts") or None
     freq = config.get("moe_layer_freq", 1)
@@ -85,6 +94,27 @@ def default_layer_spec(config):
         moe, dense = one(experts), one(None)
         return block_spec(config, [moe if v else dense for v in freq])
     return one(experts)
+
+
+def with_norm_placement(layer_spec, config):
+    """``layer_spec`` with the config's norm placement (:data:`~pai_zoo.plugin.config_map.NORM_PLACEMENT`: pre,
+    post or sandwich, :mod:`pai_zoo.mcore.post_norm`) and q/k norms (:data:`~pai_zoo.plugin.config_map.QK_NORM`:
+    per head, or over the whole projection, :mod:`pai_zoo.mcore.projection_qk_norm`); as it is for the defaults."""
+    placement, qk_norm = config.get(NORM_PLACEMENT) or "pre", config.get(QK_NORM) or "head"
+    if qk_norm not in QK_NORMS or placement not in NORM_PLACEMENTS:
+        raise PaiZooError(f"{QK_NORM}={qk_norm!r} or {NORM_PLACEMENT}={placement!r}: the q/k norms are one of "
+                          f"{', '.join(QK_NORMS)}, the placement one of {', '.join(NORM_PLACEMENTS)}")
+    if qk_norm == "projection":
+        if not config.get("qk_layernorm", False):
+            raise PaiZooError(f"{QK_NORM}='projection' needs qk_layernorm (the q/k norms it places)")
+        from .projection_qk_norm import with_projection_qk_norm
+
+        layer_spec = with_projection_qk_norm(layer_spec)
+    if placement != "pre":
+        from .post_norm import with_norm_placement as place
+
+        layer_spec = place(layer_spec, placement)
+    return layer_spec
 
 
 def with_norm(layer_spec, norm):

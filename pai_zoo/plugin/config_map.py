@@ -67,6 +67,18 @@ ROPE_SCALING = CORE_KEY_PREFIX + "rope_scaling"
 #: ``"sqrt_hidden_size"``; :mod:`pai_zoo.mcore.embedding_scale` applies it. Absent: no scaling.
 EMBEDDING_SCALE = CORE_KEY_PREFIX + "embedding_scale"
 
+#: :attr:`McoreConfig.arch` key of where a layer's norms sit (:mod:`pai_zoo.mcore.post_norm`): ``"pre"`` (absent:
+#: megatron-core's input and pre-MLP norms), ``"post"`` (OLMo-2/3, EXAONE-4: no input norms, a norm on the attention
+#: output and one on the MLP output, before each residual add) or ``"sandwich"`` (Gemma-2/3: both).
+NORM_PLACEMENT = CORE_KEY_PREFIX + "norm_placement"
+NORM_PLACEMENTS = ("pre", "post", "sandwich")
+
+#: :attr:`McoreConfig.arch` key of what the q/k norms (``qk_layernorm``) norm over: ``"head"`` (absent: each head,
+#: megatron-core's) or ``"projection"`` (OLMo-2/3, OLMoE, MiniMax-M2: one RMSNorm over the whole query projection
+#: ``num_attention_heads * kv_channels`` and one over the keys'; :mod:`pai_zoo.mcore.projection_qk_norm`).
+QK_NORM = CORE_KEY_PREFIX + "qk_norm"
+QK_NORMS = ("head", "projection")
+
 
 @dataclass
 class McoreConfig:

@@ -6,21 +6,30 @@ p-th layer full: Gemma 3, Cohere 2, EXAONE 4) or nothing (the family's default p
 one window on every layer. megatron-core has both options: ``window_size`` ``[w - 1, 0]`` and
 ``window_attn_skip_freq``, a list with one flag per layer (1: windowed), read by the attention by its global layer
 number. :class:`LayerTypes` translates between the two, losslessly.
+
+Some families give each kind its own RoPE (Gemma 3: ``rope_parameters = {"full_attention": {...}, "sliding_attention":
+{...}}``, older configs ``rope_local_base_freq``). :class:`LayerRope` keeps the full layers' parameters where
+:class:`~pai_zoo.plugin.config_map.Rope` keeps them (``rotary_base``, the scaling) and every other kind's in
+``arch[LAYER_ROPE]``; :mod:`pai_zoo.mcore.layer_rope` gives those layers their own frequencies.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from .config_map import CORE_KEY_PREFIX, Rule
+from .config_map import CORE_KEY_PREFIX, Rope, Rule, attention_factor
 from .errors import ConfigTranslationError
 
-__all__ = ["FULL", "SLIDING", "LayerTypes", "layer_kinds", "pattern_types"]
+__all__ = ["FULL", "LAYER_ROPE", "SLIDING", "LayerRope", "LayerTypes", "layer_kinds", "pattern_types"]
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 SUPPORTED_KINDS = (SLIDING, FULL)
 
 #: arch key of the source config's ``sliding_window_pattern`` (kept to be written back as it was).
 PATTERN = CORE_KEY_PREFIX + "sliding_window_pattern"
+
+#: arch key of the RoPE parameters of the layer kinds other than the model's own: ``{kind: rope_parameters}``
+#: (transformers' per-kind dict, ``rope_theta`` included), read by :mod:`pai_zoo.mcore.layer_rope`.
+LAYER_ROPE = CORE_KEY_PREFIX + "layer_rope"
 
 
 def pattern_types(pattern: Any, num_layers: int) -> list[str]:
@@ -115,3 +124,93 @@ class LayerTypes(Rule):
             hf["layer_types"] = kinds
         if PATTERN in arch:
             hf["sliding_window_pattern"] = arch[PATTERN]
+
+
+def layer_kinds_of(arch: dict) -> list[str]:
+    """Each layer's kind: :func:`layer_kinds`, or one kind for every layer (sliding when ``window_size`` is set)."""
+    kinds = layer_kinds(arch)
+    if kinds is not None:
+        return kinds
+    return [SLIDING if arch.get("window_size") is not None else FULL] * arch["num_layers"]
+
+
+class LayerRope(Rule):
+    """Each layer kind's RoPE: transformers' ``rope_parameters`` keyed by kind (``{"full_attention": {...},
+    "sliding_attention": {...}}``), or the older flat layout (``rope_theta``, ``rope_scaling`` / flat
+    ``rope_parameters`` for the ``model_kind`` and a base per other kind in ``legacy_keys``, e.g. Gemma 3's
+    ``rope_local_base_freq``). A kind the config leaves out gets ``{"rope_type": "default", "rope_theta":
+    default_theta[kind]}``, as the family's config class fills it in.
+
+    The ``model_kind``'s parameters go through :class:`~pai_zoo.plugin.config_map.Rope` (``rotary_base``, the
+    scaling: the model's rotary embedding); the other kinds' stay as given in ``arch[LAYER_ROPE]``. Back to HF:
+    the per-kind dict (the layout transformers 5 writes). Every kind's RoPE type must be one :class:`Rope`
+    computes; a kind other than ``model_kind`` may not have a YaRN attention factor (it would scale the whole
+    model's attention) nor another ``partial_rotary_factor``.
+    """
+
+    def __init__(self, kinds: tuple[str, ...] = (FULL, SLIDING), model_kind: str = FULL,
+                 legacy_keys: dict[str, str] | None = None, default_theta: dict[str, float] | None = None):
+        self.kinds, self.model_kind = tuple(kinds), model_kind
+        self.legacy_keys = dict(legacy_keys or {})
+        self.default_theta = {kind: 10000.0 for kind in self.kinds} | dict(default_theta or {})
+        self.hf_keys = (*Rope.hf_keys, *self.legacy_keys.values())
+
+    def __repr__(self) -> str:
+        return f"LayerRope(kinds={self.kinds!r}, model_kind={self.model_kind!r}, legacy_keys={self.legacy_keys!r})"
+
+    def describe(self) -> str:
+        return (f"rope_parameters per layer kind -> {self.model_kind}: rotary_base, rotary_percent, scaling; "
+                f"the others: {LAYER_ROPE}")
+
+    def _per_kind(self, hf: dict) -> dict[str, dict]:
+        params = hf.get("rope_parameters")
+        if isinstance(params, dict) and any(isinstance(v, dict) for v in params.values()):
+            unknown = sorted(k for k in params if k not in self.kinds)
+            if unknown:
+                raise ConfigTranslationError(
+                    f"config.json's rope_parameters has {', '.join(map(repr, unknown))}; its keys must be layer "
+                    f"types: {', '.join(map(repr, self.kinds))}")
+            per = {kind: dict(value or {}) for kind, value in params.items()}
+        else:  # transformers 4's flat layout: the model kind's parameters and one base per other kind
+            flat = dict(params or hf.get("rope_scaling") or {})
+            if "rope_theta" in hf:
+                flat.setdefault("rope_theta", hf["rope_theta"])
+            per = {self.model_kind: flat} if flat else {}
+            for kind, key in self.legacy_keys.items():
+                if key in hf:
+                    per[kind] = {"rope_type": "default", "rope_theta": hf[key]}
+        for kind in self.kinds:
+            per.setdefault(kind, {}).setdefault("rope_type", "default")
+            per[kind].setdefault("rope_theta", self.default_theta[kind])
+        return per
+
+    def to_mcore(self, hf: dict, arch: dict) -> None:
+        per = self._per_kind(hf)
+        partial = hf.get("partial_rotary_factor")
+        Rope().to_mcore({"rope_parameters": per[self.model_kind], "partial_rotary_factor": partial}, arch)
+        model_partial = arch.get("rotary_percent", 1.0)
+        others = {}
+        for kind in self.kinds:
+            if kind == self.model_kind:
+                continue
+            own: dict = {}
+            try:
+                Rope().to_mcore({"rope_parameters": per[kind], "partial_rotary_factor": partial}, own)
+            except ConfigTranslationError as error:
+                raise ConfigTranslationError(f"rope_parameters[{kind!r}]: {error}") from None
+            if own.get("rotary_percent", 1.0) != model_partial:
+                raise ConfigTranslationError(
+                    f"rope_parameters[{kind!r}] has partial_rotary_factor={own.get('rotary_percent', 1.0)}, the "
+                    f"{self.model_kind!r} layers {model_partial}; pai-zoo needs one rotary width for all layers")
+            if attention_factor(per[kind]) != 1.0:
+                raise ConfigTranslationError(
+                    f"rope_parameters[{kind!r}] has a YaRN attention factor of {attention_factor(per[kind]):g}; "
+                    f"pai-zoo folds it into the attention scale of every layer, so only {self.model_kind!r}'s may")
+            others[kind] = per[kind]
+        arch[LAYER_ROPE] = others
+
+    def to_hf(self, arch: dict, hf: dict) -> None:
+        model: dict = {}
+        Rope().to_hf(arch, model)
+        per = {self.model_kind: model["rope_parameters"], **arch.get(LAYER_ROPE, {})}
+        hf["rope_parameters"] = {kind: per[kind] for kind in sorted(per, key=lambda k: k != SLIDING)}

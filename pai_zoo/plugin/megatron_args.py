@@ -249,7 +249,8 @@ ARCH_DEFAULTS = {"add_qkv_bias": False, "add_bias_linear": True, "qk_layernorm":
                  "layernorm_zero_centered_gamma": False, "normalization": "LayerNorm", "gated_linear_unit": False,
                  "activation_func": "gelu", "position_embedding_type": "learned_absolute", "rotary_percent": 1.0,
                  "rotary_base": 10000, "share_embeddings_and_output_weights": False, "layernorm_epsilon": 1e-5,
-                 "window_size": None, ROPE_SCALING: None, NORM_PLACEMENT: "pre", QK_NORM: "head", "rotary_interleaved": False, "num_moe_experts": None,
+                 "window_size": None, ROPE_SCALING: None, NORM_PLACEMENT: "pre", QK_NORM: "head",
+                 "rotary_interleaved": False, "num_moe_experts": None,
                  **{k: v for k, v in MOE_ARGS.items() if k != "moe_ffn_hidden_size"},
                  "moe_router_topk_scaling_factor": 1.0}
 

@@ -7,7 +7,12 @@ Gemma is the Llama layout with a GeLU-tanh gated MLP, RMSNorms that scale by ``1
 the attention and MLP outputs: :mod:`pai_zoo.mcore.post_norm`), the attention scale
 ``query_pre_attn_scalar ** -0.5`` (megatron-core's ``softmax_scale``), sliding-window attention on the layers
 ``layer_types`` names (megatron-core's ``window_size`` and per-layer ``window_attn_skip_freq``), and soft-capped
-attention scores and final logits (:mod:`pai_zoo.mcore.softcap`).
+attention scores and final logits (:mod:`pai_zoo.mcore.softcap`). Gemma 3 (``Gemma3ForCausalLM``, the text model)
+is Gemma-2 with per-head q/k RMSNorms (zero-centred like the others: megatron-core's ``qk_layernorm``), no
+attention soft-cap (transformers' Gemma 3 ignores ``attn_logit_softcapping``: refused unless null), an optional final
+one, every sixth layer full by default, and each layer kind's own RoPE (full layers: base 1,000,000, often
+linearly scaled; sliding layers: base 10,000): :class:`pai_zoo.plugin.layer_pattern.LayerRope` and
+:mod:`pai_zoo.mcore.layer_rope`.
 """
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ from pai_zoo import (
     Family,
     Field,
     Fixed,
+    FixedIfPresent,
     Rope,
     Rule,
     WeightMap,
@@ -25,9 +31,9 @@ from pai_zoo import (
 )
 from pai_zoo.config_map import EMBEDDING_SCALE, FAMILY_KEY_PREFIX
 from pai_zoo.layouts import llama_layout, llama_shape_rules
-from pai_zoo.plugin.layer_pattern import LayerTypes
+from pai_zoo.plugin.layer_pattern import FULL, SLIDING, LayerRope, LayerTypes
 
-from .presets import GEMMA2_PRESETS, GEMMA_PRESETS
+from .presets import GEMMA2_PRESETS, GEMMA3_PRESETS, GEMMA_PRESETS
 from .tokenizer_files import write_gemma_tokenizer
 
 #: arch keys of the Gemma-2 switches megatron-core has no field for (read by the layer spec and model class).
@@ -56,17 +62,44 @@ class QueryPreAttnScalar(Rule):
         return "query_pre_attn_scalar q -> softmax_scale q ** -0.5"
 
 
-def _config_rules(*family_rules: Rule, hf_fixed: dict, passthrough: tuple[str, ...] = ()) -> ConfigMap:
+class NotBidirectional(Rule):
+    """``use_bidirectional_attention`` (transformers' switch to non-causal attention, for embedding models) absent,
+    null or false: kept as it was (the round trip writes back what the source had)."""
+
+    hf_keys = ("use_bidirectional_attention",)
+    KEY = FAMILY_KEY_PREFIX + "use_bidirectional_attention"
+
+    def to_mcore(self, hf: dict, arch: dict) -> None:
+        if "use_bidirectional_attention" not in hf:
+            return
+        value = hf["use_bidirectional_attention"]
+        if value not in (None, False):
+            raise ConfigTranslationError(f"config.json has use_bidirectional_attention={value!r}; pai-zoo's Gemma "
+                                         "models are causal language models (set it to false)")
+        arch[self.KEY] = value
+
+    def to_hf(self, arch: dict, hf: dict) -> None:
+        if self.KEY in arch:
+            hf["use_bidirectional_attention"] = arch[self.KEY]
+
+    def describe(self) -> str:
+        return "use_bidirectional_attention absent, null or false (causal attention)"
+
+
+def _config_rules(*family_rules: Rule, hf_fixed: dict, passthrough: tuple[str, ...] = (), rope: Rule | None = None,
+                  bidirectional: Rule | None = None) -> ConfigMap:
     """Gemma's shape fields (``head_dim`` required: it is not hidden / heads in every size) and ``family_rules``,
     then the GeLU-tanh gated MLP, bias-free zero-centred RMSNorm and the embedding scale."""
     return ConfigMap(
         *llama_shape_rules(tie_default=True),
         Field("attention_dropout", "attention_dropout", default=0.0),
-        Rope(),
+        rope or Rope(),
         *family_rules,
+        *([bidirectional] if bidirectional else []),
         Fixed(
             # use_bidirectional_attention: transformers' switch to non-causal attention (embedding models)
-            hf={"attention_bias": False, "use_bidirectional_attention": None, **hf_fixed},
+            hf={"attention_bias": False, **({} if bidirectional else {"use_bidirectional_attention": None}),
+                **hf_fixed},
             mcore={"gated_linear_unit": True, "activation_func": "gelu_tanh", "normalization": "RMSNorm",
                    "add_bias_linear": False, "add_qkv_bias": False, "layernorm_zero_centered_gamma": True,
                    EMBEDDING_SCALE: "sqrt_hidden_size"},
@@ -92,6 +125,22 @@ GEMMA2_CONFIG = _config_rules(
     hf_fixed={"hidden_activation": "gelu_pytorch_tanh", "hidden_act": "gelu_pytorch_tanh"},
 )
 
+GEMMA3_CONFIG = _config_rules(
+    QueryPreAttnScalar(),
+    LayerTypes(default_pattern=6, default_window=4096, family="Gemma 3"),  # Gemma3TextConfig's defaults
+    FixedIfPresent("attn_logit_softcapping", None,
+                   reason="transformers' Gemma3ForCausalLM does not apply it (its attention never reads the "
+                          "field), and no published Gemma 3 sets it"),
+    Field("final_logit_softcapping", FINAL_SOFTCAP, default=None),
+    Fixed(mcore={POST_NORMS: True, "qk_layernorm": True}),
+    rope=LayerRope(kinds=(FULL, SLIDING), model_kind=FULL, legacy_keys={SLIDING: "rope_local_base_freq"},
+                   default_theta={FULL: 1_000_000.0, SLIDING: 10_000.0}),
+    bidirectional=NotBidirectional(),
+    hf_fixed={"hidden_activation": "gelu_pytorch_tanh"},
+    # _sliding_window_pattern: Gemma3TextConfig's record of the pattern that layer_types came from (read by nothing)
+    passthrough=("_sliding_window_pattern",),
+)
+
 L, M = "model.layers.{layer}.", "decoder.layers.{layer}."
 
 
@@ -107,6 +156,11 @@ def weights(config) -> WeightMap:
             Copy(L + "post_attention_layernorm.weight", M + "self_attention.linear_proj.post_layernorm.weight"),
             Copy(L + "pre_feedforward_layernorm.weight", M + "pre_mlp_layernorm.weight"),
             Copy(L + "post_feedforward_layernorm.weight", M + "mlp.linear_fc2.post_layernorm.weight"),
+        ]
+    if config.get("qk_layernorm"):  # Gemma 3's per-head q/k norms
+        rows += [
+            Copy(L + "self_attn.q_norm.weight", M + "self_attention.q_layernorm.weight"),
+            Copy(L + "self_attn.k_norm.weight", M + "self_attention.k_layernorm.weight"),
         ]
     return WeightMap(*rows)
 
@@ -173,6 +227,24 @@ GEMMA2 = Family(
 )
 
 
+GEMMA3 = Family(
+    name="gemma3",
+    aliases=("gemma-3", "gemma3_text"),
+    hf_architectures=("Gemma3ForCausalLM",),
+    model_types=("gemma3_text",),
+    presets=GEMMA3_PRESETS,
+    tiny="gemma3-tiny",
+    odd="gemma3-odd",
+    config_map=GEMMA3_CONFIG,
+    weight_map=weights,
+    layer_spec=layer_spec,
+    model_class=model_class,
+    test_tokenizer=write_gemma_tokenizer,
+    backends=("local",),
+    description="Gemma 3 text (Gemma3ForCausalLM: gemma-3-1b; the text model of gemma-3-4b, -12b, -27b)",
+)
+
+
 @hookimpl
 def pai_zoo_families():
-    return [GEMMA, GEMMA2]
+    return [GEMMA, GEMMA2, GEMMA3]

@@ -129,6 +129,9 @@ MIXTRAL = Family(
 )
 
 
+from .ministral3 import MINISTRAL3  # noqa: E402 (after the shared helpers above)
+
+
 @hookimpl
 def pai_zoo_families():
-    return [LLAMA, MIXTRAL]
+    return [LLAMA, MIXTRAL, MINISTRAL3]
