@@ -13,6 +13,7 @@ from ..families.family import Family
 from ..plugin.config_map import CORE_KEY_PREFIX, FAMILY_KEY_PREFIX, GPT_MODEL_ARGS, McoreConfig
 from . import import_megatron, quiet_megatron
 from .alibi import ALIBI, with_alibi
+from .biased_experts import expert_tensor_parallel_size
 from .embedding_scale import apply_embedding_scale
 from .layer_rope import apply_layer_rope
 from .mtp import mtp_block_spec, mtp_layers_of
@@ -59,6 +60,8 @@ def transformer_config(config: McoreConfig, dtype: torch.dtype = torch.float32, 
             raise ValueError(f"unknown activation_func {act!r}; known: {sorted(ACTIVATIONS)}")
         kwargs["activation_func"] = ACTIVATIONS[act]
     kwargs["params_dtype"] = kwargs["pipeline_dtype"] = dtype
+    if expert_tensor_parallel_size(config) is not None:  # biased experts: megatron-core allows ETP 1 only
+        kwargs["expert_tensor_parallel_size"] = expert_tensor_parallel_size(config)
     kwargs["bf16"] = dtype == torch.bfloat16
     kwargs["fp16"] = dtype == torch.float16
     if not torch.cuda.is_available():
