@@ -92,7 +92,15 @@ def mcore_generate(
                 if all(done):
                     break
                 seen = length + step + 1  # tokens in the sequence after this one
-                if use_cache:
+                if use_cache and seen - 1 == getattr(model, "recompute_cache_at", None):
+                    # LongRoPE (pai_zoo.mcore.rope): as transformers' Phi-3, run the whole sequence again, from here
+                    # on with the long factors, into a new cache
+                    ids = torch.cat([ids, token[:, None]], dim=1)
+                    context = KVCache(batch, total)
+                    out = model(ids, positions[..., :seen], prefill_mask(keep[:, :seen]), inference_context=context,
+                                runtime_gather_output=True)
+                elif use_cache:
+                    ids = torch.cat([ids, token[:, None]], dim=1)
                     context.sequence_len_offset = seen - 1
                     context.enable_decode_mode()
                     out = model(

@@ -18,6 +18,7 @@ from .embedding_scale import apply_embedding_scale
 from .layer_rope import apply_layer_rope
 from .mtp import mtp_block_spec, mtp_layers_of
 from .multimodal import attach_vision_tower, vision_language_class
+from .multipliers import apply_logits_scale, residual_scale, with_residual_scale
 from .rope import set_inverse_frequencies, softmax_scale
 from .specs import layer_spec_for, stage_spec, with_sequence_parallel_norms
 
@@ -156,6 +157,8 @@ def build_gpt_model(
         spec = with_alibi(spec)
     if transformer_impl == "local":
         spec = with_inference_path(spec)  # pai-zoo's KV cache and inference linears (pai_zoo.mcore.inference)
+    if residual_scale(config) is not None:  # Granite's residual multiplier (pai_zoo.mcore.multipliers)
+        spec = with_residual_scale(spec, residual_scale(config))
     if tconfig.mtp_num_layers:
         mtp_spec = mtp_block_spec(config, tconfig, spec, transformer_impl, vp_stage)
         if mtp_spec is not None:
@@ -177,6 +180,7 @@ def build_gpt_model(
     if family.vision is not None:
         attach_vision_tower(model, family, config, tconfig)
     use_inference_output_layer(model)
+    apply_logits_scale(model, config)  # Granite's logits divisor (pai_zoo.mcore.multipliers)
     apply_embedding_scale(model, config)
     model = model.to(dtype)
     set_inverse_frequencies(model, config)  # float32, like megatron-core's own

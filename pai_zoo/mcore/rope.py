@@ -14,7 +14,16 @@ transformers' ``rope_parameters`` in ``McoreConfig.arch[ROPE_SCALING]`` instead,
 * :func:`softmax_scale` folds YaRN's attention factor ``m`` (which transformers multiplies into
   cos and sin) into the ``TransformerConfig``'s ``softmax_scale``: with every channel rotated,
   ``(m q_rot) . (m k_rot) = m^2 (q_rot . k_rot)``. (The ``Rope`` rule refuses YaRN with an
-  attention factor on partially rotated heads.)
+  attention factor on partially rotated heads.) LongRoPE's attention factor likewise, at every length;
+* LongRoPE (``longrope``: Phi-3) has two sets of frequencies, from ``short_factor`` and ``long_factor``;
+  transformers uses the long ones in a forward whose running length ``max(position_ids) + 1`` exceeds
+  ``original_max_position_embeddings``. The model's ``RotaryEmbedding`` becomes a subclass that chooses
+  so at every forward (a forward pre-hook of the model reads the position ids; without them the rotary
+  length decides), bypassing megatron-core's ``lru_cache``. transformers' Phi-3 generation drops its cache
+  when the sequence first exceeds ``original_max_position_embeddings`` and runs it whole again (every key,
+  in every layer, then from the long factors); the model's ``recompute_cache_at`` tells pai-zoo's
+  generation loop to do the same.
+
 
 Every pipeline stage and tensor-parallel rank builds its model through ``build_gpt_model``, and so
 does loading a checkpoint (``pai_zoo.json`` keeps the parameters): all see the same frequencies.
@@ -24,10 +33,11 @@ attribute of megatron-core's ``RotaryEmbedding`` in 0.16 and 0.19 (not in the st
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
-from ..plugin.config_map import MCORE_LLAMA3_SCALING, ROPE_SCALING, McoreConfig, attention_factor
+from ..plugin.config_map import LONGROPE, MCORE_LLAMA3_SCALING, ROPE_SCALING, McoreConfig, attention_factor
 
 __all__ = [
     "inverse_frequencies", "inverse_frequencies_of", "megatron_lm_rope_scaling", "set_inverse_frequencies",
@@ -66,6 +76,8 @@ def inverse_frequencies_of(base: float, dim: int, scaling: dict[str, Any] | None
         return _llama3(1.0 / (base ** exponents), scaling)
     if rope_type == "yarn":
         return _yarn(base, dim, scaling)
+    if rope_type == "longrope":  # the short factors; see longrope_frequencies
+        return 1.0 / (torch.tensor(scaling["short_factor"], dtype=torch.float32, device="cpu") * base ** exponents)
     raise ValueError(f"{ROPE_SCALING}: rope_type {rope_type!r} has no frequencies here")
 
 
@@ -114,6 +126,8 @@ def softmax_scale(config: McoreConfig) -> float | None:
     (``m^2`` times the config's scale, by default ``1/sqrt(kv_channels)``), or ``None`` to leave it."""
     scaling = config.get(ROPE_SCALING)
     m = attention_factor(scaling) if scaling else 1.0
+    if config.get(LONGROPE):  # LongRoPE's, at every length (transformers multiplies it into cos and sin)
+        m = float(config[LONGROPE]["attention_factor"])
     if m == 1.0:
         return None
     base = config.get("softmax_scale") or 1.0 / math.sqrt(config.kv_channels)
@@ -138,6 +152,60 @@ def set_inverse_frequencies(model, config: McoreConfig) -> None:
     cache_clear = getattr(type(rotary).forward, "cache_clear", None)  # forward is an lru_cache in 0.16 and 0.19
     if cache_clear is not None:
         cache_clear()
+    if config.get(LONGROPE):
+        _switch_by_length(model, rotary, config)
+
+
+def longrope_frequencies(config: McoreConfig):
+    """LongRoPE's float32 CPU inverse frequencies ``(short, long)``: ``1 / (factors * base ** (2i / dim))`` with
+    ``short_factor`` and ``long_factor``, as transformers' ``_compute_longrope_parameters``."""
+    import torch
+
+    scaling, dim = config[ROPE_SCALING], rotary_dim(config)
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").to(dtype=torch.float) / dim
+    base = config["rotary_base"]
+    return tuple(1.0 / (torch.tensor(scaling[key], dtype=torch.float32, device="cpu") * base ** exponents)
+                 for key in ("short_factor", "long_factor"))
+
+
+@functools.cache
+def _longrope_class(base: type) -> type:
+    """``base`` (megatron-core's ``RotaryEmbedding``) whose frequencies are the long ones when the running length
+    exceeds ``original_max_position_embeddings``, the short ones otherwise, chosen at every forward."""
+
+    def forward(self, max_seq_len, *args, **kwargs):
+        length = self.longrope_length if self.longrope_length is not None else max_seq_len
+        key = "longrope_long" if length > self.longrope_original else "longrope_short"
+        freqs = getattr(self, key)
+        if freqs.device != self.inv_freq.device:  # megatron-core moves inv_freq to the GPU on first use
+            freqs = freqs.to(self.inv_freq.device)
+            setattr(self, key, freqs)
+        self.inv_freq = freqs
+        return base.forward.__wrapped__(self, max_seq_len, *args, **kwargs)  # not the lru_cache: it keys on length
+
+    doc = f"megatron-core's ``{base.__name__}`` with LongRoPE's factors chosen by the running length."
+    return type(f"LongRope{base.__name__}", (base,), {"forward": forward, "__doc__": doc})
+
+
+def _switch_by_length(model, rotary, config: McoreConfig) -> None:
+    """Make ``rotary`` choose LongRoPE's factors per forward as transformers' ``longrope_frequency_update``: the
+    long ones when ``max(position_ids) + 1`` (the running length; a forward pre-hook of ``model`` reads the
+    position ids) exceeds ``original_max_position_embeddings``. Without position ids, the rotary length decides."""
+    import torch
+
+    short, long = longrope_frequencies(config)
+    rotary.__class__ = _longrope_class(type(rotary))
+    device = rotary.inv_freq.device
+    rotary.longrope_short, rotary.longrope_long = short.to(device), long.to(device)
+    rotary.longrope_original = int(config[LONGROPE]["original_max_position_embeddings"])
+    rotary.longrope_length = None
+
+    def hook(module, args, kwargs):
+        ids = kwargs.get("position_ids", args[1] if len(args) > 1 else None)
+        rotary.longrope_length = int(ids.max()) + 1 if isinstance(ids, torch.Tensor) and ids.numel() else None
+
+    model.register_forward_pre_hook(hook, with_kwargs=True)
+    model.recompute_cache_at = rotary.longrope_original  # pai_zoo.generation's loop re-runs the sequence there
 
 
 def megatron_lm_rope_scaling(config: McoreConfig) -> tuple[bool, float]:

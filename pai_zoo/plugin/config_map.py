@@ -63,9 +63,23 @@ CORE_KEY_PREFIX = "pai_zoo."
 #: :mod:`pai_zoo.mcore.rope` computes the inverse frequencies (and YaRN's attention factor) from it.
 ROPE_SCALING = CORE_KEY_PREFIX + "rope_scaling"
 
+#: :attr:`McoreConfig.arch` key of LongRoPE's resolved values (``{"original_max_position_embeddings": o,
+#: "attention_factor": a}``: ``o`` the top-level key where a config has one, as transformers prefers it, and ``a``
+#: given or derived from ``factor``, itself ``max_position_embeddings / o`` when absent), beside the
+#: :data:`ROPE_SCALING` parameters as given; :mod:`pai_zoo.mcore.rope` switches the factors by them.
+LONGROPE = CORE_KEY_PREFIX + "longrope"
+
 #: :attr:`McoreConfig.arch` key of a word-embedding multiplier (Gemma's ``sqrt(hidden_size)``): a number, or
 #: ``"sqrt_hidden_size"``; :mod:`pai_zoo.mcore.embedding_scale` applies it. Absent: no scaling.
 EMBEDDING_SCALE = CORE_KEY_PREFIX + "embedding_scale"
+
+#: :attr:`McoreConfig.arch` key of a multiplier of the attention and MLP outputs before each residual add (Granite's
+#: ``residual_multiplier``): a number; :mod:`pai_zoo.mcore.multipliers` applies it. Absent: none.
+RESIDUAL_SCALE = CORE_KEY_PREFIX + "residual_scale"
+
+#: :attr:`McoreConfig.arch` key of a divisor of the output logits (Granite's ``logits_scaling``: logits / s): a
+#: number; :mod:`pai_zoo.mcore.multipliers` applies it. Absent: none.
+LOGITS_SCALE = CORE_KEY_PREFIX + "logits_scale"
 
 #: :attr:`McoreConfig.arch` key of where a layer's norms sit (:mod:`pai_zoo.mcore.post_norm`): ``"pre"`` (absent:
 #: megatron-core's input and pre-MLP norms), ``"post"`` (OLMo-2/3, EXAONE-4: no input norms, a norm on the attention
@@ -324,14 +338,13 @@ SCALED_ROPE_TYPES = {
     "linear": ("factor",),
     "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
     "yarn": ("factor", "original_max_position_embeddings"),
+    "longrope": ("short_factor", "long_factor"),
 }
 
 #: transformers' RoPE types (``ROPE_INIT_FUNCTIONS``) that a megatron-core model cannot compute, and why.
 _UNSUPPORTED_ROPE = {
     "dynamic": "dynamic NTK scaling recomputes the frequencies from the running sequence length once it exceeds "
                "max_position_embeddings; megatron-core's rotary frequencies are fixed when the model is built",
-    "longrope": "LongRoPE switches between short_factor and long_factor frequencies with the running sequence "
-                "length; megatron-core's rotary frequencies are fixed when the model is built",
     "proportional": "proportional RoPE pairs channel i with i + head_dim/2 across the whole head; megatron-core "
                     "rotates the first rotary_percent of the channels as pairs",
 }
@@ -354,16 +367,47 @@ def attention_factor(scaling: dict[str, Any]) -> float:
     return get_mscale(factor)
 
 
+def _longrope(hf: dict, params: dict, partial) -> dict[str, Any]:
+    """LongRoPE's resolved values (:data:`LONGROPE`) as transformers' ``_compute_longrope_parameters`` derives them;
+    factor lists of the wrong length, or an attention factor on partially rotated heads, refused."""
+    original = hf.get("original_max_position_embeddings") or params.get("original_max_position_embeddings") \
+        or hf.get("max_position_embeddings")
+    if isinstance(original, bool) or not isinstance(original, int) or original < 1:
+        raise ConfigTranslationError(f"rope_parameters.original_max_position_embeddings={original!r}: LongRoPE needs "
+                                     "the pretraining length, a positive integer")
+    head_dim = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
+    dim = int(head_dim * (1.0 if partial is None else partial))
+    for key in ("short_factor", "long_factor"):
+        values = params[key]
+        if (not isinstance(values, (list, tuple)) or len(values) != dim // 2
+                or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in values)):
+            raise ConfigTranslationError(f"rope_parameters.{key} must be {dim // 2} numbers (one per rotated channel "
+                                         f"pair of the {dim} rotated channels), not {values!r}")
+    factor = params.get("factor")
+    if factor is None:
+        factor = hf["max_position_embeddings"] / original
+    scale = params.get("attention_factor")
+    if scale is None:
+        scale = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    if partial is not None and float(partial) < 1.0 and scale != 1.0:
+        raise ConfigTranslationError(
+            f"rope_parameters: LongRoPE's attention factor {scale:g} scales the rotated channels only, and "
+            f"partial_rotary_factor={partial} leaves some unrotated; pai-zoo applies the factor to the whole attention "
+            "score (softmax_scale), which is exact only when every channel is rotated")
+    return {"original_max_position_embeddings": original, "attention_factor": float(scale)}
+
+
 @dataclass
 class Rope(Rule):
     """Rotary embeddings from transformers' ``rope_parameters`` (theta, type, scaling, partial rotary).
 
     ``rope_theta`` -> ``rotary_base`` and ``partial_rotary_factor`` -> ``rotary_percent``. A scaled
     RoPE (``linear`` position interpolation, ``llama3`` with any factors, ``yarn`` with its attention
-    factor) keeps the other parameters as given in ``arch[ROPE_SCALING]``, so the round trip is
-    lossless; building the model computes the frequencies from them as transformers does
-    (:mod:`pai_zoo.mcore.rope`). ``dynamic``, ``longrope`` and ``proportional`` cannot be
-    computed by a megatron-core model and are refused with the reason, as are unknown types.
+    factor, ``longrope`` with its short and long factors) keeps the other parameters as given in
+    ``arch[ROPE_SCALING]``, so the round trip is lossless; building the model computes the frequencies from
+    them as transformers does (:mod:`pai_zoo.mcore.rope`; LongRoPE's resolved values in ``arch[LONGROPE]``).
+    ``dynamic`` and ``proportional`` cannot be computed by a megatron-core model and are refused with the
+    reason, as are unknown types.
     """
 
     hf_keys: tuple[str, ...] = ("rope_parameters", "rope_theta", "rope_scaling", "partial_rotary_factor")
@@ -391,6 +435,8 @@ class Rope(Rule):
             if params.get(key) is None:
                 raise ConfigTranslationError(f"rope_parameters.{key} is missing: rope_type {rope_type!r} needs it")
         scaling = {k: v for k, v in params.items() if k not in ("rope_theta", "partial_rotary_factor")}
+        if rope_type == "longrope":
+            arch[LONGROPE] = _longrope(hf, params, partial)
         if rope_type == "yarn" and partial is not None and float(partial) < 1.0:
             factor = attention_factor(scaling)
             if factor != 1.0:
@@ -401,7 +447,7 @@ class Rope(Rule):
         arch[ROPE_SCALING] = scaling
 
     def describe(self) -> str:
-        return f"rope_parameters -> rotary_base, rotary_percent, {ROPE_SCALING} (linear, llama3, yarn)"
+        return f"rope_parameters -> rotary_base, rotary_percent, {ROPE_SCALING} (linear, llama3, yarn, longrope)"
 
     def to_hf(self, arch: dict, hf: dict) -> None:
         params: dict[str, Any] = {"rope_theta": arch.get("rotary_base", 10000.0)}
