@@ -14,11 +14,13 @@ from ..plugin.config_map import CORE_KEY_PREFIX, FAMILY_KEY_PREFIX, GPT_MODEL_AR
 from . import import_megatron, quiet_megatron
 from .alibi import ALIBI, with_alibi
 from .biased_experts import expert_tensor_parallel_size
+from .chunked_attention import with_chunked_attention
 from .embedding_scale import apply_embedding_scale
 from .layer_rope import apply_layer_rope
 from .mtp import mtp_block_spec, mtp_layers_of
 from .multimodal import attach_vision_tower, vision_language_class
 from .multipliers import apply_logits_scale, residual_scale, with_residual_scale
+from .query_scale import attach_position_ids, with_query_scale
 from .rope import set_inverse_frequencies, softmax_scale
 from .specs import layer_spec_for, stage_spec, with_sequence_parallel_norms
 
@@ -155,6 +157,7 @@ def build_gpt_model(
     if gpt_args.get("position_embedding_type") == ALIBI:  # no position embedding; a bias in every attention
         gpt_args["position_embedding_type"] = "none"
         spec = with_alibi(spec)
+    spec = with_query_scale(with_chunked_attention(spec, config), config)  # core attention mechanisms, per layer
     if transformer_impl == "local":
         spec = with_inference_path(spec)  # pai-zoo's KV cache and inference linears (pai_zoo.mcore.inference)
     if residual_scale(config) is not None:  # Granite's residual multiplier (pai_zoo.mcore.multipliers)
@@ -181,6 +184,7 @@ def build_gpt_model(
         attach_vision_tower(model, family, config, tconfig)
     use_inference_output_layer(model)
     apply_logits_scale(model, config)  # Granite's logits divisor (pai_zoo.mcore.multipliers)
+    attach_position_ids(model)  # for a query scale by position ids (pai_zoo.mcore.query_scale)
     apply_embedding_scale(model, config)
     model = model.to(dtype)
     set_inverse_frequencies(model, config)  # float32, like megatron-core's own

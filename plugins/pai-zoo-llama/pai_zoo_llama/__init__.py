@@ -129,9 +129,10 @@ MIXTRAL = Family(
 )
 
 
-from .ministral3 import MINISTRAL3  # noqa: E402 (after the shared helpers above)
+from .llama4 import LLAMA4  # noqa: E402 (after the shared helpers above)
+from .ministral3 import MINISTRAL3  # noqa: E402
 
 
 @hookimpl
 def pai_zoo_families():
-    return [LLAMA, MIXTRAL, MINISTRAL3]
+    return [LLAMA, MIXTRAL, LLAMA4, MINISTRAL3]
