@@ -24,7 +24,6 @@ transformers' ``rope_parameters`` in ``McoreConfig.arch[ROPE_SCALING]`` instead,
   in every layer, then from the long factors); the model's ``recompute_cache_at`` tells pai-zoo's
   generation loop to do the same.
 
-
 Every pipeline stage and tensor-parallel rank builds its model through ``build_gpt_model``, and so
 does loading a checkpoint (``pai_zoo.json`` keeps the parameters): all see the same frequencies.
 pai-zoo's KV-cache inference path rotates with the angles ``GPTModel`` passes down and attends with
@@ -40,8 +39,8 @@ from typing import Any
 from ..plugin.config_map import LONGROPE, MCORE_LLAMA3_SCALING, ROPE_SCALING, McoreConfig, attention_factor
 
 __all__ = [
-    "inverse_frequencies", "inverse_frequencies_of", "megatron_lm_rope_scaling", "set_inverse_frequencies",
-    "softmax_scale",
+    "inverse_frequencies", "inverse_frequencies_of", "longrope_frequencies", "megatron_lm_rope_scaling",
+    "set_inverse_frequencies", "softmax_scale",
 ]
 
 
