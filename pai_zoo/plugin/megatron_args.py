@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from .config_map import MCORE_LLAMA3_SCALING, NORM_PLACEMENT, QK_NORM, ROPE_SCALING, ConfigMap, Field, Rule
+from .config_map import LONGROPE, MCORE_LLAMA3_SCALING, NORM_PLACEMENT, QK_NORM, ROPE_SCALING, ConfigMap, Field, Rule
 from .errors import ConfigTranslationError
 
 #: Megatron-LM's own default for a field the args omit (older Megatron-LM versions).
@@ -69,6 +69,8 @@ class _RopeScaling(Rule):
     def to_mcore(self, args: dict, arch: dict) -> None:
         if args.get("pai_zoo_rope_scaling"):  # written by pai-zoo for a scaling no Megatron-LM flag reproduces
             arch[ROPE_SCALING] = dict(args["pai_zoo_rope_scaling"])
+            if args.get("pai_zoo_longrope"):  # LongRoPE's resolved switch length and attention factor
+                arch[LONGROPE] = dict(args["pai_zoo_longrope"])
         elif args.get("use_rope_scaling"):
             arch[ROPE_SCALING] = {"rope_type": "llama3", "factor": float(args.get("rope_scaling_factor") or 8.0),
                                   **MCORE_LLAMA3_SCALING}
@@ -88,6 +90,8 @@ class _RopeScaling(Rule):
             args["rotary_seq_len_interpolation_factor"] = float(scaling["factor"])
         elif kind:
             args["pai_zoo_rope_scaling"] = dict(scaling)  # no Megatron-LM flag reproduces it
+            if arch.get(LONGROPE):
+                args["pai_zoo_longrope"] = dict(arch[LONGROPE])
 
 
 @dataclass

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from pai_zoo import ConfigMap, Copy, Family, Field, GateUp, Require, Rope, WeightMap, hookimpl
 from pai_zoo.config_map import EMBEDDING_SCALE, LOGITS_SCALE, RESIDUAL_SCALE
-from pai_zoo.layouts import HF_LAYER, MCORE_LAYER, llama_config_rules, llama_layout, qkv_bias
+from pai_zoo.layouts import HF_LAYER, MCORE_LAYER, llama_config_rules, llama_layout, moe_config_rules, qkv_bias
+from pai_zoo.tables.mapping import StackedExperts, on_layers
 
-from .presets import PRESETS
+from .presets import MOE_PRESETS, PRESETS
 
 
 def _positive(name: str):
@@ -89,6 +90,55 @@ GRANITE = Family(
 )
 
 
+# -- GraniteMoE ---------------------------------------------------------------------------------------------------
+MOE_CONFIG = ConfigMap(
+    *llama_config_rules(
+        Field("attention_dropout", "attention_dropout", default=0.0),
+        Rope(),
+        *multiplier_rules(),
+        # the router: softmax over the top-k logits (megatron-core's top-k then softmax); experts of intermediate_size
+        *moe_config_rules("num_local_experts", expert_ffn=None, norm_topk=None),
+        head_dim=None,
+        tie_default=False,
+        hf_fixed={"attention_bias": False},  # megatron-core's one linear-bias switch would give the experts biases
+        mcore_fixed={"add_bias_linear": False, "add_qkv_bias": False},
+    ),
+    passthrough=("output_router_logits",),  # whether transformers returns the router logits: no effect on logits
+)
+
+
+def moe_weights(config) -> WeightMap:
+    """The Llama table with GraniteMoE's mixture of experts as saved (``block_sparse_moe.``): the router
+    ``router.layer.weight`` and every expert stacked in one tensor, ``input_linear`` ``[E, 2 * ffn, hidden]``
+    (``[gate; up]`` per expert, megatron's ``linear_fc1``) and ``output_linear`` ``[E, hidden, ffn]``."""
+    experts = config["num_moe_experts"]
+    hf, mc = L + "block_sparse_moe.", M + "mlp."
+    E = mc + "experts.local_experts.{expert}."
+    mlp = on_layers(
+        "moe",
+        Copy(hf + "router.layer.weight", mc + "router.weight"),
+        StackedExperts(hf + "input_linear.weight", E + "linear_fc1.weight", experts, transposed=False),
+        StackedExperts(hf + "output_linear.weight", E + "linear_fc2.weight", experts, transposed=False),
+    )
+    return WeightMap(*llama_layout(mlp=mlp))
+
+
+GRANITEMOE = Family(
+    name="granitemoe",
+    aliases=("granite-moe",),
+    hf_architectures=("GraniteMoeForCausalLM",),
+    model_types=("granitemoe",),
+    presets=MOE_PRESETS,
+    tiny="granitemoe-tiny",
+    odd="granitemoe-odd",
+    config_map=MOE_CONFIG,
+    weight_map=moe_weights,
+    test_tokenizer=_write_toy_tokenizer,
+    description="IBM Granite 3.x MoE (GraniteMoeForCausalLM: granite-3.0-1b-a400m, 3b-a800m; the Granite "
+                "multipliers, top-k softmax router, stacked experts)",
+)
+
+
 @hookimpl
 def pai_zoo_families():
-    return [GRANITE]
+    return [GRANITE, GRANITEMOE]

@@ -46,3 +46,34 @@ PRESETS = {
     "granite-3.3-8b": _granite(4096, 12800, 40, 32, 8, embedding=12.0, residual=0.22, attention=0.0078125,
                                logits=16.0, vocab=49159, max_pos=131072, theta=10000000.0, **GRANITE_TOKENS),
 }
+
+
+def _granitemoe(hidden, inter, layers, heads, kv, experts, topk, *, embedding, residual, attention, logits,
+                vocab=49155, max_pos=4096, theta=10000.0, tie=True, **extra):
+    config = _granite(hidden, inter, layers, heads, kv, embedding=embedding, residual=residual, attention=attention,
+                      logits=logits, vocab=vocab, max_pos=max_pos, theta=theta, tie=tie, **extra)
+    for key in ("mlp_bias",):  # GraniteMoeConfig has no MLP bias
+        config.pop(key)
+    return {**config, "model_type": "granitemoe", "architectures": ["GraniteMoeForCausalLM"],
+            "num_local_experts": experts, "num_experts_per_tok": topk, "router_aux_loss_coef": 0.001,
+            "output_router_logits": False}
+
+
+MOE_PRESETS = {
+    # GraniteMoE-shaped: 4 experts of width 32, top 2, GQA, a tied head, vocabulary 1000, the tiny multipliers.
+    "granitemoe-tiny": _granitemoe(64, 32, 2, 4, 2, 4, 2, embedding=3.0, residual=0.5, attention=0.2, logits=4.0,
+                                   vocab=1000, max_pos=512, **TEST_TOKENS),
+    # Unusual shapes (Family.odd): 6 query heads in 2 key/value groups (GQA ratio 3), head_dim 12 != 48 / 6,
+    # 5 experts of width 24 with top 3, vocabulary 701, an untied head, Granite-3-like multipliers.
+    "granitemoe-odd": {
+        **_granitemoe(48, 24, 2, 6, 2, 5, 3, embedding=12.0, residual=0.22, attention=1 / 48, logits=6.0,
+                      vocab=701, max_pos=300, theta=50000.0, tie=False, **TEST_TOKENS),
+        "head_dim": 12,
+    },
+    # ibm-granite/granite-3.0-1b-a400m-base, from memory (unverified: expert width and counts)
+    "granite-3.0-1b-a400m": _granitemoe(1024, 512, 24, 16, 8, 32, 8, embedding=12.0, residual=0.22,
+                                        attention=0.015625, logits=6.0, **GRANITE_TOKENS),
+    # ibm-granite/granite-3.0-3b-a800m-base, from memory (unverified: expert width and counts)
+    "granite-3.0-3b-a800m": _granitemoe(1536, 512, 32, 24, 8, 40, 8, embedding=12.0, residual=0.22,
+                                        attention=0.015625, logits=6.0, **GRANITE_TOKENS),
+}

@@ -56,3 +56,13 @@ def test_generation_across_the_switch_equals_transformers():
     case = checks.shared_case(PHI3, PHI3.odd)
     assert case.mcore_model.recompute_cache_at == 24
     check_generation(case, new_tokens=10, lengths=(20, 20))
+
+
+def test_megatron_lm_args_keep_longrope():
+    """Megatron-LM has no LongRoPE flag: pai-zoo's own args keep the factors and the resolved switch and factor."""
+    from pai_zoo.plugin.config_map import ROPE_SCALING
+    from pai_zoo.plugin.megatron_args import arch_from_args, args_from_arch
+
+    arch = PHI3.to_mcore_config(checks._hf_dict(PHI3, PHI3.odd)).arch
+    back = arch_from_args(args_from_arch(arch, PHI3.megatron_lm_rules), rules=PHI3.megatron_lm_rules)
+    assert back[ROPE_SCALING] == arch[ROPE_SCALING] and back[LONGROPE] == arch[LONGROPE]
