@@ -20,11 +20,10 @@ def _llama4(hidden, inter, inter_mlp, layers, heads, kv, experts, *, vocab=20204
 
 
 LLAMA4_PRESETS = {
-    # 4 layers: 0-2 with RoPE, L2 q/k norm and chunks of 8 tokens, 3 without RoPE, full attention and temperature
-    # tuning stepping every 4 positions; MoE on layers 1 and 3 (4 experts, top-1, a shared expert), dense on 0 and
-    # 2; llama3 RoPE scaling.
+    # 2 layers: 0 with RoPE, L2 q/k norm, chunks of 8 tokens and a dense MLP; 1 without RoPE, full attention,
+    # temperature tuning stepping every 4 positions and a MoE (4 experts, top-1, a shared expert); llama3 RoPE scaling.
     "llama4-tiny": _llama4(
-        64, 48, 96, 4, 4, 2, 4, vocab=1000, head_dim=16, max_pos=512, step=2, chunk=8, floor_scale=4,
+        64, 48, 96, 2, 4, 2, 4, vocab=1000, head_dim=16, max_pos=512, step=2, chunk=8, interval=2, floor_scale=4,
         attn_scale=0.2, rope={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 16.0, "low_freq_factor": 1.0,
                               "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
     ),
