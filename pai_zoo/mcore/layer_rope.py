@@ -12,7 +12,11 @@ names the RoPE parameters of the other layer kinds; :func:`apply_layer_rope`, ca
 * a forward hook on ``model.rotary_pos_emb`` that computes the kind's angles with the same arguments whenever
   ``GPTModel`` computes its own (so positions, the KV-cache length and context-parallel slicing agree);
 * a forward pre-hook on the ``self_attention`` of each layer of that kind (by its global ``layer_number``, so every
-  pipeline stage hooks its own layers) that replaces the ``rotary_pos_emb`` argument with the kind's angles.
+  pipeline stage hooks its own layers) that replaces the ``rotary_pos_emb`` argument with the kind's angles;
+* where the kind's YaRN attention factor ``m_k`` differs from the model's ``m`` (OLMo 3: YaRN on the full layers
+  only), those layers' attention scale: the model's ``softmax_scale`` has ``m^2`` folded in
+  (:func:`pai_zoo.mcore.rope.softmax_scale`), theirs gets ``m_k^2`` instead (the core attention's ``softmax_scale``
+  and pai-zoo's inference path's copy of it).
 
 Training, megatron's forward, pai-zoo's KV-cache path (:mod:`pai_zoo.mcore.inference`, which slices the angles it
 is given) and tensor parallelism (the angles are replicated) need nothing more. Parameters and state dict are
@@ -22,10 +26,11 @@ own) are refused rather than silently used for the wrong kind.
 from __future__ import annotations
 
 import copy
+import math
 
 import torch
 
-from ..plugin.config_map import McoreConfig
+from ..plugin.config_map import ROPE_SCALING, McoreConfig, attention_factor
 from ..plugin.layer_pattern import LAYER_ROPE, layer_kinds_of
 from .rope import inverse_frequencies_of, rotary_dim
 
@@ -78,6 +83,28 @@ class _KindRope:
         return args, {**kwargs, "rotary_pos_emb": self.swap(emb)}
 
 
+def _kind_softmax_scale(config: McoreConfig, kind_factor: float) -> float | None:
+    """The attention scale of a layer whose RoPE has the YaRN attention factor ``kind_factor``, or ``None`` when it
+    is the model's (the same factor)."""
+    model_scaling = config.get(ROPE_SCALING)
+    model_factor = attention_factor(model_scaling) if model_scaling else 1.0
+    if kind_factor == model_factor:
+        return None
+    base = config.get("softmax_scale") or 1.0 / math.sqrt(config.kv_channels)
+    return base * kind_factor * kind_factor if kind_factor != 1.0 else base
+
+
+def _set_softmax_scale(layer, scale: float) -> None:
+    attention = layer.self_attention
+    core = getattr(attention, "core_attention", None)
+    if core is None or not hasattr(core, "softmax_scale") or layer.config.apply_query_key_layer_scaling:
+        raise ValueError(f"per-layer RoPE: layer {layer.layer_number}'s attention factor needs its own attention "
+                         f"scale, which its core attention ({type(core).__name__}) does not take")
+    core.softmax_scale = scale
+    if getattr(attention, "_scale", None) is not None:  # pai_zoo.mcore.inference.CachedSelfAttention's copy
+        attention._scale = scale
+
+
 def apply_layer_rope(model, config: McoreConfig) -> list[int]:
     """Give the layers of each kind in ``config``'s :data:`LAYER_ROPE` their kind's RoPE (see the module docstring);
     a kind whose frequencies equal the model's is left alone. Returns the global layer numbers hooked here."""
@@ -95,10 +122,12 @@ def apply_layer_rope(model, config: McoreConfig) -> list[int]:
         if tuple(inv_freq.shape) != tuple(rotary.inv_freq.shape):
             raise ValueError(f"{LAYER_ROPE}[{kind!r}]: {tuple(inv_freq.shape)} inverse frequencies for a rotary "
                              f"embedding of {tuple(rotary.inv_freq.shape)}")
-        if torch.equal(inv_freq, rotary.inv_freq.detach().float().cpu()):
-            continue
         mine = [layer for layer in layers if kinds[layer.layer_number - 1] == kind]
-        if not mine:
+        scale = _kind_softmax_scale(config, attention_factor(config[LAYER_ROPE][kind]))
+        if scale is not None:
+            for layer in mine:
+                _set_softmax_scale(layer, scale)
+        if not mine or torch.equal(inv_freq, rotary.inv_freq.detach().float().cpu()):
             continue
         state = _KindRope(kind, rotary, inv_freq)
         rotary.register_forward_hook(state.after_model_rope, with_kwargs=True)

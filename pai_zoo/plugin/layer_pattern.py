@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .config_map import CORE_KEY_PREFIX, Rope, Rule, attention_factor
+from .config_map import CORE_KEY_PREFIX, Rope, Rule
 from .errors import ConfigTranslationError
 
 __all__ = ["FULL", "LAYER_ROPE", "SLIDING", "LayerRope", "LayerTypes", "layer_kinds", "pattern_types"]
@@ -144,8 +144,8 @@ class LayerRope(Rule):
     The ``model_kind``'s parameters go through :class:`~pai_zoo.plugin.config_map.Rope` (``rotary_base``, the
     scaling: the model's rotary embedding); the other kinds' stay as given in ``arch[LAYER_ROPE]``. Back to HF:
     the per-kind dict (the layout transformers 5 writes). Every kind's RoPE type must be one :class:`Rope`
-    computes; a kind other than ``model_kind`` may not have a YaRN attention factor (it would scale the whole
-    model's attention) nor another ``partial_rotary_factor``.
+    computes, with the ``model_kind``'s ``partial_rotary_factor``; a kind's YaRN attention factor becomes its
+    layers' attention scale (:mod:`pai_zoo.mcore.layer_rope`).
     """
 
     def __init__(self, kinds: tuple[str, ...] = (FULL, SLIDING), model_kind: str = FULL,
@@ -202,10 +202,6 @@ class LayerRope(Rule):
                 raise ConfigTranslationError(
                     f"rope_parameters[{kind!r}] has partial_rotary_factor={own.get('rotary_percent', 1.0)}, the "
                     f"{self.model_kind!r} layers {model_partial}; pai-zoo needs one rotary width for all layers")
-            if attention_factor(per[kind]) != 1.0:
-                raise ConfigTranslationError(
-                    f"rope_parameters[{kind!r}] has a YaRN attention factor of {attention_factor(per[kind]):g}; "
-                    f"pai-zoo folds it into the attention scale of every layer, so only {self.model_kind!r}'s may")
             others[kind] = per[kind]
         arch[LAYER_ROPE] = others
 

@@ -54,6 +54,22 @@ def test_kv_cache_decoding_uses_each_kinds_rope():
     assert (decoded - full[:, 5:]).abs().max().item() < 1e-4
 
 
+@pytest.mark.parametrize("yarn_on", [FULL, SLIDING])
+def test_a_yarn_attention_factor_on_one_kind_only(yarn_on):
+    """YaRN on one kind only (OLMo 3 has it on the full layers): its attention factor scales that kind's attention
+    alone (the other layers keep the plain scale), as transformers multiplies it into that kind's cos and sin."""
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "attention_factor": 1.3}
+    rope = {FULL: {"rope_type": "default", "rope_theta": 50_000.0}, SLIDING: {"rope_type": "default",
+                                                                               "rope_theta": 2_000.0}}
+    rope[yarn_on] = {**rope[yarn_on], **yarn}
+    case = checks.build_case(GEMMA3, GEMMA3.odd, rope_parameters=rope)
+    checks.check_forward_equivalence(case)
+    scales = [layer.self_attention.core_attention.softmax_scale for layer in case.mcore_model.decoder.layers]
+    plain = 12 ** -0.5  # the odd preset's query_pre_attn_scalar
+    kinds = case.hf_model.config.layer_types
+    assert scales == pytest.approx([plain * 1.69 if kind == yarn_on else plain for kind in kinds])
+
+
 def test_published_layout_translates_as_transformers_reads_it():
     """Gemma 3 27B as published (rope_theta, rope_local_base_freq, rope_scaling, sliding_window_pattern 6): every
     sixth layer full, the full layers' linear scaling on the model's RoPE, the sliding layers' base 10,000; back to
@@ -82,10 +98,6 @@ def test_published_layout_translates_as_transformers_reads_it():
     ({"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
                           "sliding_attention": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}}},
      r"rope_parameters\['sliding_attention'\]: rope_parameters.rope_type='dynamic' is not supported"),
-    ({"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
-                          "sliding_attention": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4,
-                                                "original_max_position_embeddings": 64}}},
-     r"rope_parameters\['sliding_attention'\] has a YaRN attention factor"),
     ({"use_bidirectional_attention": True}, r"use_bidirectional_attention=True"),
 ])
 def test_unsupported_configs_are_refused(change, message):
