@@ -41,10 +41,10 @@ def convert(src, dst, to: str, *, family: str | None = None, tp: int = DEFAULTS.
     """Convert ``src`` to ``dst``: ``to="mcore"`` (HF folder, or a Megatron-LM checkpoint -> pai-zoo's Megatron-Core
     checkpoint with a ``tp``/``pp`` layout) or ``to="hf"`` (Megatron-Core checkpoint, pai-zoo's or Megatron-LM's ->
     HF folder). ``ep``/``etp``: the expert-parallel and expert-tensor-parallel sizes a mixture-of-experts checkpoint
-    is laid out for (:func:`check_expert_layout`; ``etp`` defaults to ``tp``). For a Megatron-LM source,
-    ``tokenizer`` is a folder whose tokenizer files are copied and whose ``config.json`` (the original HF model's)
-    supplies what the args lack; ``iteration`` picks a saved iteration. ``quantize="fp8-block"`` (``--to hf``)
-    writes FP8 block-scaled weights as DeepSeek-V3 and Qwen3-FP8 publish them
+    is laid out for (:func:`check_expert_layout`; ``etp`` defaults to ``tp``, 1 for experts with biases). For a
+    Megatron-LM source, ``tokenizer`` is a folder whose tokenizer files are copied and whose ``config.json`` (the
+    original HF model's) supplies what the args lack; ``iteration`` picks a saved iteration.
+    ``quantize="fp8-block"`` (``--to hf``) writes FP8 block-scaled weights as DeepSeek-V3 and Qwen3-FP8 publish them
     (:mod:`pai_zoo.formats.encodings.fp8_blocks`), reusing an FP8 source's scales where they still fit;
     ``quantize="mxfp4"`` writes gpt-oss's MXFP4 experts (:mod:`pai_zoo.formats.encodings.mxfp4`); without it
     the weights are written in ``dtype`` (default: the stored one, bf16 for an FP8 source). ``verify`` compares the
@@ -83,7 +83,7 @@ def convert(src, dst, to: str, *, family: str | None = None, tp: int = DEFAULTS.
     if to == "hf" and (ep != 1 or etp is not None):
         raise PaiZooError("--ep/--etp lay out a Megatron-Core checkpoint (--to mcore); a Hugging Face folder has "
                           "no layout, and a Megatron-Core source is read whatever EP/TP/PP layout saved it")
-    experts = (ep, tp if etp is None else etp)
+    experts = (ep, etp)  # etp None: tp, or 1 for biased experts (hf_to_mcore)
     if quantize is not None and quantize not in QUANTIZE_CHOICES:
         raise PaiZooError(f"--quantize {quantize!r} is not known; use one of {', '.join(QUANTIZE_CHOICES)}")
     if quantize is not None and to != "hf":

@@ -24,6 +24,7 @@ from ..formats.mcore_dist import HF_DIR, SCALES_FILE, McoreDistWriter
 from ..hf import models as hf
 from ..mcore import dist_ckpt
 from ..mcore import megatron_lm_args as mla
+from ..mcore.biased_experts import biased_experts
 from ..mcore.parallel_sizes import check_layout
 from ..plugin.config_map import McoreConfig
 from ..plugin.errors import PaiZooError
@@ -51,6 +52,9 @@ def check_expert_layout(config: McoreConfig, ep: int, etp: int) -> None:
     if experts % ep:
         valid = ", ".join(str(n) for n in range(1, experts + 1) if experts % n == 0)
         raise PaiZooError(f"--ep {ep} does not divide the {experts} routed experts; valid --ep: {valid}")
+    if etp != 1 and biased_experts(config):
+        raise PaiZooError(f"--etp {etp}: this model's experts have biases, which megatron-core allows only at "
+                          "expert-tensor-parallel size 1 (the experts split over --ep ranks); pass --etp 1")
     width = int(config.get("moe_ffn_hidden_size") or config["ffn_hidden_size"])
     if width % etp:
         valid = ", ".join(str(n) for n in range(1, min(width, 64) + 1) if width % n == 0)
@@ -67,6 +71,8 @@ def hf_to_mcore(src: Path, writer: McoreDistWriter, family_name, tp: int, pp: in
     family = family_for(raw_config, src / CONFIG, family_name)
     config = family.to_mcore_config(hf.config_dict(hf.hf_config(family, raw_config)))
     check_layout(config, tp, pp)  # an invalid --tp/--pp names the valid ones
+    if experts[1] is None:  # --etp not given: tp, or 1 where megatron-core allows only 1 (biased experts)
+        experts = (experts[0], 1 if biased_experts(config) else tp)
     check_expert_layout(config, *experts)
     source = formats.open_checkpoint(src, dtype=dtype, format="hf")
     try:
