@@ -58,3 +58,20 @@ def test_llama4_l2_qk_norm_on_the_rope_layers_only():
     case = checks.shared_case(family, family.odd)  # every 2nd layer without RoPE: layer 1
     norms = [type(layer.self_attention.q_layernorm) for layer in case.mcore_model.decoder.layers]
     assert [n is L2Norm for n in norms] == [True, False, True]
+
+
+def test_query_scale_factors_equal_transformers_at_the_published_thresholds():
+    """The factors at the published thresholds (Ministral 3: 16384, Llama 4: floor_scale 8192), far past the forward
+    checks' positions: bit-equal to transformers' own computation."""
+    from transformers.models.ministral3.modeling_ministral3 import get_llama_4_attn_scale
+
+    from pai_zoo.mcore.query_scale import query_scale_factors
+
+    positions = torch.cat([torch.arange(0, 200000, 997), torch.arange(16380, 16390), torch.arange(8185, 8195)])
+    beta = {"beta": 0.1, "period": 16384, "shift": 0, "log1p": False}
+    expected = get_llama_4_attn_scale(positions[None], 0.1, 16384)[0, 0, :, 0]
+    assert torch.equal(query_scale_factors(beta, positions), expected)
+    # transformers' Llama4TextAttention, as written there (floor_scale 8192, attn_scale 0.1)
+    expected = torch.log1p(torch.floor((positions.float() + 1.0) / 8192)) * 0.1 + 1.0
+    tuning = {"beta": 0.1, "period": 8192, "shift": 1, "log1p": True}
+    assert torch.equal(query_scale_factors(tuning, positions), expected)
