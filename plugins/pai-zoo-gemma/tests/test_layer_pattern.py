@@ -69,3 +69,41 @@ def test_pattern_types_matches_transformers_gemma3():
 
     config = Gemma3TextConfig(num_hidden_layers=13, sliding_window_pattern=4)
     assert pattern_types(4, 13) == list(config.layer_types)
+
+
+GEMMA3_ROPE = dict(legacy_keys={S: "rope_local_base_freq"}, default_theta={F: 1e6, S: 1e4})
+
+
+def test_layer_rope_nested_round_trip():
+    from pai_zoo.plugin.layer_pattern import LAYER_ROPE, LayerRope
+
+    nested = {S: {"rope_type": "default", "rope_theta": 1e4},
+              F: {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}}
+    arch, back = _round(LayerRope(**GEMMA3_ROPE), {"rope_parameters": nested})
+    assert arch["rotary_base"] == 1e6 and arch["pai_zoo.rope_scaling"] == {"rope_type": "linear", "factor": 8.0}
+    assert arch[LAYER_ROPE] == {S: nested[S]}
+    assert back == {"rope_parameters": nested}
+
+
+def test_layer_rope_legacy_layout_and_defaults():
+    """transformers 4's keys as Gemma3TextConfig reads them; a kind the config leaves out gets the class default."""
+    from transformers import Gemma3TextConfig
+
+    from pai_zoo.plugin.layer_pattern import LayerRope
+
+    legacy = {"rope_theta": 1e6, "rope_local_base_freq": 2e4, "rope_scaling": {"rope_type": "linear", "factor": 8.0}}
+    _, back = _round(LayerRope(**GEMMA3_ROPE), dict(legacy))
+    assert back["rope_parameters"] == Gemma3TextConfig(**legacy).rope_parameters
+    _, back = _round(LayerRope(**GEMMA3_ROPE), {"rope_parameters": {F: {"rope_type": "default", "rope_theta": 5e5}}})
+    assert back["rope_parameters"][S] == {"rope_type": "default", "rope_theta": 1e4}
+
+
+def test_layer_rope_refuses_what_it_cannot_compute():
+    from pai_zoo.plugin.layer_pattern import LayerRope
+
+    rule = ConfigMap(LayerRope(**GEMMA3_ROPE))
+    with pytest.raises(ConfigTranslationError, match="rope_parameters has 'chunked_attention'; its keys must be layer"):
+        rule.to_mcore("x", {"rope_parameters": {F: {"rope_theta": 1e6}, "chunked_attention": {"rope_theta": 1e4}}})
+    with pytest.raises(ConfigTranslationError, match="partial_rotary_factor=0.5, the 'full_attention' layers 1.0"):
+        rule.to_mcore("x", {"rope_parameters": {F: {"rope_theta": 1e6},
+                                                S: {"rope_theta": 1e4, "partial_rotary_factor": 0.5}}})
