@@ -27,14 +27,15 @@ PRESETS = {
     # a no-RoPE interval of 2: layer 0 rotates, layer 1 does not.
     "smollm3-tiny": _smollm3(64, 96, 2, 4, 2, vocab=1000, max_pos=512, theta=2000000.0, interval=2, **TEST_TOKENS),
     # Unusual shapes (Family.odd): 6 query heads in 2 key/value groups (GQA ratio 3), head_dim 12 != 48 / 6,
-    # vocabulary 701, an untied head, attention and MLP biases, rope theta 50000, 300 positions, a no-RoPE interval
-    # of 3 (layers 0 and 1 rotate, layer 2 does not) and a sliding window of 5 tokens on the no-RoPE layer (transformers
-    # derives layer_types so from use_sliding_window): every layer kind, and windows shorter than the checks' 16 tokens.
+    # vocabulary 701, an untied head, attention and MLP biases, rope theta 50000, 300 positions, 4 layers with a
+    # no-RoPE interval of 3 (layers 0, 1 and 3 rotate, layer 2 does not: on the second pipeline stage at pp=2) and a
+    # sliding window of 5 tokens on the no-RoPE layer (transformers derives layer_types so from use_sliding_window):
+    # every layer kind, and windows shorter than the checks' 16 tokens.
     "smollm3-odd": {
-        **_smollm3(48, 80, 3, 6, 2, vocab=701, max_pos=300, theta=50000.0, interval=3, **TEST_TOKENS),
+        **_smollm3(48, 80, 4, 6, 2, vocab=701, max_pos=300, theta=50000.0, interval=3, **TEST_TOKENS),
         "head_dim": 12, "tie_word_embeddings": False, "attention_bias": True, "mlp_bias": True, "rms_norm_eps": 1e-5,
         "use_sliding_window": True, "sliding_window": 5,
-        "layer_types": ["full_attention", "full_attention", "sliding_attention"],
+        "layer_types": ["full_attention", "full_attention", "sliding_attention", "full_attention"],
     },
     # HuggingFaceTB/SmolLM3-3B, from memory: 36 layers, every 4th without RoPE, theta 5e6, 64k positions.
     "smollm3-3b": _smollm3(2048, 11008, 36, 16, 4, bos_token_id=None, eos_token_id=128012,  # unverified token ids

@@ -14,8 +14,8 @@ SMOLLM3 = get_registry().family("smollm3")
 def test_no_rope_layers_become_megatron_flags_and_round_trip():
     hf = dict(SMOLLM3.presets["smollm3-odd"])
     config = SMOLLM3.to_mcore_config(hf)
-    assert config["no_rope_freq"] == [0, 0, 1]  # megatron: 1 = skips RoPE; transformers' no_rope_layers [1, 1, 0]
-    assert config["window_attn_skip_freq"] == [0, 0, 1] and config["window_size"] == [4, 0]
+    assert config["no_rope_freq"] == [0, 0, 1, 0]  # megatron: 1 = skips RoPE; transformers' no_rope_layers [1, 1, 0, 1]
+    assert config["window_attn_skip_freq"] == [0, 0, 1, 0] and config["window_size"] == [4, 0]
     back = SMOLLM3.config_map.to_hf(config)
     for key in ("no_rope_layers", "no_rope_layer_interval", "layer_types", "use_sliding_window", "sliding_window"):
         assert back[key] == hf[key], key
@@ -34,7 +34,7 @@ def test_interval_alone_derives_the_layers_as_transformers_does():
 
 @pytest.mark.parametrize("change, field", [
     ({"no_rope_layers": [1, 0]}, "no_rope_layers"),
-    ({"no_rope_layers": [1, 2, 0]}, "no_rope_layers"),
+    ({"no_rope_layers": [1, 2, 0, 1]}, "no_rope_layers"),
     ({"no_rope_layers": None, "no_rope_layer_interval": 0}, "no_rope_layer_interval"),
     ({"use_sliding_window": False}, "layer_types"),
 ])
