@@ -12,30 +12,11 @@ Granite is the Llama layout with four multipliers, each translated to a core opt
 from __future__ import annotations
 
 from pai_zoo import ConfigMap, Copy, Family, Field, GateUp, Require, Rope, WeightMap, hookimpl
-from pai_zoo.config_map import EMBEDDING_SCALE, LOGITS_SCALE, RESIDUAL_SCALE
 from pai_zoo.layouts import HF_LAYER, MCORE_LAYER, llama_config_rules, llama_layout, moe_config_rules, qkv_bias
+from pai_zoo.plugin.multipliers import multiplier_rules
 from pai_zoo.tables.mapping import StackedExperts, on_layers
 
 from .presets import MOE_PRESETS, PRESETS
-
-
-def _positive(name: str):
-    return Require(lambda hf: hf.get(name, 1.0) is not None and not isinstance(hf.get(name, 1.0), bool)
-                   and isinstance(hf.get(name, 1.0), (int, float)) and hf.get(name, 1.0) > 0,
-                   f"config.json's {name} must be a positive number")
-
-
-def multiplier_rules() -> list:
-    """Granite's four multipliers (transformers' defaults 1.0) as core options."""
-    names = ("embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling")
-    return [
-        *(_positive(name) for name in names),
-        Field("embedding_multiplier", EMBEDDING_SCALE, default=1.0),
-        Field("residual_multiplier", RESIDUAL_SCALE, default=1.0),
-        Field("attention_multiplier", "softmax_scale", default=1.0),
-        Field("logits_scaling", LOGITS_SCALE, default=1.0),
-    ]
-
 
 CONFIG = ConfigMap(
     *llama_config_rules(
