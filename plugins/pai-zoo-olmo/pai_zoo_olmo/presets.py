@@ -74,10 +74,13 @@ OLMO3_PRESETS = {
     # GQA, head_dim 24 != 64 / 4.
     "olmo3-tiny": _olmo3(64, 96, 4, 4, 2, vocab=509, max_pos=512, window=6, tokens=TOY_TOKENS, head_dim=24),
     # Unusual shapes: GQA ratio 3, head_dim 20 != 48 / 6, vocabulary 997, window 5 with the pattern reversed (full,
-    # sliding, full), rope theta 50000 on the sliding layers and 20000 on the full ones.
+    # sliding, full), rope theta 50000 on the sliding layers and 20000 on the full ones, which have YaRN (factor 4
+    # over 75 positions, an attention factor of 1.1 on the full layers only) as the published OLMo-3 has.
     "olmo3-odd": {
         **_olmo3(48, 80, 3, 6, 2, vocab=997, max_pos=300, window=5, theta=50000.0, eps=1e-5, tokens=TOY_TOKENS,
-                 full_rope={"rope_theta": 20000.0}, head_dim=20),
+                 full_rope={"rope_theta": 20000.0, "rope_type": "yarn", "factor": 4.0,
+                            "original_max_position_embeddings": 75, "beta_fast": 32.0, "beta_slow": 1.0,
+                            "attention_factor": 1.1}, head_dim=20),
         "layer_types": [FULL, SLIDING, FULL],
     },
     "olmo-3-7b": _olmo3(4096, 11008, 32, 32, 32, full_rope=OLMO3_YARN),  # allenai/Olmo-3-1025-7B
