@@ -61,3 +61,21 @@ def test_projection_qk_norms_per_head_fail_forward_equivalence(family, monkeypat
     monkeypatch.setattr(ProjectionNorm, "forward", _per_head)
     with pytest.raises(ConformanceFailure, match=r"\[forward\]"):
         checks.check_forward_equivalence(case)
+
+
+def test_key_groups_replicated_over_ranks_are_refused():
+    """tensor_model_parallel_size above num_query_groups (megatron-core replicates key groups then) is refused in one
+    line when the model is built, not computed wrongly."""
+    from types import SimpleNamespace
+
+    from pai_zoo import PaiZooError
+    from pai_zoo.mcore.projection_qk_norm import ProjectionKNorm, ProjectionQNorm
+
+    config = SimpleNamespace(normalization="RMSNorm", layernorm_zero_centered_gamma=False, num_attention_heads=8,
+                             num_query_groups=2, tensor_model_parallel_size=4, params_dtype=torch.float32)
+    with pytest.raises(PaiZooError, match="tensor-parallel size 4 does not divide the 2 key heads") as err:
+        ProjectionKNorm(config, hidden_size=16)
+    assert "\n" not in str(err.value)
+    config.tensor_model_parallel_size = 1
+    assert ProjectionQNorm(config, hidden_size=16).weight.shape == (128,)
+    assert ProjectionKNorm(config, hidden_size=16).weight.shape == (32,)

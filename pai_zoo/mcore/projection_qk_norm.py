@@ -22,6 +22,8 @@ import functools
 
 import torch
 
+from ..plugin.errors import PaiZooError
+
 __all__ = ["ProjectionKNorm", "ProjectionNorm", "ProjectionQNorm", "with_projection_qk_norm"]
 
 
@@ -55,13 +57,13 @@ class ProjectionNorm(torch.nn.Module):
         from megatron.core.tensor_parallel.layers import set_tensor_model_parallel_attributes
 
         if getattr(config, "normalization", "RMSNorm") != "RMSNorm" or config.layernorm_zero_centered_gamma:
-            raise ValueError("q/k norms over the whole projection are RMSNorms (normalization RMSNorm, not "
+            raise PaiZooError("q/k norms over the whole projection are RMSNorms (normalization RMSNorm, not "
                              "zero-centred)")
         heads = config.num_attention_heads if self.kind == "query" else (config.num_query_groups
                                                                            or config.num_attention_heads)
         self.tp = int(getattr(config, "tensor_model_parallel_size", 1) or 1)
         if heads % self.tp:
-            raise ValueError(f"q/k norms over the whole projection: tensor-parallel size {self.tp} does not divide "
+            raise PaiZooError(f"q/k norms over the whole projection: tensor-parallel size {self.tp} does not divide "
                              f"the {heads} {self.kind} heads (the key groups would be replicated over ranks); use "
                              f"a tensor-parallel size that divides num_query_groups")
         self.tp_rank = parallel_state.get_tensor_model_parallel_rank() if self.tp > 1 else 0
