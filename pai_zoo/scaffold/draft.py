@@ -19,13 +19,14 @@ A :class:`Draft` holds code, not objects: every rule and row is the source text 
 """
 from __future__ import annotations
 
-import json
 import keyword
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..families.registry import get_registry
 from ..plugin.config_map import NON_ARCHITECTURE_KEYS, REQUIRED, Field
+from .mechanisms import MOE_ODD, MOE_TINY, detect, preset_patterns, refuse, refuse_config, shapes_of
+from .pysource import py
 from .source import ScaffoldError, Source
 
 #: Keys that :func:`pai_zoo.layouts.llama_config_rules` reads.
@@ -90,6 +91,13 @@ class Draft:
     eps_key: str = "rms_norm_eps"
     odd_shape: dict[str, Any] = field(default_factory=lambda: dict(ODD_SHAPE))
     odd_note: str = ""
+    defaults: dict[str, Any] = field(default_factory=dict)  # the config class's defaults
+    layout_kwargs: dict[str, str] = field(default_factory=dict)  # llama_layout(qkv=, fc1=, mlp=) row code
+    extra_rows: list[str] = field(default_factory=list)  # row code added to every table
+    drop_rows: list[str] = field(default_factory=list)  # HF name parts whose llama_layout rows are left out
+    handled: set[str] = field(default_factory=set)  # config keys a recognised mechanism reads
+    found: list[str] = field(default_factory=list)  # the mechanisms recognised (:mod:`.mechanisms`)
+    moe: bool = False
     stubs: list[str] = field(default_factory=list)  # what neither keys, names nor measurement explain
     measured: dict[str, float] = field(default_factory=dict)  # preset -> max |logits delta|
     tried: list[str] = field(default_factory=list)  # the candidates measured, in order, with their outcome
@@ -118,16 +126,19 @@ class Draft:
         base = {"model_type": self.source.model_type, "architectures": [self.source.architecture],
                 **{k: v for k, v in self.source.given.items() if k not in NON_ARCHITECTURE_KEYS or k.endswith("_id")}}
         return {self.tiny: sized_preset(base, self.hf, TINY_SHAPE, {}, window=8),
-                self.odd: sized_preset(base, self.hf, self.odd_shape, {k: True for k in self.bias_keys}, window=7),
+                self.odd: sized_preset(base, self.hf, self.odd_shape, {k: True for k in self.bias_keys}, window=7,
+                                       moe=MOE_ODD),
                 self.published: base}
 
 
-def sized_preset(base: dict, hf: dict, shape: dict, extra: dict, window: int) -> dict:
-    """``base`` with the test ``shape`` (only keys the config class has), ``extra``, the test token ids and a
-    sliding window shorter than the suite's 16-token sequences where the config has one."""
+def sized_preset(base: dict, hf: dict, shape: dict, extra: dict, window: int, moe: dict = MOE_TINY) -> dict:
+    """``base`` with the test ``shape`` (only keys the config class has; a mixture of experts' sizes ``moe``),
+    ``extra``, the test token ids, every layer kind of the config's layer patterns, and each sliding window and
+    chunk shorter than the suite's 16-token sequences where the config has one."""
     preset = {k: v for k, v in base.items() if k != "architectures"}
     preset = {"model_type": base["model_type"], "architectures": base["architectures"], **preset}
     preset.update({k: v for k, v in shape.items() if k in hf})
+    preset.update({k: v for k, v in moe.items() if k in hf})
     layers = hf.get("num_hidden_layers")
     for key, value in hf.items():  # per-layer lists (layer_types ...) shortened to the test depth
         if isinstance(value, list) and layers and len(value) == layers and key != "architectures":
@@ -137,21 +148,15 @@ def sized_preset(base: dict, hf: dict, shape: dict, extra: dict, window: int) ->
         preset["hidden_size"] = preset["num_attention_heads"] * 16
     if hf.get("sliding_window") is not None:
         preset["sliding_window"] = window
+    preset_patterns(preset, {**hf, **base}, shape["num_hidden_layers"], window)
     preset.update(extra)
     preset.update(TEST_TOKEN_IDS)
     return preset
 
 
 def _meta_names(source: Source, values: dict) -> set[str]:
-    """The parameter names of the transformers causal LM built on the meta device from ``values``."""
-    import torch
-    from transformers import AutoModelForCausalLM
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-
-    config = CONFIG_MAPPING[source.model_type].from_dict({k: v for k, v in values.items() if k != "model_type"})
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    return set(model.state_dict())
+    """The checkpoint tensor names of the transformers causal LM built on the meta device from ``values``."""
+    return set(shapes_of(values, source))
 
 
 def _layer_suffixes(names: set[str]) -> set[str]:
@@ -164,19 +169,6 @@ def _layer_suffixes(names: set[str]) -> set[str]:
         else:
             out.add(name)
     return out
-
-
-def py(value: Any) -> str:
-    """Python source of a plain value, strings in double quotes (the project's style)."""
-    if isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False)
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{py(k)}: {py(v)}" for k, v in value.items()) + "}"
-    if isinstance(value, list):
-        return "[" + ", ".join(py(v) for v in value) + "]"
-    if isinstance(value, tuple):
-        return "(" + ", ".join(py(v) for v in value) + ("," if len(value) == 1 else "") + ")"
-    return repr(value)
 
 
 def _literal(value: Any) -> bool:
@@ -226,9 +218,12 @@ def infer(name: str, source: Source, like: str | None = None) -> Draft:
                             f"{', '.join(missing)}", hint="plugin new writes plugins for Llama-shaped architectures "
                             "(separate q/k/v and gate/up/down projections, RMSNorm); write this one by hand "
                             "(docs/writing-a-plugin.md)")
-    draft = Draft(name=name, source=source, hf=hf)
+    refuse_config(source, hf, ACTIVATIONS)
+    draft = Draft(name=name, source=source, hf=hf, defaults=CONFIG_MAPPING[source.model_type]().to_dict())
     try:
         _infer_names(draft)
+    except ScaffoldError:  # a mechanism the core lacks, named
+        raise
     except Exception as exc:  # transformers refuses the test shapes: say so, not where
         raise ScaffoldError(f"{source.where}: transformers cannot build {source.architecture} with the test presets' "
                             f"shapes: {type(exc).__name__}: {' '.join(str(exc).split())}") from None
@@ -242,11 +237,14 @@ def _infer_names(draft: Draft) -> None:
     tiny = sized_preset({"model_type": source.model_type, "architectures": [source.architecture]}, hf,
                        TINY_SHAPE, {}, window=8)
     values = {**hf, **tiny}
-    base = _meta_names(source, values)
+    shapes = shapes_of(values, source)
+    base = set(shapes)
+    refuse(source, hf, base)
+    recognised = detect(draft, shapes, values)
     every = set(base)  # the names with every bias switch on
     switches: dict[str, set[str]] = {}
     for key, value in hf.items():
-        if not isinstance(value, bool) or key in NON_ARCHITECTURE_KEYS or key in LLAMA_KEYS:
+        if not isinstance(value, bool) or key in NON_ARCHITECTURE_KEYS or key in LLAMA_KEYS or key in draft.handled:
             continue
         try:
             flipped = _meta_names(source, {**values, key: not value})
@@ -271,7 +269,7 @@ def _infer_names(draft: Draft) -> None:
     rows = {"embed", "model.embed_tokens.weight", "model.norm.weight", "lm_head.weight", "input_layernorm.weight",
             "post_attention_layernorm.weight", "self_attn.o_proj.weight", "mlp.down_proj.weight",
             *(f"self_attn.{p}_proj.weight" for p in "qkv"), *(f"mlp.{p}_proj.weight" for p in ("gate", "up"))}
-    rows |= {s for suffixes, _ in BIAS_GROUPS.values() for s in suffixes}
+    rows |= {s for suffixes, _ in BIAS_GROUPS.values() for s in suffixes} | recognised
     if {"input_layernorm.bias", "post_attention_layernorm.bias", "model.norm.bias"} <= on_names:
         draft.layernorm = True
         draft.mcore_fixed["normalization"] = "LayerNorm"
@@ -364,7 +362,7 @@ def _infer_keys(draft: Draft, like: str | None) -> None:
         if ACTIVATIONS[act] != "silu":
             draft.mcore_fixed["activation_func"] = ACTIVATIONS[act]
     fields, passthrough = known_rules(like)
-    handled = {*LLAMA_KEYS, draft.eps_key, *draft.bias_keys, *draft.hf_fixed, *NON_ARCHITECTURE_KEYS}
+    handled = {*LLAMA_KEYS, draft.eps_key, *draft.bias_keys, *draft.hf_fixed, *NON_ARCHITECTURE_KEYS, *draft.handled}
     rope = False
     for key in hf:
         if key in handled:
@@ -373,6 +371,9 @@ def _infer_keys(draft: Draft, like: str | None) -> None:
             if not rope:
                 draft.family_rules.append(("Rope()", ""))
                 rope = True
+                if isinstance(hf.get("rope_parameters"), dict) and hf["rope_parameters"].get("llama_4_scaling_beta"):
+                    draft.family_rules.append(("Llama4ScalingBeta()", "queries scaled by position (after Rope)"))
+                    draft.found.append("query scaling by position (llama_4_scaling_beta: Llama4ScalingBeta)")
         elif key == "sliding_window":
             draft.family_rules.append(("sliding_window()", ""))
         elif key in fields:

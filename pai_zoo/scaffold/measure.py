@@ -15,6 +15,7 @@ from pai_zoo.models.verification import compare_logits
 
 from ..plugin.errors import PaiZooError
 from .draft import Draft
+from .mechanisms import RULE_VARIANTS
 from .render import package_init, presets_module
 
 #: What a Llama-shaped HF model may compute differently without a config key or a tensor to show it:
@@ -24,6 +25,9 @@ VARIANTS = (
     ("layernorm_zero_centered_gamma", True, "its RMSNorms scale by 1 + weight"),
     ("pai_zoo.embedding_scale", "sqrt_hidden_size", "multiplies the word embeddings by sqrt(hidden_size)"),
 )
+
+#: The prefix of a :data:`~pai_zoo.scaffold.mechanisms.RULE_VARIANTS` entry among ``Draft.variants``' keys.
+RULE = "rule:"
 
 _COUNTER = itertools.count()
 
@@ -136,6 +140,7 @@ def search(draft: Draft) -> Draft:
         base_failure = failure
         where = first_difference(case) if case is not None else ""
         candidates = [(k, v, why) for k, v, why in VARIANTS if draft.mcore_fixed.get(k, None) != v]
+        candidates += [(RULE + name, True, why) for name, (_, why, applies) in RULE_VARIANTS.items() if applies(draft)]
         for size in range(1, len(candidates) + 1):
             for combo in itertools.combinations(candidates, size):
                 draft.variants = {k: v for k, v, _ in combo}

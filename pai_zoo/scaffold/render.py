@@ -4,14 +4,20 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from ..plugin.config_map import NORM_PLACEMENT, QK_NORM
 from .draft import BIAS_ROWS, LAYERNORM_BIAS_ROWS, Draft, py
+from .mechanisms import RULE_VARIANTS
 
 #: Names the generated package may import, by the public module that exports them.
 IMPORTS = {
-    "pai_zoo": ("QKV", "ConfigMap", "Copy", "Family", "Field", "Fixed", "GateUp", "Require", "Rope", "WeightMap",
-                "hookimpl"),
+    "pai_zoo": ("QKV", "ConfigMap", "Copy", "Family", "Field", "Fixed", "FixedIfPresent", "FusedQKV", "GateUp",
+                "Require", "Rope", "Rule", "WeightMap", "hookimpl"),
     "pai_zoo.config_map": ("sliding_window",),
-    "pai_zoo.layouts": ("llama_config_rules", "llama_layout"),
+    "pai_zoo.layouts": ("FirstKDense", "SparseStep", "llama_config_rules", "llama_layout", "moe_config_rules",
+                        "moe_layout"),
+    "pai_zoo.plugin.layer_pattern": ("LayerTypes",),
+    "pai_zoo.plugin.no_rope": ("NoRopeLayers",),
+    "pai_zoo.plugin.query_scale": ("Llama4ScalingBeta",),
     "pai_zoo.testing.tokenizers": ("ByteLevelBPE",),
 }
 STUB = "STUB (pai-zoo plugin new)"
@@ -62,17 +68,74 @@ def _dict_block(values: dict[str, Any], comments: dict[str, str], indent: int) -
     return "{\n" + "\n".join(out) + "\n" + " " * indent + "}"
 
 
+def _arch_variants(draft: Draft) -> dict:
+    return {k: v for k, v in draft.variants.items() if not k.startswith("rule:")}
+
+
+def _rule_variants(draft: Draft) -> list[str]:
+    return [k[len("rule:"):] for k in draft.variants if k.startswith("rule:")]
+
+
+def _rules(draft: Draft) -> list[tuple[str, str]]:
+    """The family rules, then the rules measurement found."""
+    found = [(f"{name}()", "found by measurement") for name in _rule_variants(draft)]
+    return list(draft.family_rules) + found
+
+
+def rule_classes(draft: Draft) -> str:
+    names = _rule_variants(draft)
+    return "".join(("\n" if i == 0 else "") + RULE_VARIANTS[name][0] + "\n\n" for i, name in enumerate(names))
+
+
+def _split_args(text: str) -> list[str]:
+    """The top-level comma-separated arguments of a call's argument text (quotes and brackets respected)."""
+    out, depth, quote, start = [], 0, None, 0
+    for i, c in enumerate(text):
+        if quote:
+            quote = None if c == quote and text[i - 1] != "\\" else quote
+        elif c in "\"'":
+            quote = c
+        elif c in "([{":
+            depth += 1
+        elif c in ")]}":
+            depth -= 1
+        elif c == "," and depth == 0:
+            out.append(text[start:i].strip())
+            start = i + 1
+    return out + ([text[start:].strip()] if text[start:].strip() else [])
+
+
+def rule_line(code: str, comment: str, indent: int) -> str:
+    """A rule's source as one argument line at ``indent`` (with its comment where it fits), or, when too long for
+    :data:`WIDTH`, broken after its opening parenthesis with the arguments packed on the lines below."""
+    pad = " " * indent
+    line = f"{pad}{code},"
+    if comment and len(line) + len(comment) + 4 <= WIDTH:
+        return f"{line}  # {comment}"
+    if len(line) <= WIDTH or "\n" in code or not code.endswith(")") or "(" not in code:
+        return line
+    head, args = code[:code.index("(") + 1], _split_args(code[code.index("(") + 1:-1])
+    lines, current = [pad + head], pad + "    "
+    for arg in args:
+        if len(current) + len(arg) + 2 > WIDTH and current.strip():
+            lines.append(current.rstrip())
+            current = pad + "    "
+        current += arg + ", "
+    lines.append(current.rstrip())
+    return "\n".join(lines) + f"\n{pad}),"
+
+
 def config_code(draft: Draft) -> str:
     args = []
-    for code, comment in draft.family_rules:
-        args.append(f"        {code},{'  # ' + comment if comment and len(code) + len(comment) < 100 else ''}")
+    for code, comment in _rules(draft):
+        args.append(rule_line(code, comment, 8))
     for key, value in draft.llama_kwargs.items():
         args.append(f"        {key}={py(value)},")
     if draft.hf_fixed:
         args.append(f"        hf_fixed={_dict_block(draft.hf_fixed, draft.notes, 8)},")
-    mcore = {**draft.mcore_fixed, **draft.variants}
+    mcore = {**draft.mcore_fixed, **_arch_variants(draft)}
     if mcore:
-        comments = {k: draft.variant_notes.get(k, "") for k in draft.variants}
+        comments = {k: draft.variant_notes.get(k, "") for k in _arch_variants(draft)}
         args.append(f"        mcore_fixed={_dict_block(mcore, comments, 8)},")
     passthrough = ""
     if draft.passthrough:
@@ -96,23 +159,38 @@ def _explicit_config(draft: Draft, passthrough: str) -> str:
     lines.append(f'    Field({py(draft.eps_key)}, "layernorm_epsilon"),  # the norm epsilon key of this config')
     tie = kw["tie_default"]
     lines.append(f'    Field("tie_word_embeddings", "share_embeddings_and_output_weights", default={tie!r}),')
-    for code, comment in draft.family_rules:
-        code = code.replace("\n        ", "\n    ")
-        lines.append(f"    {code},{'  # ' + comment if comment and len(code) + len(comment) < 100 else ''}")
+    for code, comment in _rules(draft):
+        lines.append(rule_line(code.replace("\n        ", "\n    "), comment, 4))
     act = draft.hf_fixed.get("hidden_act", "silu")
     hf_fixed = {"hidden_act": act, **{k: v for k, v in draft.hf_fixed.items() if k != "hidden_act"}}
     mcore = {"gated_linear_unit": True, "activation_func": "silu", "normalization": "RMSNorm", **draft.mcore_fixed,
-             **draft.variants}
-    comments = {k: draft.variant_notes.get(k, "") for k in draft.variants}
+             **_arch_variants(draft)}
+    comments = {k: draft.variant_notes.get(k, "") for k in _arch_variants(draft)}
     lines.append(f"    Fixed(\n        hf={_dict_block(hf_fixed, draft.notes, 8)},\n"
                  f"        mcore={_dict_block(mcore, comments, 8)},\n    ),")
     return "CONFIG = ConfigMap(\n" + "\n".join(lines) + "\n" + passthrough + ")\n"
 
 
 def weights_code(draft: Draft) -> str:
-    lines = ["def weights(config) -> WeightMap:",
-             '    """The Llama layout\'s table; bias rows where the config switches them on."""',
-             "    rows = llama_layout()"]
+    doc = "The Llama layout's table" + (" (" + "; ".join(draft.found) + ")" if draft.found else "") + \
+        "; bias rows where the config switches them on."
+    lines = ["def weights(config) -> WeightMap:"]
+    lines += comment_lines(doc, '    """', "    ")
+    lines[-1] += '"""'
+    if draft.layout_kwargs:
+        lines.append("    rows = llama_layout(")
+        lines += [f"        {k}={v}," for k, v in draft.layout_kwargs.items()]
+        lines.append("    )")
+    else:
+        lines.append("    rows = llama_layout()")
+    if draft.drop_rows:
+        parts = py(tuple(draft.drop_rows))
+        lines.append("    rows = [r for r in rows")
+        lines.append(f"            if not any(part in name for name in r.hf for part in {parts})]")
+    if draft.extra_rows:
+        lines.append("    rows += [")
+        lines += [f"        {r}," for r in draft.extra_rows]
+        lines.append("    ]")
     if draft.layernorm:
         lines.append("    rows += [  # LayerNorms with biases")
         lines += [f"        {r}," for r in LAYERNORM_BIAS_ROWS]
@@ -152,8 +230,9 @@ def package_init(draft: Draft) -> str:
                                                             f"It has stubs ({STUB}): see below.\n\"\"\""))
     doc = _wrap_doc(doc)
     body = (
-        config_code(draft) + "\n" + stubs_code(draft)
-        + (LAYER_PREFIXES if draft.bias_switches or draft.layernorm else "") + weights_code(draft)
+        rule_classes(draft) + config_code(draft) + "\n" + stubs_code(draft)
+        + (LAYER_PREFIXES if draft.bias_switches or draft.layernorm or draft.layout_kwargs or draft.extra_rows
+           else "") + weights_code(draft)
         + "\n\n" + TOKENIZER + "\n" + family_code(draft) + "\n\n@hookimpl\ndef pai_zoo_families():\n"
         "    return [FAMILY]\n"
     )
@@ -199,7 +278,9 @@ def family_code(draft: Draft) -> str:
         "    config_map=CONFIG,\n"
         "    weight_map=weights,\n"
         "    test_tokenizer=write_test_tokenizer,\n"
-        f"    description={py(src.architecture + ' (generated by pai-zoo plugin new)')},\n"
+        + ('    backends=("local",),  # pai-zoo\'s own modules (norm placement, q/k norms): the local spec\n'
+           if any(k in draft.mcore_fixed for k in (NORM_PLACEMENT, QK_NORM)) else "")
+        + f"    description={py(src.architecture + ' (generated by pai-zoo plugin new)')},\n"
         ")\n"
     )
 
