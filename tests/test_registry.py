@@ -420,7 +420,7 @@ def test_pai_zoo_plugins_in_list_output(good_env):
 def test_pai_zoo_plugins_in_process(monkeypatch):
     monkeypatch.delenv(PLUGINS_ENV, raising=False)
     assert Registry(env={PLUGINS_ENV: "nothing-installed"}).families == {}
-    assert set(Registry(env={PLUGINS_ENV: "llama"}).families) == {"llama", "mixtral"}
+    assert set(Registry(env={PLUGINS_ENV: "llama"}).families) == {"llama", "mixtral", "llama4", "ministral3"}
     monkeypatch.setenv(PLUGINS_ENV, "nothing-installed")
     assert Registry().plugins == {}
     monkeypatch.delenv(PLUGINS_ENV)
@@ -540,7 +540,7 @@ def test_family_by_name_and_alias_case_insensitive(registry):
     assert registry.family("toy") is TOY and registry.family("TOYFAM") is TOY and TOY.plugin == "toyfam"
     assert registry.is_family("Toy") and not registry.is_family("llama3-tiny")
     assert registry.plugins["toyfam"].families == ["toyfam"]
-    assert registry.plugins["llama"].families == ["llama", "mixtral"]
+    assert registry.plugins["llama"].families == ["llama", "mixtral", "llama4", "ministral3"]
 
 
 def test_preset_lookup(registry):
@@ -567,7 +567,7 @@ def test_family_for_hf_config(registry):
         )
     msg = str(err.value)
     assert msg.startswith("ckpt/config.json:") and "GPT2LMHeadModel" in msg and "'gpt2'" in msg
-    assert "installed families: llama, mixtral, toyfam" in msg
+    assert "installed families: llama, llama4, ministral3, mixtral, toyfam" in msg
 
 
 def test_unknown_name_lists_presets_and_families(registry):
@@ -576,7 +576,7 @@ def test_unknown_name_lists_presets_and_families(registry):
             lookup("nosuch")
         msg = str(err.value)
         assert "'nosuch'" in msg and "llama3-tiny" in msg and "mistral-7b" in msg and "toyfam-tiny" in msg
-        assert "a family (llama, mixtral, toyfam)" in msg and "broken" not in msg
+        assert "a family (llama, llama4, ministral3, mixtral, toyfam)" in msg and "broken" not in msg
 
 
 def test_unknown_name_mentions_broken_plugins():

@@ -112,6 +112,7 @@ MINIMAX_M2 = Family(
     config_map=CONFIG,
     weight_map=weights,
     test_tokenizer=write_minimax_tokenizer,
+    backends=("local",),  # the whole-projection q/k norms are pai-zoo modules of the local spec
     megatron_args=moe_megatron_args("sigmoid", qk_layernorm=True, moe_router_enable_expert_bias=True,
                                     **{QK_NORM: "projection"}),
     description="MiniMax-M2 (MiniMaxM2ForCausalLM): partial RoPE, q/k norms over the whole projections, "
