@@ -9,7 +9,8 @@ from ._common import add_command
 def add_parser(subparsers) -> None:
     p = add_command(subparsers, "plugin", "start a third-party plugin")
     psub = p.add_subparsers(dest="plugin_command", required=True)
-    q = add_command(psub, "new", "generate a plugin distribution from an HF config (Llama-shaped architectures)")
+    q = add_command(psub, "new", "generate a plugin distribution from an HF config (Llama-shaped architectures, with "
+                                 "fused rows, norm placements, MoE, layer patterns and multipliers)")
     q.add_argument("name", help="the family and plugin name (lower case, dashes): writes pai-zoo-NAME")
     q.add_argument("--from-config", required=True, metavar="CONFIG",
                    help="an HF checkpoint folder, its config.json, or a transformers model_type or causal-LM class "
@@ -27,6 +28,8 @@ def run_new(args) -> int:
           f"{', '.join(draft.presets())})")
     for line in draft.tried:
         print(f"  measured {line}")
+    for mechanism in draft.found:
+        print(f"  recognised {mechanism}")
     for key, note in draft.variant_notes.items():
         print(f"  {key}={draft.variants[key]!r}: {note}")
     if draft.stubs:

@@ -299,8 +299,8 @@ def _moe(draft, suffixes: set[str], covered: set[str]) -> None:
         draft.passthrough.append("output_router_logits")
         draft.handled.add("output_router_logits")
     draft.moe = True
-    draft.found.append("a mixture of experts (" + ", ".join(
-        f"{k}={v}" for k, v in kwargs.items() if v is not None and k != "aux_loss") + ")")
+    extras = ", ".join(f"{k}={v}" for k, v in kwargs.items() if v is not None and k not in ("aux_loss", "norm_topk"))
+    draft.found.append(f"a mixture of experts ({experts}, top-k {topk}" + (f", {extras}" if extras else "") + ")")
 
 
 def _patterns(draft) -> None:
