@@ -39,7 +39,7 @@ MEASURED_ONLY = {"stablelm": ("stablelm", False)}
 #: The model types the generated plugins claim: the installed plugins that claim one of them are left out (a second
 #: family of a model type would make its lookups ambiguous), as a user without them would have it.
 CLAIMED = ("helium", "ernie4_5", "seed_oss", "stablelm", "phi3", "olmo2", "smollm3", "granite", "olmoe", "exaone4",
-           "ministral3", "apertus", "gpt_oss", "qwen3_next", "ernie4_5_moe", "llama4_text")
+           "ministral3", "apertus", "gpt_oss", "qwen3_next", "ernie4_5_moe", "llama4_text", "deepseek_v3")
 
 
 def _plugins_without_claims() -> str:
@@ -230,7 +230,8 @@ NEW_PLUGINS = {
     "phi3x": ("phi3", ['FusedQKV(L + "self_attn.qkv_proj.weight"', 'Copy(L + "mlp.gate_up_proj.weight"']),
     "olmo2x": ("olmo2", ['"pai_zoo.norm_placement": "post"', '"pai_zoo.qk_norm": "projection"',
                          'M + "mlp.linear_fc2.post_layernorm.weight"']),
-    "smollm3x": ("smollm3", ["NoRopeLayers(default_interval=4)", "LayerTypes("]),
+    "smollm3x": ("smollm3", ["NoRopeLayers(default_interval=4)", '"use_sliding_window": False',
+                             '"sliding_window", "layer_types"']),
     "granitex": ("granite", ['Field("residual_multiplier", "pai_zoo.residual_scale", default=1.0)',
                              'Field("attention_multiplier", "softmax_scale", default=1.0)',
                              'Field("logits_scaling", "pai_zoo.logits_scale", default=1.0)']),
@@ -316,6 +317,7 @@ REFUSED = {
     "qwen3_next": "linear_attention layers",
     "ernie4_5_moe": "a score-correction bias on softmax router scores",
     "llama4_text": "attention temperature tuning",
+    "deepseek_v3": "multi-latent attention (MLA)",
 }
 
 

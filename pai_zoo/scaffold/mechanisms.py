@@ -40,6 +40,8 @@ L, M = "L + ", "M + "
 #: The expert-count keys of transformers' MoE configs, in the order they are looked for.
 EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
 TOPK_KEYS = ("num_experts_per_tok", "moe_k", "moe_topk")
+#: Mixtral's MoE prefix (experts ``w1`` gate, ``w3`` up, ``w2`` down; router ``gate``).
+MIXTRAL = "block_sparse_moe."
 #: Test sizes of a mixture of experts (only the keys the config class has are set).
 MOE_TINY = {"num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4, "num_experts_per_tok": 2,
             "moe_intermediate_size": 32, "shared_expert_intermediate_size": 48}
@@ -68,8 +70,8 @@ def _suffixes(names) -> set[str]:
 
 #: The mechanisms of :func:`refuse` that pai-zoo's core has (a hand-written plugin uses them; plugin new does not
 #: write them yet); the others the core lacks.
-IN_CORE = ("attention sinks", "biased experts", "attention temperature tuning", "chunked local attention",
-           "logit soft-capping", "MXFP4 expert weights", "LongRoPE")
+IN_CORE = ("attention sinks", "biased experts", "multi-latent attention", "attention temperature tuning",
+           "chunked local attention", "logit soft-capping", "MXFP4 expert weights", "LongRoPE")
 
 
 def _missing(source, mechanism: str, why: str) -> ScaffoldError:
@@ -124,7 +126,9 @@ def refuse(source, hf: dict, names: set[str]) -> None:
     softmax = hf.get("scoring_func", "sigmoid") != "sigmoid" or ("scoring_func" not in hf and "moe_num_experts" in hf)
     if bias and softmax:
         raise _missing(source, "a score-correction bias on softmax router scores (ERNIE-4.5-MoE's)", bias[0])
-    known = ("mlp.experts.", "mlp.gate.", "mlp.shared_expert")
+    if any(s.startswith(("self_attn.q_a_proj", "self_attn.kv_a_proj")) for s in suffixes):
+        raise _missing(source, "multi-latent attention (MLA)", "self_attn.q_a_proj / kv_a_proj_with_mqa")
+    known = ("mlp.experts.", "mlp.gate.", "mlp.shared_expert", *(MIXTRAL + p for p in ("experts.", "gate.")))
     moe = [s for s in suffixes if any(w in s for w in ("experts", "router", "moe", "expert_"))]
     if moe and not all(s.startswith(known) for s in moe):
         where = sorted({s.rsplit(".", 1)[0] for s in moe if not s.startswith(known)})[:3]
@@ -243,7 +247,9 @@ def _first(hf: dict, keys) -> str | None:
 
 def _moe(draft, suffixes: set[str], covered: set[str]) -> None:
     hf = draft.hf
-    if "mlp.gate.weight" not in suffixes or not any(s.startswith("mlp.experts.") for s in suffixes):
+    prefix = next((p for p in ("mlp.", MIXTRAL) if f"{p}gate.weight" in suffixes
+                   and any(s.startswith(f"{p}experts.") for s in suffixes)), None)
+    if prefix is None:
         return
     experts, topk = _first(hf, EXPERT_KEYS), _first(hf, TOPK_KEYS)
     if experts is None or topk is None:
@@ -256,6 +262,8 @@ def _moe(draft, suffixes: set[str], covered: set[str]) -> None:
     kwargs["aux_loss"] = "router_aux_loss_coef" if "router_aux_loss_coef" in hf else None
     kwargs["norm_topk"] = "norm_topk_prob" if "norm_topk_prob" in hf else None
     layout: dict[str, str] = {}
+    if prefix == MIXTRAL:
+        layout.update(prefix=MIXTRAL, gate_up="{w1,w3}.weight", down="w2.weight")
     handled = {experts, topk, "moe_intermediate_size", "router_aux_loss_coef", "norm_topk_prob"}
     if any(s.startswith("mlp.shared_expert.") for s in suffixes):
         if "mlp.shared_expert_gate.weight" not in suffixes or "shared_expert_intermediate_size" not in hf:
@@ -293,7 +301,10 @@ def _moe(draft, suffixes: set[str], covered: set[str]) -> None:
     draft.family_rules.append((f"*moe_config_rules({', '.join(args)}, {code_kwargs})",
                                "a mixture of experts (router, experts, their keys)"))
     draft.layout_kwargs["mlp"] = "moe_layout(" + ", ".join(f"{k}={py(v)}" for k, v in layout.items()) + ")"
-    covered |= {s for s in suffixes if s.startswith(("mlp.gate.", "mlp.experts."))}
+    covered |= {s for s in suffixes if s.startswith((f"{prefix}gate.", f"{prefix}experts."))}
+    if "router_jitter_noise" in hf:  # training-time noise on the router logits
+        draft.passthrough.append("router_jitter_noise")
+        handled.add("router_jitter_noise")
     draft.handled |= handled
     if "output_router_logits" in hf:
         draft.passthrough.append("output_router_logits")
@@ -305,12 +316,20 @@ def _moe(draft, suffixes: set[str], covered: set[str]) -> None:
 
 def _patterns(draft) -> None:
     hf = draft.hf
+    if hf.get("use_sliding_window") is False:  # Qwen-style: the window keys are kept but never read
+        draft.hf_fixed["use_sliding_window"] = False
+        draft.notes["use_sliding_window"] = "sliding windows off (the window keys are carried, never read)"
+        for key in ("sliding_window", "layer_types", "max_window_layers", "sliding_window_pattern"):
+            if key in hf:
+                draft.passthrough.append(key)
+                draft.handled.add(key)
+        draft.handled.add("use_sliding_window")
     if "no_rope_layers" in hf or "no_rope_layer_interval" in hf:
         interval = draft.defaults.get("no_rope_layer_interval", 4)
         draft.family_rules.append((f"NoRopeLayers(default_interval={interval!r})", "layers without RoPE"))
         draft.handled |= {"no_rope_layers", "no_rope_layer_interval"}
         draft.found.append("layers without RoPE (no_rope_layers: NoRopeLayers)")
-    if "layer_types" in hf:
+    if "layer_types" in hf and "layer_types" not in draft.handled:
         if "use_sliding_window" in hf:  # the source's switch, as every preset has it
             sliding = any("sliding" in str(k) for k in hf["layer_types"] or ())
             draft.hf_fixed["use_sliding_window"] = sliding

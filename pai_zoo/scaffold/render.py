@@ -42,7 +42,7 @@ def _isort(name: str) -> tuple:
 def _imports(body: str) -> str:
     lines = []
     for module, names in IMPORTS.items():
-        used = [n for n in names if re.search(rf"\b{n}\b", body)]
+        used = [n for n in names if re.search(rf"(?<![\w\"]){n}\b(?!\")", body)]  # not a quoted key
         if used:
             lines.append(f"from {module} import {', '.join(sorted(used, key=_isort))}")
     return "\n".join(lines)
