@@ -10,7 +10,7 @@ from typing import Any
 from ..plugin.config_map import FAMILY_KEY_PREFIX, NORM_PLACEMENT, QK_NORM, REQUIRED, Field, Fixed, Require, Rule
 from ..plugin.errors import ConfigTranslationError
 from ..plugin.megatron_args import MIXTURE_OF_EXPERTS, MULTI_LATENT_ATTENTION
-from .mapping import QKV, Copy, GateUp, Output, Row, Vocab, on_layers
+from .mapping import QKV, Copy, GateUp, Output, Row, Vocab, WeightMap, on_layers
 from .moe_layers import (  # the MoE-layer rules, importable from here too (their home: pai_zoo.tables.moe_layers)
     EveryLayerMoe,
     FirstKDense,  # noqa: F401
@@ -399,6 +399,22 @@ def moe_config_rules(
 def qkv_bias(layer: str = HF_LAYER) -> Row:
     """The ``q/k/v_proj`` biases into ``linear_qkv.bias``."""
     return QKV(layer + "self_attn.{q,k,v}_proj.bias", MCORE_LAYER + "self_attention.linear_qkv.bias")
+
+
+def llama_table(config) -> "WeightMap":
+    """The Llama layout's weight table (:func:`llama_layout`) with the bias rows the config switches on
+    (``add_qkv_bias``: q/k/v; ``add_bias_linear``: ``o_proj``, ``gate/up_proj``, ``down_proj``): a family's
+    ``weight_map`` as it is (Llama, Mistral, Granite, SmolLM3)."""
+    rows = llama_layout()
+    if config.get("add_qkv_bias"):
+        rows.append(qkv_bias())
+    if config.get("add_bias_linear"):
+        rows += [
+            Copy(HF_LAYER + "self_attn.o_proj.bias", MCORE_LAYER + "self_attention.linear_proj.bias"),
+            GateUp(HF_LAYER + "mlp.{gate,up}_proj.bias", MCORE_LAYER + "mlp.linear_fc1.bias"),
+            Copy(HF_LAYER + "mlp.down_proj.bias", MCORE_LAYER + "mlp.linear_fc2.bias"),
+        ]
+    return WeightMap(*rows)
 
 
 #: megatron-core's SwiGLU MLP and RMSNorm, as the Llama layout's families have them.

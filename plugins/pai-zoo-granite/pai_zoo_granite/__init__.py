@@ -11,8 +11,15 @@ Granite is the Llama layout with four multipliers, each translated to a core opt
 """
 from __future__ import annotations
 
-from pai_zoo import ConfigMap, Copy, Family, Field, GateUp, Require, Rope, WeightMap, hookimpl
-from pai_zoo.layouts import HF_LAYER, MCORE_LAYER, llama_config_rules, llama_layout, moe_config_rules, qkv_bias
+from pai_zoo import ConfigMap, Copy, Family, Field, Require, Rope, WeightMap, hookimpl
+from pai_zoo.layouts import (
+    HF_LAYER,
+    MCORE_LAYER,
+    llama_config_rules,
+    llama_layout,
+    llama_table,
+    moe_config_rules,
+)
 from pai_zoo.plugin.multipliers import multiplier_rules
 from pai_zoo.tables.mapping import StackedExperts, on_layers
 
@@ -35,18 +42,8 @@ CONFIG = ConfigMap(
 L, M = HF_LAYER, MCORE_LAYER
 
 
-def weights(config) -> WeightMap:
-    """The Llama table; biases only where the config has them."""
-    rows = llama_layout()
-    if config.get("add_qkv_bias"):
-        rows.append(qkv_bias())
-    if config.get("add_bias_linear"):
-        rows += [
-            Copy(L + "self_attn.o_proj.bias", M + "self_attention.linear_proj.bias"),
-            GateUp(L + "mlp.{gate,up}_proj.bias", M + "mlp.linear_fc1.bias"),
-            Copy(L + "mlp.down_proj.bias", M + "mlp.linear_fc2.bias"),
-        ]
-    return WeightMap(*rows)
+#: The Llama table with the bias rows the config switches on.
+weights = llama_table
 
 
 def _write_toy_tokenizer(folder) -> None:

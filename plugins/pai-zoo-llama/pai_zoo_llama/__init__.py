@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from pai_zoo import (
     ConfigMap,
-    Copy,
     Family,
     Field,
-    GateUp,
     Require,
     Rope,
     WeightMap,
@@ -20,10 +18,10 @@ from pai_zoo.layouts import (
     llama_config_rules,
     llama_layout,
     llama_megatron_args,
+    llama_table,
     moe_config_rules,
     moe_layout,
     moe_megatron_args,
-    qkv_bias,
 )
 
 from .presets import MIXTRAL_PRESETS, PRESETS
@@ -44,18 +42,8 @@ CONFIG = ConfigMap(
 L, M = HF_LAYER, MCORE_LAYER
 
 
-def weights(config) -> WeightMap:
-    """Llama's table; biases only where the config has them."""
-    rows = llama_layout()
-    if config.get("add_qkv_bias"):
-        rows.append(qkv_bias())
-    if config.get("add_bias_linear"):
-        rows += [
-            Copy(L + "self_attn.o_proj.bias", M + "self_attention.linear_proj.bias"),
-            GateUp(L + "mlp.{gate,up}_proj.bias", M + "mlp.linear_fc1.bias"),
-            Copy(L + "mlp.down_proj.bias", M + "mlp.linear_fc2.bias"),
-        ]
-    return WeightMap(*rows)
+#: The Llama table with the bias rows the config switches on.
+weights = llama_table
 
 
 def _write_toy_tokenizer(folder) -> None:

@@ -11,18 +11,15 @@ from __future__ import annotations
 from pai_zoo import (
     ConfigMap,
     ConfigTranslationError,
-    Copy,
     Family,
     Field,
-    GateUp,
     Require,
     Rope,
     Rule,
-    WeightMap,
     hookimpl,
 )
 from pai_zoo.config_map import FAMILY_KEY_PREFIX
-from pai_zoo.layouts import HF_LAYER, MCORE_LAYER, llama_config_rules, llama_layout, qkv_bias
+from pai_zoo.layouts import HF_LAYER, MCORE_LAYER, llama_config_rules, llama_table
 from pai_zoo.plugin.no_rope import NoRopeLayers, interval_layers
 
 from .presets import PRESETS
@@ -91,18 +88,8 @@ CONFIG = ConfigMap(
 L, M = HF_LAYER, MCORE_LAYER
 
 
-def weights(config) -> WeightMap:
-    """The Llama table; biases only where the config has them."""
-    rows = llama_layout()
-    if config.get("add_qkv_bias"):
-        rows.append(qkv_bias())
-    if config.get("add_bias_linear"):
-        rows += [
-            Copy(L + "self_attn.o_proj.bias", M + "self_attention.linear_proj.bias"),
-            GateUp(L + "mlp.{gate,up}_proj.bias", M + "mlp.linear_fc1.bias"),
-            Copy(L + "mlp.down_proj.bias", M + "mlp.linear_fc2.bias"),
-        ]
-    return WeightMap(*rows)
+#: The Llama table with the bias rows the config switches on.
+weights = llama_table
 
 
 def _write_toy_tokenizer(folder) -> None:
