@@ -52,6 +52,7 @@ from .megatron_folder import (
     MegatronCheckpointError,
     checkpoint_args,
     has_tracker,
+    recorded_tensors,
 )
 from .safe_pickle import safe_load
 
@@ -350,12 +351,7 @@ def hf_side(path) -> Path | None:
 def recorded_scales(path) -> dict | None:
     """The FP8 block scales a checkpoint converted from an FP8 folder kept (``hf/fp8_scales.safetensors``), by
     their HF names; ``None`` when it kept none."""
-    file = Path(path) / HF_DIR / SCALES_FILE
-    if not file.is_file():
-        return None
-    from safetensors.torch import load_file
-
-    return load_file(file)
+    return recorded_tensors(path, SCALES_FILE)
 
 
 def common_state(it: IterationFolder) -> dict:

@@ -139,3 +139,14 @@ def latest_iteration(folder) -> int | None:
     if not iteration_dir(folder).is_dir():
         raise PaiZooError(f"{tracker} names iteration {value}, but {iteration_dir(folder)} is missing")
     return int(value)
+
+
+def recorded_tensors(path, file: str) -> dict | None:
+    """The tensors a converted checkpoint kept beside its HF side (``hf/FILE``: the FP8 or MXFP4 scales of the folder
+    it was converted from), by their HF names; ``None`` when it kept none."""
+    stored = Path(path) / HF_DIR / file
+    if not stored.is_file():
+        return None
+    from safetensors.torch import load_file
+
+    return load_file(stored)

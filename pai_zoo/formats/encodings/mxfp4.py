@@ -30,7 +30,7 @@ import torch
 
 from ...plugin.errors import PaiZooError
 from ..base import CheckpointReader
-from ..megatron_folder import HF_DIR
+from ..megatron_folder import recorded_tensors
 
 #: ``quantization_config.quant_method`` of this encoding.
 METHOD = "mxfp4"
@@ -326,12 +326,7 @@ def writer_for(source_scheme: Mxfp4 | None, recorded: dict | None, names: Iterab
 def recorded_scales(path) -> dict | None:
     """The MXFP4 scales a checkpoint converted from an MXFP4 folder kept (``hf/mxfp4_scales.safetensors``), by
     their HF names; ``None`` when it kept none."""
-    file = Path(path) / HF_DIR / SCALES_FILE
-    if not file.is_file():
-        return None
-    from safetensors.torch import load_file
-
-    return load_file(file)
+    return recorded_tensors(path, SCALES_FILE)
 
 
 #: The decoding reader of this encoding (:func:`pai_zoo.formats.encodings.decoded`).
