@@ -113,7 +113,7 @@ def test_scaled_rope_keeps_every_parameter_and_round_trips(params):
 @pytest.mark.parametrize("params, message", [
     ({"rope_type": "dynamic", "factor": 2.0}, "rope_type='dynamic' is not supported: dynamic NTK scaling recomputes"),
     ({"rope_type": "longrope", "factor": 2.0, "short_factor": [1.0], "long_factor": [2.0],
-      "original_max_position_embeddings": 64}, "rope_type='longrope' is not supported: LongRoPE switches"),
+      "original_max_position_embeddings": 64}, "LongRoPE's factor lists are one per rotated channel pair"),
     ({"rope_type": "proportional", "partial_rotary_factor": 0.5}, "rope_type='proportional' is not supported"),
     ({"rope_type": "wavy"}, "rope_type='wavy' is not a RoPE type pai-zoo knows; supported: default, linear, llama3"),
     ({"rope_type": "llama3", "factor": 8.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
@@ -124,6 +124,19 @@ def test_scaled_rope_keeps_every_parameter_and_round_trips(params):
 def test_rope_megatron_cannot_compute_is_refused_with_the_reason(params, message):
     with pytest.raises(ConfigTranslationError, match=message.replace("(", r"\(").replace(")", r"\)")):
         TABLE.to_mcore("fam", hf(rope_parameters={"rope_theta": 1e4, **params}))
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"short_factor": [1.0] * 7, "long_factor": [2.0] * 8}, "rope_parameters.short_factor must be 8 numbers"),
+    ({"short_factor": [1.0] * 8, "long_factor": [2.0] * 8, "original_max_position_embeddings": -5},
+     "original_max_position_embeddings=-5: LongRoPE needs the pretraining length"),
+    ({"short_factor": [1.0] * 4, "long_factor": [2.0] * 4, "partial_rotary_factor": 0.5},
+     "LongRoPE's attention factor 1.1\\d+ scales the rotated channels only"),
+])
+def test_longrope_values_it_cannot_compute_are_refused(params, message):
+    rope = {"rope_theta": 1e4, "rope_type": "longrope", "original_max_position_embeddings": 64, **params}
+    with pytest.raises(ConfigTranslationError, match=message):
+        TABLE.to_mcore("fam", hf(num_attention_heads=4, max_position_embeddings=256, rope_parameters=rope))
 
 
 def test_older_configs_with_megatrons_own_rope_scaling_translate_back():

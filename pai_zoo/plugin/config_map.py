@@ -375,7 +375,12 @@ def _longrope(hf: dict, params: dict, partial) -> dict[str, Any]:
     if isinstance(original, bool) or not isinstance(original, int) or original < 1:
         raise ConfigTranslationError(f"rope_parameters.original_max_position_embeddings={original!r}: LongRoPE needs "
                                      "the pretraining length, a positive integer")
-    head_dim = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
+    head_dim = hf.get("head_dim")
+    if not head_dim:
+        if not hf.get("hidden_size") or not hf.get("num_attention_heads"):
+            raise ConfigTranslationError("config.json has neither head_dim nor hidden_size and num_attention_heads: "
+                                         "LongRoPE's factor lists are one per rotated channel pair of a head")
+        head_dim = hf["hidden_size"] // hf["num_attention_heads"]
     dim = int(head_dim * (1.0 if partial is None else partial))
     for key in ("short_factor", "long_factor"):
         values = params[key]
