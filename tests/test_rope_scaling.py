@@ -102,12 +102,26 @@ def test_checkpoint_rebuilds_the_same_frequencies(variant, tmp_path):
     checks.check_parallel_equivalence(case, tmp_path / "parallel", layouts=((2, 1), (1, 2)))
 
 
-@pytest.mark.parametrize("params, message", [
-    ({"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0},
-     "rope_parameters.rope_type='dynamic' is not supported: dynamic NTK scaling recomputes the frequencies"),
-    ({"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * 8, "long_factor": [2.0] * 8,
-      "original_max_position_embeddings": 4096}, "rope_parameters.rope_type='longrope' is not supported"),
-])
-def test_rope_that_depends_on_the_running_length_is_refused(params, message):
-    with pytest.raises(ConfigTranslationError, match=message):
+def test_dynamic_rope_which_recomputes_with_the_running_length_is_refused():
+    params = {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}
+    with pytest.raises(ConfigTranslationError, match="rope_parameters.rope_type='dynamic' is not supported: dynamic "
+                                                     "NTK scaling recomputes the frequencies"):
         checks.build_case(LLAMA, **{"rope_parameters": params})
+
+
+def test_longrope_on_a_llama_switches_factors_where_transformers_does():
+    """LongRoPE (computed, no longer refused) on the Llama layout: the short factors up to
+    original_max_position_embeddings (12 here), the long ones past it, each as transformers' Llama computes them."""
+    params = {"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 12,
+              "short_factor": [1.0 + 0.1 * i for i in range(8)], "long_factor": [2.0 + 0.5 * i for i in range(8)]}
+    case = checks.build_case(LLAMA, "llama3-tiny", rope_parameters=params)
+    from pai_zoo.mcore.forward import mcore_forward
+
+    ids = torch.randint(0, 500, (1, 20), generator=torch.Generator().manual_seed(5))
+    deltas = []
+    for length in (12, 20):  # within the pretraining length, then past it (the long factors)
+        with torch.no_grad():
+            expected = case.hf_model(input_ids=ids[:, :length]).logits
+            got = mcore_forward(case.mcore_model, ids[:, :length])[..., :expected.shape[-1]]
+        deltas.append((got - expected).abs().max().item())
+    assert max(deltas) <= checks.LOGITS_ATOL, deltas
