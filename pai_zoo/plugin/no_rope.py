@@ -12,6 +12,9 @@ number (pipeline stages see the right entries), and by pai-zoo's KV-cache attent
 A family that needs the flags (Llama 4's temperature tuning acts on the no-RoPE layers) reads them with
 :func:`no_rope_flags`. The interval is kept in ``arch[NO_ROPE_INTERVAL]`` and written back, so a config's
 ``no_rope_layer_interval`` survives HF -> mcore -> HF even where the list decides.
+
+EXAONE 4 names no such list: its full-attention layers skip RoPE whenever the config has a sliding window
+(:class:`NoRopeOnFullLayers`, after :class:`~pai_zoo.plugin.layer_pattern.LayerTypes`).
 """
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ from typing import Any
 from .config_map import CORE_KEY_PREFIX, Rule
 from .errors import ConfigTranslationError
 
-__all__ = ["NO_ROPE_INTERVAL", "NoRopeLayers", "interval_layers", "no_rope_flags"]
+__all__ = ["NO_ROPE_INTERVAL", "NoRopeLayers", "NoRopeOnFullLayers", "interval_layers", "no_rope_flags"]
 
 #: arch key of the source config's ``no_rope_layer_interval`` (the one the list was derived from, or given beside it).
 NO_ROPE_INTERVAL = CORE_KEY_PREFIX + "no_rope_layer_interval"
@@ -84,3 +87,25 @@ class NoRopeLayers(Rule):
     def to_hf(self, arch: dict, hf: dict) -> None:
         hf["no_rope_layers"] = [0 if skip else 1 for skip in no_rope_flags(arch)]
         hf["no_rope_layer_interval"] = arch.get(NO_ROPE_INTERVAL, self.default_interval)
+
+
+class NoRopeOnFullLayers(Rule):
+    """The full-attention layers skip RoPE when the config has a sliding window (EXAONE 4's global layers:
+    transformers rotates q and k only ``if self.sliding_window is None or self.is_sliding``): megatron-core's
+    ``no_rope_freq``, 1 on the layers that :class:`~pai_zoo.plugin.layer_pattern.LayerTypes` (listed before this
+    rule) made full. Without a window every layer keeps RoPE. Nothing to write back: the flags follow from the window
+    and the layer pattern. ``pai-zoo plugin new`` finds this rule by measurement."""
+
+    def __repr__(self) -> str:
+        return "NoRopeOnFullLayers()"
+
+    def to_mcore(self, hf: dict, arch: dict) -> None:
+        flags = arch.get("window_attn_skip_freq")
+        if arch.get("window_size") is not None and isinstance(flags, list) and not all(flags):
+            arch["no_rope_freq"] = [0 if flag else 1 for flag in flags]
+
+    def to_hf(self, arch: dict, hf: dict) -> None:
+        pass  # derived from the layer pattern and the window
+
+    def describe(self) -> str:
+        return "no RoPE on the full-attention layers when a sliding window is set (no_rope_freq, 1 = no RoPE)"
