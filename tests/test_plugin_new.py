@@ -237,8 +237,8 @@ NEW_PLUGINS = {
                              'Field("logits_scaling", "pai_zoo.logits_scale", default=1.0)']),
     "olmoex": ("olmoe", ['"num_experts", "num_experts_per_tok", expert_ffn=None', "*moe_config_rules(",
                          "moe_layout()", '"pai_zoo.qk_norm": "projection"']),
-    "exaone4x": ("exaone4", ["class NoRopeOnFullLayers(Rule):", "NoRopeOnFullLayers(),", '"qk_layernorm": True',
-                             '"pai_zoo.norm_placement": "post"', "LayerTypes("]),
+    "exaone4x": ("exaone4", ["from pai_zoo.plugin.no_rope import NoRopeOnFullLayers", "NoRopeOnFullLayers(),",
+                             '"qk_layernorm": True', '"pai_zoo.norm_placement": "post"', "LayerTypes("]),
     "ministral3x": ("ministral3", ["Llama4ScalingBeta()"]),
 }
 

@@ -385,24 +385,12 @@ def preset_patterns(preset: dict, hf: dict, layers: int, window: int) -> None:
 
 
 #: Config rules that measurement may find (``pai-zoo plugin new`` tries them as it tries the arch variants of
-#: :data:`pai_zoo.scaffold.measure.VARIANTS`): name -> (the class's source, what it means, whether it may apply).
+#: :data:`pai_zoo.scaffold.measure.VARIANTS`): name -> (the class's source, or "" for a core rule the generated plugin
+#: imports (:data:`pai_zoo.scaffold.render.IMPORTS`), what it means, whether it may apply).
 RULE_VARIANTS = {
+    # pai_zoo.plugin.no_rope.NoRopeOnFullLayers: EXAONE-4's global layers
     "NoRopeOnFullLayers": (
-        '''class NoRopeOnFullLayers(Rule):
-    """Found by measurement: the full-attention layers skip RoPE when the config has a sliding window (EXAONE-4's
-    global layers): megatron-core's no_rope_freq, 1 on those layers."""
-
-    def to_mcore(self, hf: dict, arch: dict) -> None:
-        flags = arch.get("window_attn_skip_freq")
-        if arch.get("window_size") is not None and isinstance(flags, list) and not all(flags):
-            arch["no_rope_freq"] = [0 if flag else 1 for flag in flags]
-
-    def to_hf(self, arch: dict, hf: dict) -> None:
-        pass  # derived from the layer pattern and the window
-
-    def describe(self) -> str:
-        return "no RoPE on the full-attention layers when a sliding window is set"
-''',
+        "",
         "skips RoPE on its full-attention layers when a sliding window is set",
         lambda draft: "layer_types" in draft.hf and "no_rope_layers" not in draft.hf,
     ),

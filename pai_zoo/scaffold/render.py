@@ -16,7 +16,7 @@ IMPORTS = {
     "pai_zoo.layouts": ("FirstKDense", "SparseStep", "llama_config_rules", "llama_layout", "moe_config_rules",
                         "moe_layout"),
     "pai_zoo.plugin.layer_pattern": ("LayerTypes",),
-    "pai_zoo.plugin.no_rope": ("NoRopeLayers",),
+    "pai_zoo.plugin.no_rope": ("NoRopeLayers", "NoRopeOnFullLayers"),
     "pai_zoo.plugin.query_scale": ("Llama4ScalingBeta",),
     "pai_zoo.testing.tokenizers": ("ByteLevelBPE",),
 }
@@ -83,7 +83,7 @@ def _rules(draft: Draft) -> list[tuple[str, str]]:
 
 
 def rule_classes(draft: Draft) -> str:
-    names = _rule_variants(draft)
+    names = [name for name in _rule_variants(draft) if RULE_VARIANTS[name][0]]  # "": the core's, imported
     return "".join(("\n" if i == 0 else "") + RULE_VARIANTS[name][0] + "\n\n" for i, name in enumerate(names))
 
 
