@@ -25,7 +25,16 @@ from typing import Any
 
 from ..families.registry import get_registry
 from ..plugin.config_map import NON_ARCHITECTURE_KEYS, REQUIRED, Field
-from .mechanisms import MOE_ODD, MOE_TINY, detect, preset_patterns, refuse, refuse_config, shapes_of
+from .mechanisms import (
+    MOE_ODD,
+    MOE_TINY,
+    detect,
+    layer_suffixes,
+    preset_patterns,
+    refuse,
+    refuse_config,
+    shapes_of,
+)
 from .pysource import py
 from .source import ScaffoldError, Source
 
@@ -159,18 +168,6 @@ def _meta_names(source: Source, values: dict) -> set[str]:
     return set(shapes_of(values, source))
 
 
-def _layer_suffixes(names: set[str]) -> set[str]:
-    """``model.layers.N.x`` -> ``x``; other names as they are."""
-    out = set()
-    for name in names:
-        parts = name.split(".")
-        if parts[:2] == ["model", "layers"] and len(parts) > 3 and parts[2].isdigit():
-            out.add(".".join(parts[3:]))
-        else:
-            out.add(name)
-    return out
-
-
 def _literal(value: Any) -> bool:
     """Whether ``repr(value)`` is Python source that evaluates back to it."""
     try:
@@ -250,7 +247,7 @@ def _infer_names(draft: Draft) -> None:
             flipped = _meta_names(source, {**values, key: not value})
         except Exception:  # a value the config class refuses: not a bias switch
             continue
-        changed = _layer_suffixes(base ^ flipped)
+        changed = layer_suffixes(base ^ flipped)
         if not changed:
             continue
         groups = {g for g, (suffixes, _) in BIAS_GROUPS.items() if changed & set(suffixes)}
@@ -265,7 +262,7 @@ def _infer_names(draft: Draft) -> None:
             continue
         switches[key] = groups
         every |= flipped
-    on_names = _layer_suffixes(every)
+    on_names = layer_suffixes(every)
     rows = {"embed", "model.embed_tokens.weight", "model.norm.weight", "lm_head.weight", "input_layernorm.weight",
             "post_attention_layernorm.weight", "self_attn.o_proj.weight", "mlp.down_proj.weight",
             *(f"self_attn.{p}_proj.weight" for p in "qkv"), *(f"mlp.{p}_proj.weight" for p in ("gate", "up"))}

@@ -57,7 +57,8 @@ ACTIVATION_NAMES = {"xielu": "the xIELU activation", "relu2": "the squared-ReLU 
                     "gelu_fast": "the fast GELU approximation", "mish": "the Mish activation"}
 
 
-def _suffixes(names) -> set[str]:
+def layer_suffixes(names) -> set[str]:
+    """``model.layers.N.x`` -> ``x``; other names as they are."""
     out = set()
     for name in names:
         parts = name.split(".")
@@ -113,7 +114,7 @@ def refuse_config(source, hf: dict, known_acts) -> None:
 def refuse(source, hf: dict, names: set[str]) -> None:
     """Raise :class:`ScaffoldError` (one line naming the mechanism) where the model's tensors show a mechanism that
     plugin new does not write. ``names``: the tiny model's checkpoint tensor names."""
-    suffixes = _suffixes(names)
+    suffixes = layer_suffixes(names)
     if any(s.endswith("sinks") for s in suffixes):
         raise _missing(source, "attention sinks", "self_attn.sinks: a learned logit per head in the softmax")
     if any(".experts." in s and s.endswith("bias") for s in suffixes):
@@ -164,7 +165,7 @@ def _layer0(shapes: dict, suffix: str):
 def detect(draft, shapes: dict[str, tuple], values: dict) -> set[str]:
     """Fill ``draft`` (rows, rules, arch keys, handled keys) with the mechanisms ``shapes`` and the config show;
     returns the layer suffixes (and top-level names) they cover."""
-    suffixes = _suffixes(shapes)
+    suffixes = layer_suffixes(shapes)
     covered: set[str] = set()
     # fused projections
     if "self_attn.qkv_proj.weight" in suffixes:
