@@ -1,23 +1,14 @@
 """The suite catches the per-layer attention pattern turned off: the sliding window on the wrong layers
 (``window_attn_skip_freq`` flipped), and a sliding layer given the full layers' RoPE base (Gemma 3's two bases)."""
-import dataclasses
 
 import pytest
 
-from pai_zoo import ConfigMap
 from pai_zoo.families.registry import get_registry
 from pai_zoo.plugin.layer_pattern import FULL, LAYER_ROPE, SLIDING, LayerRope, LayerTypes
 from pai_zoo_conformance import ConformanceFailure, checks
+from pai_zoo_conformance.breakage import with_rule
 
 GEMMA3 = get_registry().family("gemma3")
-
-
-def with_rule(family, kind: type, replacement, name: str):
-    """``family`` whose config rule of class ``kind`` is ``replacement``."""
-    assert any(isinstance(rule, kind) for rule in family.config_map.rules)
-    rules = [replacement if isinstance(rule, kind) else rule for rule in family.config_map.rules]
-    return dataclasses.replace(family, name=name,
-                               config_map=ConfigMap(*rules, passthrough=tuple(family.config_map.passthrough)))
 
 
 class FlippedWindows(LayerTypes):

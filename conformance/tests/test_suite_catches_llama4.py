@@ -2,23 +2,14 @@
 ``llama_4_scaling_beta`` ignored, Llama 4's chunked attention replaced by full attention, Llama 4's attention
 temperature tuning dropped. Each odd preset sets the threshold small (original_max_position_embeddings 6, chunks of 6,
 floor_scale 3), so the standard 16-token forward check crosses it."""
-import dataclasses
 
 import pytest
 
-from pai_zoo import ConfigMap
 from pai_zoo.families.registry import get_registry
 from pai_zoo.plugin.chunked_attention import ATTENTION_CHUNK, ChunkedLayerTypes
 from pai_zoo.plugin.query_scale import QUERY_SCALE, Llama4ScalingBeta, TemperatureTuning
 from pai_zoo_conformance import ConformanceFailure, checks
-
-
-def with_rule(family, kind: type, replacement, name: str):
-    """``family`` whose config rule of class ``kind`` is ``replacement``."""
-    rules = [replacement if isinstance(rule, kind) else rule for rule in family.config_map.rules]
-    assert any(isinstance(rule, kind) for rule in family.config_map.rules)
-    return dataclasses.replace(family, name=name,
-                               config_map=ConfigMap(*rules, passthrough=tuple(family.config_map.passthrough)))
+from pai_zoo_conformance.breakage import with_rule
 
 
 class BetaIgnored(Llama4ScalingBeta):

@@ -1,21 +1,12 @@
 """The suite catches the scaling mechanisms turned off: a no-RoPE layer given RoPE, a Granite multiplier dropped
 (residual, logits), LongRoPE's long factor ignored past ``original_max_position_embeddings``."""
-import dataclasses
 
 import pytest
 
-from pai_zoo import ConfigMap
 from pai_zoo.families.registry import get_registry
 from pai_zoo.plugin.no_rope import NoRopeLayers
 from pai_zoo_conformance import ConformanceFailure, checks
-
-
-def with_rule(family, kind: type, replacement, name: str):
-    """``family`` whose config rule of class ``kind`` is ``replacement``."""
-    rules = [replacement if isinstance(rule, kind) else rule for rule in family.config_map.rules]
-    assert any(isinstance(rule, kind) for rule in family.config_map.rules)
-    return dataclasses.replace(family, name=name,
-                               config_map=ConfigMap(*rules, passthrough=tuple(family.config_map.passthrough)))
+from pai_zoo_conformance.breakage import with_rule
 
 
 class RopeEverywhere(NoRopeLayers):

@@ -12,6 +12,7 @@ from pai_zoo import ConfigMap, ConfigTranslationError
 from pai_zoo.layouts import MoeLayerRange
 from pai_zoo.registry import get_registry
 from pai_zoo_conformance import ConformanceFailure, checks
+from pai_zoo_conformance.breakage import with_rule
 from pai_zoo_conformance.cases import copy_case, shared_case
 
 
@@ -71,9 +72,7 @@ class _EveryLayerOfTheRange(MoeLayerRange):
 def test_moe_layers_put_on_the_wrong_layers_fail_the_suite():
     """The odd preset's MoE layers are 1 and 3 (interval 2): a rule putting them on layers 1-3 is caught."""
     fam = _family("ernie4_5_moe")
-    rules = [(_EveryLayerOfTheRange() if isinstance(r, MoeLayerRange) else r) for r in fam.config_map.rules]
-    broken = dataclasses.replace(fam, name="ernie4_5_moe-broken",
-                                 config_map=ConfigMap(*rules, passthrough=tuple(fam.config_map.passthrough)))
+    broken = with_rule(fam, MoeLayerRange, _EveryLayerOfTheRange(), "ernie4_5_moe-broken")
     assert broken.to_mcore_config(fam.presets[fam.odd]).arch["moe_layer_freq"] == [0, 1, 1, 1]
     with pytest.raises(ConformanceFailure, match=r"\[mapping\]"):
         checks.build_case(broken, fam.odd)

@@ -3,11 +3,9 @@ refused in one line, a window-less model (RoPE on every full layer) against tran
 the full layers are given RoPE."""
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
-from pai_zoo import ConfigMap, ConfigTranslationError
+from pai_zoo import ConfigTranslationError
 from pai_zoo.plugin.layer_pattern import FULL, SLIDING
 from pai_zoo.plugin.no_rope import NoRopeOnFullLayers, no_rope_flags
 from pai_zoo.registry import get_registry
@@ -95,10 +93,9 @@ class RopeOnEveryLayer(NoRopeOnFullLayers):
 @pytest.mark.parametrize("preset", ["exaone4-tiny", "exaone4-odd"])
 def test_the_suite_fails_when_the_full_layers_get_rope(preset):
     from pai_zoo_conformance import ConformanceFailure, checks
+    from pai_zoo_conformance.breakage import with_rule
 
     fam = _family()
-    rules = [RopeOnEveryLayer() if isinstance(r, NoRopeOnFullLayers) else r for r in fam.config_map.rules]
-    broken = dataclasses.replace(fam, name="exaone4-rope-everywhere",
-                                 config_map=ConfigMap(*rules, passthrough=tuple(fam.config_map.passthrough)))
+    broken = with_rule(fam, NoRopeOnFullLayers, RopeOnEveryLayer(), "exaone4-rope-everywhere")
     with pytest.raises(ConformanceFailure, match=r"\[forward\]"):
         checks.check_forward_equivalence(checks.build_case(broken, preset))
