@@ -47,22 +47,23 @@ demo: $(STAMP)
 # MEGATRON_ONLY=1 runs the rest alone: the second megatron-core version's pass. pytest's last lines say where the
 # time went: the ten slowest tests, then the total.
 MEGATRON_ONLY ?=
-# ONCE_ELSEWHERE=1 leaves the tests marked megatron_once to the other pass (make test: the megatron-core 0.19 one).
-ONCE_ELSEWHERE ?=
+# ONCE_PASS=first|second: this is one of two megatron-core passes; it runs only its share of the tests marked
+# megatron_once (first: those marked megatron_once(first=True); second: the others). Empty: all of them.
+ONCE_PASS ?=
 test-one: $(STAMP)
 	$(PY) -m ruff check .
 	@export OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1}; rc=0; \
 	$(if $(MEGATRON_ONLY),,echo "== the tests that never import megatron-core (once) =="; \
 	  $(PY) -m pytest -q --durations=10 --pai-zoo-megatron-free $(PYTEST_ARGS) || rc=1;) \
 	echo "== the tests of megatron-core $$($(PY) -c 'import importlib.metadata as m; print(m.version("megatron-core"))') =="; \
-	$(PY) -m pytest -q --durations=10 --pai-zoo-megatron-only $(if $(ONCE_ELSEWHERE),--pai-zoo-without-megatron-once) \
+	$(PY) -m pytest -q --durations=10 --pai-zoo-megatron-only $(if $(ONCE_PASS),--pai-zoo-once-pass=$(ONCE_PASS)) \
 	  $(PYTEST_ARGS) || rc=1; \
 	exit $$rc
 
 # The two passes run at the same time (the 0.19 pass's output is printed when it ends): on 2 cores that takes
 # about as long as the slower pass alone, where one after the other took the sum. The tests that never import
-# megatron-core run in the first pass only; those marked megatron_once (no particular megatron-core version) in the
-# 0.19 pass only.
+# megatron-core run in the first pass only; those marked megatron_once (no particular megatron-core version) in one
+# of the two, split to balance them: megatron_once(first=True) in the first, the others in the 0.19 pass.
 test:
 	@py312="$(call find_python312)"; \
 	if [ -z "$$py312" ]; then \
@@ -71,8 +72,8 @@ test:
 	fi; \
 	log=$$(mktemp); \
 	echo "make test: megatron-core 0.19 pass on $$py312 in $(VENV312), alongside the first (output at the end)"; \
-	$(MAKE) --no-print-directory test-one PYTHON="$$py312" VENV=$(VENV312) MEGATRON_ONLY=1 >"$$log" 2>&1 & pid=$$!; \
-	$(MAKE) --no-print-directory test-one ONCE_ELSEWHERE=1; rc1=$$?; \
+	$(MAKE) --no-print-directory test-one PYTHON="$$py312" VENV=$(VENV312) MEGATRON_ONLY=1 ONCE_PASS=second >"$$log" 2>&1 & pid=$$!; \
+	$(MAKE) --no-print-directory test-one ONCE_PASS=first; rc1=$$?; \
 	wait $$pid; rc2=$$?; \
 	echo "== make test: the megatron-core 0.19 pass ($(VENV312)) =="; cat "$$log"; rm -f "$$log"; \
 	echo "make test: first pass exit $$rc1, megatron-core 0.19 pass exit $$rc2"; \

@@ -14,9 +14,10 @@ One test of a marked file that needs megatron-core is marked ``megatron`` and ru
 
 A test marked ``megatron_once`` needs megatron-core but checks pai-zoo's own material, not a megatron-core version:
 docs/tutorial.md run as written, the plugins ``pai-zoo plugin new`` generates. What they run of megatron-core is
-tested in every pass by tests of their own. ``--pai-zoo-without-megatron-once`` leaves them out of a pass; ``make
-test`` gives it to the first pass when the megatron-core 0.19 pass runs too, so they run once, on the newest
-megatron-core (with one pass only, they run in it).
+tested in every pass by tests of their own. When two megatron-core passes run (``make test``), each is given
+``--pai-zoo-once-pass=first`` or ``second`` and runs only its share of them: those marked
+``megatron_once(first=True)`` in the first pass (megatron-core 0.16), the others in the second (the newest
+megatron-core). The split only balances the two passes' time; with one pass only (no option), all of them run in it.
 
 The two selections are complements, so a test is never dropped: a wrongly marked test fails the first run, an
 unmarked one runs in every pass. ``make test`` runs the first once and the second once per megatron-core version.
@@ -56,14 +57,23 @@ def is_free(item) -> bool:
     return item.get_closest_marker(MARKER) is not None and item.get_closest_marker(NEEDS) is None
 
 
+def once_share(item) -> str | None:
+    """The pass of two that runs a ``megatron_once`` test (``first`` or ``second``), None for any other test."""
+    mark = item.get_closest_marker(ONCE)
+    if mark is None:
+        return None
+    return "first" if mark.kwargs.get("first") else "second"
+
+
 def addoption(parser) -> None:
     group = parser.getgroup("pai-zoo passes")
     group.addoption("--pai-zoo-megatron-free", action="store_true",
                     help=f"run only the tests marked {MARKER}, with megatron-core forbidden (a check of the mark)")
     group.addoption("--pai-zoo-megatron-only", action="store_true",
                     help=f"run only the tests not marked {MARKER} (the pass of one megatron-core version)")
-    group.addoption("--pai-zoo-without-megatron-once", action="store_true",
-                    help=f"leave out the tests marked {ONCE} (they run in another megatron-core version's pass)")
+    group.addoption("--pai-zoo-once-pass", choices=("first", "second"),
+                    help=f"this is one of two megatron-core passes: run only its share of the tests marked {ONCE} "
+                         f"(first: those marked {ONCE}(first=True); second: the others)")
 
 
 def configure(config) -> None:
@@ -71,7 +81,8 @@ def configure(config) -> None:
                                        "megatron-core pass (checked by --pai-zoo-megatron-free)")
     config.addinivalue_line("markers", f"{NEEDS}: needs megatron-core although its file is marked {MARKER}")
     config.addinivalue_line("markers", f"{ONCE}: needs megatron-core, not a particular version: runs in one "
-                                       "megatron-core pass (left out by --pai-zoo-without-megatron-once)")
+                                       "megatron-core pass (first=True: the first of two, else the second; see "
+                                       "--pai-zoo-once-pass)")
     if config.getoption("--pai-zoo-megatron-free") and config.getoption("--pai-zoo-megatron-only"):
         raise pytest.UsageError("--pai-zoo-megatron-free and --pai-zoo-megatron-only select disjoint tests: "
                                 "give one")
@@ -103,14 +114,14 @@ def ignore_collect(collection_path: Path, config) -> bool | None:
 
 def modify_items(config, items) -> None:
     free = config.getoption("--pai-zoo-megatron-free")
-    without_once = config.getoption("--pai-zoo-without-megatron-once")
-    if not free and not config.getoption("--pai-zoo-megatron-only") and not without_once:
+    once_pass = config.getoption("--pai-zoo-once-pass")
+    if not free and not config.getoption("--pai-zoo-megatron-only") and not once_pass:
         return
     selecting = free or config.getoption("--pai-zoo-megatron-only")
     keep, drop = [], []
     for item in items:
-        kept = (is_free(item) == free if selecting else True) and not (
-            without_once and item.get_closest_marker(ONCE) is not None)
+        kept = (is_free(item) == free if selecting else True) and (
+            not once_pass or once_share(item) in (None, once_pass))
         (keep if kept else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)

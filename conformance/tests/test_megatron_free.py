@@ -50,6 +50,11 @@ def test_version_independent():
     assert sum([1, 2]) == 3
 
 
+@pytest.mark.megatron_once(first=True)
+def test_version_independent_first():
+    assert sum([1, 3]) == 4
+
+
 def test_every_pass():
     assert sum([2, 2]) == 4
 
@@ -99,13 +104,19 @@ def test_a_wrong_mark_fails_and_the_selections_are_complements(tmp_path):
 def test_a_megatron_once_test_is_left_out_of_the_pass_told_so(tmp_path):
     (tmp_path / "test_once.py").write_text(ONCE)
     every = _pytest(tmp_path, "--pai-zoo-megatron-only")
-    assert "PASSED test_once.py::test_version_independent" in every.stdout and "2 passed, 1 deselected" in every.stdout
-    other = _pytest(tmp_path, "--pai-zoo-megatron-only", "--pai-zoo-without-megatron-once")
-    assert other.returncode == 0, other.stdout
-    assert "PASSED test_once.py::test_every_pass" in other.stdout and "test_version_independent" not in other.stdout
-    assert "1 passed, 2 deselected" in other.stdout, other.stdout  # the once-only one and the megatron_once one
-    alone = _pytest(tmp_path, "--pai-zoo-without-megatron-once")  # without a pass selection: every other test
-    assert "2 passed, 1 deselected" in alone.stdout and "test_version_independent" not in alone.stdout, alone.stdout
+    assert "PASSED test_once.py::test_version_independent" in every.stdout and "3 passed, 1 deselected" in every.stdout
+    first = _pytest(tmp_path, "--pai-zoo-megatron-only", "--pai-zoo-once-pass=first")
+    assert first.returncode == 0, first.stdout
+    assert "PASSED test_once.py::test_every_pass" in first.stdout, first.stdout
+    assert "PASSED test_once.py::test_version_independent_first" in first.stdout, first.stdout
+    assert "PASSED test_once.py::test_version_independent" not in first.stdout.splitlines(), first.stdout
+    assert "2 passed, 2 deselected" in first.stdout, first.stdout  # the once-only one and the second pass's one
+    second = _pytest(tmp_path, "--pai-zoo-megatron-only", "--pai-zoo-once-pass=second")
+    assert "PASSED test_once.py::test_version_independent" in second.stdout, second.stdout
+    assert "test_version_independent_first" not in second.stdout, second.stdout
+    assert "2 passed, 2 deselected" in second.stdout, second.stdout
+    alone = _pytest(tmp_path, "--pai-zoo-once-pass=second")  # without a megatron selection: every other test
+    assert "3 passed, 1 deselected" in alone.stdout and "_first" not in alone.stdout, alone.stdout
 
 
 ONCE_SUITE = '''
@@ -131,7 +142,7 @@ def test_a_once_suite_runs_only_its_forward_checks_in_the_other_pass(tmp_path):
     checks = sorted(n for n in dir(ConformanceSuite) if n.startswith("test_"))
     every = _pytest(tmp_path, "--collect-only", "--pai-zoo-megatron-only")
     assert f"{2 * len(checks)} tests collected" in every.stdout, every.stdout
-    other = _pytest(tmp_path, "--collect-only", "--pai-zoo-megatron-only", "--pai-zoo-without-megatron-once")
+    other = _pytest(tmp_path, "--collect-only", "--pai-zoo-megatron-only", "--pai-zoo-once-pass=first")
     kept = re.findall(r"test_suite_once.py::(\w+)::(\w+)", other.stdout)
     assert sorted(n for c, n in kept if c == "TestOnce") == sorted(EVERY_PASS), other.stdout
     assert sorted(n for c, n in kept if c == "TestEvery") == checks, other.stdout
