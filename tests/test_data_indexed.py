@@ -356,7 +356,7 @@ def test_finalize_writes_temporaries_then_renames_bin_before_idx(tmp_path, monke
         w.finalize()  # not ended: refused, the writer stays usable
     w.end_document()
     names = sorted(os.listdir(tmp_path))
-    assert len(names) == 1 and names[0].startswith(f"d.bin.tmp-{os.getpid()}-")
+    assert len(names) == 1 and names[0].startswith(f".d.bin.pai-zoo-tmp-{os.getpid()}-")
     assert not Path(f"{prefix}.bin").exists() and not Path(f"{prefix}.idx").exists()
 
     renames = []
@@ -365,7 +365,7 @@ def test_finalize_writes_temporaries_then_renames_bin_before_idx(tmp_path, monke
     w.finalize()
     monkeypatch.undo()
     assert [Path(b).name for _, b in renames] == ["d.bin", "d.idx"]
-    assert [Path(a).name.split(".tmp-")[0] for a, _ in renames] == ["d.bin", "d.idx"]
+    assert [Path(a).name.split(".pai-zoo-tmp-")[0] for a, _ in renames] == [".d.bin", ".d.idx"]
     assert sorted(os.listdir(tmp_path)) == ["d.bin", "d.idx"]
     with pytest.raises(ValueError, match="finalized"):
         w.add_item([1])

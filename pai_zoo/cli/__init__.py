@@ -26,7 +26,9 @@ import traceback
 import warnings
 
 from ..plugin.errors import PaiZooError, PaiZooWarning
+from ..util.outputs import disk_error
 from ..util.quiet import quiet_run
+from ._checks import guard
 from ._common import HelpFormatter
 
 #: the command modules, in the order ``pai-zoo --help`` lists them
@@ -58,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for name in COMMANDS:
         importlib.import_module(f"{__name__}.{name}").add_parser(sub)
+    guard(parser)  # out-of-range flag values: one line naming the flag, as argparse reads it (_checks.RULES)
     return parser
 
 
@@ -90,6 +93,9 @@ def _show_warning(message, category, filename, lineno, file=None, line=None, _de
 
 def describe(exc: BaseException) -> tuple[str, str | None]:
     """The ``error:`` line and the hint (or None) for a user error."""
+    disk = disk_error(exc) if not isinstance(exc, PaiZooError) else None
+    if disk is not None:  # a full disk, a quota, a read-only mount: one line naming the mount point and the path
+        return str(disk), None
     if isinstance(exc, PaiZooError):
         return str(exc), exc.hint
     name = getattr(exc, "filename", None)
@@ -121,7 +127,10 @@ def main(argv: list[str] | None = None) -> int:
         if message:
             print(f"pai-zoo: {message}", file=sys.stderr)
         return getattr(exc, "exit_code", INTERRUPTED)
-    except (PaiZooError, OSError) as exc:
+    except BaseException as exc:  # a user error, or a full disk a library wrapped (disk_error); else re-raised
+        if isinstance(exc, (SystemExit, GeneratorExit)) or not (
+                isinstance(exc, (PaiZooError, OSError)) or disk_error(exc) is not None):
+            raise
         if debug:
             traceback.print_exc()
         message, hint = describe(exc)

@@ -15,13 +15,14 @@ from pathlib import Path
 from .. import formats
 from ..families.registry import get_registry
 from ..formats import mcore_dist, training_run
-from ..formats.base import FolderWriter
+from ..formats.base import FolderWriter, weight_files_in
 from ..formats.hf_folder import HFFolderWriter, read_safetensors_header
 from ..formats.mcore_dist import McoreDistWriter
 from ..formats.megatron_folder import TRACKER
 from ..lora.settings import LoraError
 from ..models.verification import describe_verification, parse_tolerance
 from ..plugin.errors import PaiZooError, no_such_path
+from ..util.outputs import check_output
 from .lora_export import merge_run, run_to_peft
 from .report import ConversionReport, parse_dtype
 from .settings import DEFAULTS, QUANTIZE_CHOICES
@@ -93,10 +94,11 @@ def convert(src, dst, to: str, *, family: str | None = None, tp: int = DEFAULTS.
         verify_tolerance = parse_tolerance(verify_tolerance)  # a bad --verify-tolerance fails before any work
     if tokenizer is not None and not Path(tokenizer).is_dir():
         raise no_such_path(tokenizer, "the --tokenizer folder")
-    if dst.exists() and not force:
-        raise PaiZooError(f"{dst} exists; pass --force to replace it")
     if dst.resolve() == src.resolve():
         raise PaiZooError(f"{dst}: the destination is the source")
+    # exists without --force, not writable, too little free space: refused before anything is read
+    check_output(dst, force=force, kind="folder", flag="DST",
+                 need_bytes=_estimated_bytes(src, kind) if dtype is None and quantize is None else None)
     run_note = None
     if to == "hf" and kind == "rl-run":
         run_note = (f"{src} is an RL run folder: converting its actor, the trained policy ({src / 'actor'}); "
@@ -129,8 +131,10 @@ def convert(src, dst, to: str, *, family: str | None = None, tp: int = DEFAULTS.
             report = mcore_to_hf(src, writer, family, parse_dtype(dtype), max_shard_size, progress, tokenizer,
                                  iteration, quantize, no_mtp)
         writer.close()
-    except BaseException:
-        writer.abort()
+    except BaseException as exc:
+        error = writer.fail(exc)  # the staging folder removed; a full disk is one line naming the mount point
+        if error is not None:
+            raise error from exc
         raise
     report.src, report.dst, report.seconds = src, dst, time.perf_counter() - start
     if run_note:
@@ -139,6 +143,17 @@ def convert(src, dst, to: str, *, family: str | None = None, tp: int = DEFAULTS.
         report.verification = verify_conversion(src, dst, tokenizer=tokenizer, iteration=iteration,
                                                 tolerance=verify_tolerance)
     return report
+
+
+def _estimated_bytes(src: Path, kind: str | None) -> int | None:
+    """The bytes a conversion of ``src`` writes at least (its weight files), where they are easy to find: a
+    Hugging Face folder's, or pai-zoo's ``release/`` iteration; None otherwise."""
+    folder = src if kind == "hf" else src / mcore_dist.RELEASE if kind in formats.PAI_ZOO_MCORE else None
+    if folder is None or not folder.is_dir():
+        return None
+    files = weight_files_in(folder)
+    files = [f for f in files if f.suffix == ".safetensors"] or files  # not also a folder's pytorch_model.bin
+    return sum(f.stat().st_size for f in files)
 
 
 def _format_of(path: Path, iteration=None) -> str | None:
@@ -153,7 +168,8 @@ def _format_of(path: Path, iteration=None) -> str | None:
 def _megatron_lm_to_mcore(src: Path, writer: McoreDistWriter, family_name, tp, pp, dtype, progress, tokenizer,
                           iteration, experts: tuple[int, int] = (1, 1), no_mtp: bool = False) -> ConversionReport:
     """A Megatron-LM checkpoint re-laid out as pai-zoo's: through a Hugging Face folder staged beside it."""
-    staging = HFFolderWriter(writer.staging.parent / f".{writer.dst.name}.hf-staging", force=True)
+    # inside the checkpoint's own staging folder: a killed run leaves nothing the next run does not remove
+    staging = HFFolderWriter(writer.staging / ".hf-staging", force=True)
     try:
         first = mcore_to_hf(src, staging, family_name, dtype, DEFAULTS.max_shard_size, progress, tokenizer,
                             iteration, no_mtp=no_mtp)

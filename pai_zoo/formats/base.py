@@ -10,12 +10,10 @@ staging folder.
 from __future__ import annotations
 
 import abc
-import os
-import shutil
 from pathlib import Path
 
 from ..plugin.errors import PaiZooError, UnknownModelError
-from ..util.files import publish
+from ..util.outputs import Output
 
 #: What makes a checkpoint's weights on disk (its identity, for a LoRA run's record of its base).
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".distcp", ".pt")
@@ -81,44 +79,47 @@ class FolderWriter:
     ``dst`` by :meth:`close`. An existing ``dst`` is refused unless ``force``; then it is replaced only once the new
     folder is complete. Each format's writer adds ``write(name, tensor)``; other files of the format (configs,
     tokenizer files) go into :attr:`staging` before ``close``. A bare ``FolderWriter`` stages a folder that another
-    function fills (a LoRA run's export)."""
+    function fills (a LoRA run's export). The staging follows :mod:`pai_zoo.util.outputs`' rule: one that a killed
+    run left (its pid dead) is removed and named; a failure, a full disk included, leaves nothing."""
 
     def __init__(self, dst, *, force: bool = False):
         self.dst = Path(dst)
-        if self.dst.exists() and not force:
-            raise PaiZooError(f"{self.dst} exists; pass --force to replace it")
-        self.staging = self.dst.parent / f".{self.dst.name}.pai-zoo-tmp-{os.getpid()}"
-        if self.staging.exists():
-            shutil.rmtree(self.staging)
-        self.staging.mkdir(parents=True)
+        self._output = Output(self.dst, force=force, folder=True)  # clears a killed run's staging folder
+        self.staging = self._output.tmp
 
     def finish(self) -> None:
         """Complete the staged files (indexes, metadata); called by :meth:`close` before publishing."""
 
     def close(self) -> Path:
-        """Finish and publish: ``dst`` is the complete folder afterwards."""
+        """Finish and publish: ``dst`` is the complete folder afterwards. On any failure the staging folder is
+        removed; a full disk raises :func:`pai_zoo.util.outputs.disk_error`'s one line."""
         try:
             self.finish()
-            if self.dst.exists():
-                old = self.dst.parent / f".{self.dst.name}.pai-zoo-old-{os.getpid()}"
-                self.dst.rename(old)
-                publish(self.staging, self.dst)
-                shutil.rmtree(old) if old.is_dir() else old.unlink()
-            else:
-                publish(self.staging, self.dst)
-        except BaseException:
-            self.abort()
+            if not self.staging.exists():  # a caller that removed it (to let another function create it) and failed
+                raise PaiZooError(f"{self.dst}: nothing was staged to publish")
+            self._output.publish()
+        except BaseException as exc:
+            error = self._output.fail(exc)
+            if error is not None:
+                raise error from exc
             raise
         return self.dst
 
     def abort(self) -> None:
-        shutil.rmtree(self.staging, ignore_errors=True)
+        """Remove the staging folder (and the folders created for it)."""
+        self._output.discard()
+
+    def fail(self, exc: BaseException):
+        """:meth:`abort` after ``exc``; the one-line error to raise instead for a full disk, else None."""
+        return self._output.fail(exc)
 
     def __enter__(self):
         return self
 
-    def __exit__(self, kind, *exc) -> None:
+    def __exit__(self, kind, value, tb) -> None:
         if kind is None:
             self.close()
         else:
-            self.abort()
+            error = self.fail(value)
+            if error is not None:
+                raise error from value

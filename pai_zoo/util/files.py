@@ -1,5 +1,6 @@
 """Atomic writes: a file or folder appears under its name complete or not at all (written under a temporary
-name beside it, then renamed).
+name beside it, :mod:`.outputs`' ``.NAME.pai-zoo-tmp-PID``, then renamed). A command's outputs use :mod:`.outputs`
+(which adds --force, stale temporaries and the full-disk line); these are the plain helpers under it.
 
 - :func:`write_text_atomic` writes a text file; :func:`atomic_path` gives a temporary path for a file or a folder
   written any other way; :func:`atomic_folder` creates the temporary folder too, and can keep a folder another
@@ -19,6 +20,8 @@ import secrets
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+
+from .outputs import temporary_name
 
 __all__ = ["AtomicFiles", "atomic_folder", "atomic_path", "fsync_path", "publish", "write_text_atomic"]
 
@@ -59,13 +62,14 @@ def publish(tmp, path, *, replace: bool = False, durable: bool = False) -> Path:
 
 @contextlib.contextmanager
 def atomic_path(path, *, tmp=None, durable: bool = False) -> Iterator[Path]:
-    """A temporary path beside ``path`` (``.NAME.PID.tmp``, or ``tmp``) to write a file or a folder to; renamed to
-    ``path`` when the block succeeds (replacing a file, or a folder that does not exist yet), removed when it fails.
+    """A temporary path beside ``path`` (``.NAME.pai-zoo-tmp-PID``, :mod:`.outputs`' name, or ``tmp``) to write a
+    file or a folder to; renamed to ``path`` when the block succeeds (replacing a file, or a folder that does not
+    exist yet), removed when it fails.
 
     A fixed ``tmp`` suits a single writer (rank 0): what a killed process leaves there is overwritten by the next
     write instead of staying behind under its process id."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp") if tmp is None else Path(tmp)
+    tmp = temporary_name(path) if tmp is None else Path(tmp)
     try:
         yield tmp
         publish(tmp, path, durable=durable)
@@ -75,11 +79,11 @@ def atomic_path(path, *, tmp=None, durable: bool = False) -> Iterator[Path]:
 
 @contextlib.contextmanager
 def atomic_folder(path, *, exist_ok: bool = False, durable: bool = False) -> Iterator[Path]:
-    """A new, empty temporary folder beside ``path`` (``.NAME.PID-HEX.tmp``, unique even among threads), renamed
+    """A new, empty temporary folder beside ``path`` (``.NAME.pai-zoo-tmp-PID-HEX``, unique even among threads), renamed
     to ``path`` when the block succeeds and removed when it fails. With ``exist_ok``, a folder that appeared at
     ``path`` meanwhile (another process published it first) is kept, and this one is dropped."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    tmp = path.with_name(f"{temporary_name(path).name}-{secrets.token_hex(4)}")
     tmp.mkdir()
     try:
         yield tmp
@@ -101,17 +105,17 @@ def write_text_atomic(path, text: str, encoding: str = "utf-8", *, tmp=None, dur
 
 
 class AtomicFiles:
-    """Temporary names for several files (``NAME.tmp-PID-HEX`` beside each), renamed into place in the order they
-    were named by :meth:`commit`, or deleted by :meth:`abort` (also what is left after a failed commit)."""
+    """Temporary names for several files (``.NAME.pai-zoo-tmp-PID-HEX`` beside each), renamed into place in the
+    order they were named by :meth:`commit`, or deleted by :meth:`abort` (also what is left after a failed commit)."""
 
     def __init__(self) -> None:
-        self.tag = f"tmp-{os.getpid()}-{secrets.token_hex(4)}"
+        self.tag = secrets.token_hex(4)
         self._pending: list[tuple[str, str]] = []
 
     def temporary(self, path) -> str:
         """The temporary name of ``path``; the caller creates and writes it."""
         path = os.fspath(path)
-        tmp = f"{path}.{self.tag}"
+        tmp = f"{temporary_name(path)}-{self.tag}"
         self._pending.append((tmp, path))
         return tmp
 

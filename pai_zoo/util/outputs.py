@@ -27,8 +27,9 @@ from pathlib import Path
 
 from ..plugin.errors import PaiZooError
 
-__all__ = ["DISK_ERRNOS", "TMP_MARK", "Output", "check_output", "clear_stale", "disk_error", "mount_point",
-           "output_file", "output_files", "output_folder", "public_name", "stale_temporaries", "temporary_name"]
+__all__ = ["DISK_ERRNOS", "TMP_MARK", "Output", "check_output", "clear_stale", "disk_error", "make_folders",
+           "mount_point", "output_file", "output_files", "output_folder", "public_name", "remove_folders",
+           "stale_temporaries", "temporary_name"]
 
 #: what every temporary name carries: ``.NAME`` + TMP_MARK + ``PID`` (a ``-SUFFIX`` may follow the PID)
 TMP_MARK = ".pai-zoo-tmp-"
@@ -75,15 +76,19 @@ def _alive(pid: int) -> bool:
 
 
 def _temporaries(dest: Path) -> list[tuple[Path, int]]:
-    """Every ``.NAME.pai-zoo-tmp-PID[-X]`` / ``.NAME.pai-zoo-old-PID`` beside ``dest``, with its PID."""
-    pattern = re.compile(re.escape(f".{dest.name}") + rf"(?:{re.escape(TMP_MARK)}|{re.escape(OLD_MARK)})(\d+)(?:-.*)?$")
+    """Every ``.NAME.pai-zoo-tmp-PID[-X]`` / ``.NAME.pai-zoo-old-PID`` beside ``dest`` (and the names earlier
+    versions used: ``NAME.tmp-PID-HEX``, ``.NAME.PID.tmp``), with its PID."""
+    name = re.escape(dest.name)
+    patterns = (re.compile(rf"\.{name}(?:{re.escape(TMP_MARK)}|{re.escape(OLD_MARK)})(\d+)(?:-.*)?$"),
+                re.compile(rf"{name}\.tmp-(\d+)-[0-9a-f]+$"),  # earlier versions' names (a dataset's .bin.tmp-*)
+                re.compile(rf"\.{name}\.(\d+)(?:-[0-9a-f]+)?\.tmp$"))
     try:
         entries = list(dest.parent.iterdir())
     except OSError:
         return []
     found = []
     for entry in entries:
-        match = pattern.match(entry.name)
+        match = next((m for m in (p.match(entry.name) for p in patterns) if m), None)
         if match:
             found.append((entry, int(match.group(1))))
     return sorted(found)
@@ -240,8 +245,10 @@ def disk_error(exc: BaseException, path=None) -> PaiZooError | None:
     return error
 
 
-def _made_folders(folder: Path) -> list[Path]:
-    """Create ``folder`` and its missing parents; returns those created, deepest first."""
+def make_folders(folder) -> list[Path]:
+    """Create ``folder`` and its missing parents; returns those created, deepest first (for
+    :func:`remove_folders` when the write fails)."""
+    folder = Path(folder)
     missing = []
     while not folder.exists() and folder != folder.parent:
         missing.append(folder)
@@ -249,6 +256,13 @@ def _made_folders(folder: Path) -> list[Path]:
     for each in reversed(missing):
         each.mkdir(exist_ok=True)
     return missing
+
+
+def remove_folders(folders) -> None:
+    """Remove the folders :func:`make_folders` created, those still empty."""
+    for folder in folders:
+        with contextlib.suppress(OSError):
+            folder.rmdir()
 
 
 class Output:
@@ -260,7 +274,7 @@ class Output:
         self.dest = Path(dest)
         if (self.dest.exists() or self.dest.is_symlink()) and not force:
             raise PaiZooError(f"{self.dest} exists; pass --force to replace it")
-        self.created = _made_folders(self.dest.parent)
+        self.created = make_folders(self.dest.parent)
         clear_stale(self.dest, echo)
         self.tmp = temporary_name(self.dest)
         self.done = False
@@ -299,9 +313,7 @@ class Output:
         if self.done:
             return
         _remove(self.tmp)
-        for folder in self.created:
-            with contextlib.suppress(OSError):
-                folder.rmdir()
+        remove_folders(self.created)
         self.done = True
 
     def fail(self, exc: BaseException):

@@ -15,6 +15,7 @@ import numpy as np
 
 from ...plugin.errors import DataError
 from ...util.files import AtomicFiles
+from ...util.outputs import clear_stale, make_folders, remove_folders
 from . import layout
 from .layout import (
     _HEADER,
@@ -39,9 +40,12 @@ from .sidecar import _SIDECAR_VERSION, SIDECAR_FORMAT, _read_json, sidecar_path,
 class IndexedDatasetWriter:
     """Stream sequences into ``PREFIX.bin`` / ``PREFIX.idx`` (megatron ``IndexedDatasetBuilder`` bytes).
 
-    Data goes to ``PREFIX.bin.tmp-<pid>-<hex>`` / ``PREFIX.idx.tmp-<pid>-<hex>``; :meth:`finalize` writes the
-    index and renames ``.bin`` then ``.idx`` into place, so an interrupted run never leaves a pair that
-    looks complete. As a context manager it finalizes on a clean exit and aborts on an exception.
+    Data goes to ``.PREFIX.bin.pai-zoo-tmp-<pid>-<hex>`` / ``.PREFIX.idx.pai-zoo-tmp-<pid>-<hex>``
+    (:mod:`pai_zoo.util.outputs`' names: those a killed run left are removed, and named, by the next writer to the
+    same prefix); :meth:`finalize` writes the index and renames ``.bin`` then ``.idx`` into place, so an interrupted
+    run never leaves a pair that looks complete. As a context manager it finalizes on a clean exit and aborts on an
+    exception (removing the temporaries and the folders it created). It replaces an existing dataset: a command
+    refuses one first (:func:`pai_zoo.util.outputs.check_output`).
 
     ``min_token_id``/``max_token_id`` follow what is written. With ``metadata`` (a JSON-able dict) it also writes
     the sidecar ``PREFIX.json`` (:func:`sidecar_path`): that range, the counts and the metadata, renamed into place
@@ -62,9 +66,15 @@ class IndexedDatasetWriter:
         self._document_indices = array(_I64, [0])
         self.tokens_written = 0
         self._state = "open"
-        Path(self.bin_path).parent.mkdir(parents=True, exist_ok=True)  # --output-prefix data/corpus makes data/
+        self._made = make_folders(Path(self.bin_path).parent)  # --output-prefix data/corpus makes data/
+        for path in (self.bin_path, self.idx_path, sidecar_path(self.prefix)):
+            clear_stale(path)  # what a killed run to this prefix left
         # An 8 MiB buffer: small documents (SFT, add_item) still reach the disk in large sequential writes.
-        self._bin = open(self._bin_tmp, "xb", buffering=1 << 23)
+        try:
+            self._bin = open(self._bin_tmp, "xb", buffering=1 << 23)
+        except BaseException:
+            remove_folders(self._made)
+            raise
 
     # counters -------------------------------------------------------------------------------------
     @property
@@ -238,6 +248,7 @@ class IndexedDatasetWriter:
             self._bin.close()
         finally:
             self._files.abort()
+            remove_folders(self._made)
 
     def __enter__(self) -> "IndexedDatasetWriter":
         return self
