@@ -1,6 +1,6 @@
-"""``pai-zoo train``'s reporting and run control: the start-up summary, the save lines and the ETA; SIGINT/SIGTERM
-stopping at a step boundary (or at once on the second signal) with exit 130/143 and no traceback; ``extend``;
-checkpoint retention (``keep_last``) and weights-only checkpoints (``save_optim=False``)."""
+"""``pai-zoo train``'s reporting and run control: the start-up summary, the save lines and the ETA; SIGINT, SIGTERM
+and SIGUSR1 saving the step in progress and stopping (or at once on the second signal) with exit 130/143/138 and no
+traceback; ``extend``; checkpoint retention (``keep_last``) and weights-only checkpoints (``save_optim=False``)."""
 from __future__ import annotations
 
 import importlib.util
@@ -93,38 +93,39 @@ def test_eta_and_duration_format():
 
 
 # -- signals -------------------------------------------------------------------------------------
-def test_sigterm_stops_at_the_step_boundary_and_the_same_command_resumes(setup, reported):
+@pytest.mark.parametrize("moment, code", [("sigint", 130), ("sigterm", 143), ("sigusr1", 138)])
+def test_a_signal_saves_the_step_in_progress_and_the_same_command_resumes_from_it(setup, reported, moment, code):
+    """Ctrl-C, SIGTERM and SLURM's SIGUSR1 before the first save (the save interval is longer than the run): the
+    step in progress finishes and is saved, one line says where and how to resume, and the same command resumes
+    from that step (Ctrl-C's), repeating the uninterrupted run's losses bit for bit."""
     baseline, _ = reported
-    save = setup / "sigterm"
-    proc = run(train_args(setup, save), wrapper=("sigterm", "3"), check=False)
-    assert proc.returncode == 143, proc.stderr[-3000:]
+    save = setup / moment
+    args = train_args(setup, save, "--save-interval", "100")
+    proc = run(args, wrapper=(moment, "3"), check=False)
+    assert proc.returncode == code, proc.stderr[-3000:]
     assert proc.stderr.strip().splitlines()[-1] == \
-        "pai-zoo: interrupted at step 3; last checkpoint iter_0000002; rerun the same command to resume"
-    assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout
+        f"pai-zoo: interrupted at step 3: saved {save}/iter_0000003; rerun the same command to resume from step 3"
+    assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout and "KeyboardInterrupt" not in proc.stderr
     assert [r["step"] for r in records(save)] == [1, 2, 3]  # step 3 finished, step 4 never started
-    assert (save / "latest_checkpointed_iteration.txt").read_text() == "2" and iterations(save) == [2]
-    run(train_args(setup, save))
+    assert (save / "latest_checkpointed_iteration.txt").read_text() == "3" and iterations(save) == [3]
+    assert not list(save.glob("*.tmp"))
+    if moment != "sigint":
+        return  # the same checkpoint as Ctrl-C's: resumed once, below
+    resumed = run(args)
+    assert f"resuming {save} at step 3 of {STEPS}" in resumed.stdout
     assert losses(save) == losses(baseline)  # bit for bit
-
-
-def test_sigint_finishes_the_step_and_its_save(setup):
-    save = setup / "sigint"
-    proc = run(train_args(setup, save), wrapper=("sigint", "4"), check=False)
-    assert proc.returncode == 130, proc.stderr[-3000:]
-    assert "pai-zoo: interrupted at step 4; last checkpoint iter_0000004; rerun the same command to resume" \
-        in proc.stderr
-    assert "Traceback" not in proc.stderr and "KeyboardInterrupt" not in proc.stderr
-    assert iterations(save) == [2, 4] and not list(save.glob("*.tmp"))
 
 
 def test_ctrl_c_to_the_process_group_still_saves_the_step_in_progress(setup):
     """Ctrl-C reaches every process of the terminal's group (megatron's checkpoint-writer helper too): the run still
-    finishes the step's save, and no process prints a traceback."""
+    finishes the step's save, and no process prints a traceback. The step was a save step: it is saved once."""
     save = setup / "sigint-group"
     proc = run(train_args(setup, save), wrapper=("sigint-group", "4"), check=False)
     assert proc.returncode == 130, proc.stderr[-3000:]
-    assert "pai-zoo: interrupted at step 4; last checkpoint iter_0000004" in proc.stderr
+    assert f"pai-zoo: interrupted at step 4: saved {save}/iter_0000004; rerun the same command to resume from " \
+        "step 4" in proc.stderr
     assert "Traceback" not in proc.stderr
+    assert proc.stdout.count("saved checkpoint iter_0000004 ") == 1
     assert iterations(save) == [2, 4] and (save / "latest_checkpointed_iteration.txt").read_text() == "4"
 
 
@@ -132,11 +133,12 @@ def test_a_second_sigint_stops_at_once(setup):
     save = setup / "sigint2"
     proc = run(train_args(setup, save), wrapper=("sigint2", "4"), check=False)
     assert proc.returncode == 130, proc.stderr[-3000:]
-    # the step's save did not happen: the last checkpoint is step 2's
-    assert "pai-zoo: interrupted at step 4; last checkpoint iter_0000002; rerun the same command to resume" \
-        in proc.stderr
+    # the step's save did not happen: the last checkpoint, intact, is step 2's
+    assert f"pai-zoo: interrupted at step 4; last checkpoint {save}/iter_0000002; rerun the same command to resume " \
+        "from step 2" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert iterations(save) == [2] and (save / "latest_checkpointed_iteration.txt").read_text() == "2"
+    assert not list(save.glob("*.tmp"))
 
 
 def test_cli_maps_interrupted_to_its_exit_code_and_line(monkeypatch, capsys):
@@ -155,6 +157,8 @@ def test_cli_maps_interrupted_to_its_exit_code_and_line(monkeypatch, capsys):
     line = "interrupted at step 1; no checkpoint yet; rerun the same command to start"
     command_raising(Interrupted(signal.SIGTERM, line))
     assert cli.main(["list"]) == 143 and capsys.readouterr().err == f"pai-zoo: {line}\n"
+    command_raising(Interrupted(signal.SIGUSR1, line))
+    assert cli.main(["list"]) == 138 and capsys.readouterr().err == f"pai-zoo: {line}\n"
     command_raising(Interrupted(signal.SIGINT, ""))
     assert cli.main(["list"]) == 130 and capsys.readouterr().err == ""  # ranks other than 0 print nothing
     command_raising(KeyboardInterrupt())

@@ -5,7 +5,8 @@ at a chosen moment of a checkpoint save, or signal it at a step.
 
 MOMENT ``publish``: just before ``iter_N.tmp`` is renamed to ``iter_N`` (the save is complete
 but not published); ``tracker``: after the rename, before the tracker names it. ``sigint``, ``sigterm``: the
-process sends itself that signal when it logs step ITERATION (before that step's checkpoint save); ``sigint2``:
+process sends itself that signal when it logs step ITERATION (before that step's checkpoint save); ``sigusr1``
+likewise (SLURM's pre-emption warning); ``sigint2``:
 two SIGINTs there (stop at once); ``sigint-group``: the process starts a session of its own and sends SIGINT to
 its whole process group there, as Ctrl-C on a terminal does (megatron's checkpoint-writer helper process included).
 The exit code is ``pai-zoo train``'s.
@@ -41,10 +42,10 @@ if __name__ == "__main__":
             return False
 
         _kill_on("replace", match)
-    elif moment in ("sigint", "sigterm", "sigint2", "sigint-group"):
+    elif moment in ("sigint", "sigterm", "sigusr1", "sigint2", "sigint-group"):
         from pai_zoo.util.metrics import MetricsLog
 
-        sig = signal.SIGTERM if moment == "sigterm" else signal.SIGINT
+        sig = {"sigterm": signal.SIGTERM, "sigusr1": signal.SIGUSR1}.get(moment, signal.SIGINT)
         write = MetricsLog.write
         if moment == "sigint-group":
             os.setsid()  # a process group of its own: the signal must not reach the test runner

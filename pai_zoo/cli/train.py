@@ -16,6 +16,7 @@ from ..mcore.parallel_sizes import check_layout
 from ..models.handle import resolve
 from ..training.config import SETTINGS, TrainConfig, TrainConfigError
 from ..training.plan import make_plan, plan_lines
+from ..training.save_dir import check_save_dir
 from ..util.dist import is_rank0
 from ._common import add_command, defaults
 
@@ -61,12 +62,13 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
-    from ..training.trainer import train
-
     cfg = TrainConfig.load(args.config, getattr(args, GIVEN, None) or {})
     if args.plan:
         return plan(cfg, args.gpus, args.gpu_memory)
     cfg.check_required()
+    check_save_dir(cfg.save, force=cfg.force, model=cfg.model)  # before torch, megatron or the model load
+    from ..training.trainer import train
+
     last = train(cfg)
     if last and is_rank0():
         print(f"trained {cfg.model} -> {cfg.save}: step {last['step']}, loss {last['loss']:.4f}"

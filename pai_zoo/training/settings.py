@@ -160,4 +160,6 @@ SETTINGS: dict[str, Setting] = {
     "save_optim": _s("--no-save-optim", megatron="--no-save-optim", switch=False,
                      help="save the optimizer state with each checkpoint; --no-save-optim saves the weights only"),
     "extend": _s("--extend", switch=True, help="continue a finished run to a larger budget"),
+    "force": _s("--force", switch=True, help="train into a --save folder that holds files other than a pai-zoo "
+                                             "run (they are kept)"),
 }

@@ -8,9 +8,11 @@ folder, Megatron checkpoint), the data order, the logs and exact resume.
 
 What a run reports (rank 0): a start-up summary before step 1 (model, parameters, layout, steps, tokens per step,
 warm-up, data, where the logs and checkpoints go), one line per logged step with an ETA (or a progress bar on a
-terminal), one line per checkpoint save. SIGINT (Ctrl-C) or SIGTERM stops the run after the step in progress (a
-second signal at once) with :class:`~pai_zoo.util.interrupt.Interrupted` (exit 130 / 143 from the command line);
-nothing half-written is left, and the same command resumes from the last checkpoint.
+terminal), one line per checkpoint save. SIGINT (Ctrl-C), SIGTERM or SIGUSR1 (SLURM's pre-emption warning) stops
+the run after the step in progress, which is saved first (unless that step was just saved), with
+:class:`~pai_zoo.util.interrupt.Interrupted` (exit 130 / 143 / 138 from the command line); a second signal stops at
+once, leaving the previous checkpoint. Nothing half-written is left, and the same command resumes from the last
+checkpoint.
 
 Checkpoints: ``keep_last`` N keeps the newest N ``iter_*`` folders (and the one the run resumed from);
 ``save_optim=False`` saves the weights, scheduler, RNG and data position without the optimizer state. A run resumed
@@ -43,7 +45,7 @@ from ..mcore.parallel_sizes import check_layout, check_world
 from ..models.handle import resolve
 from ..plugin.errors import PaiZooError
 from ..tokenizers.names import model_files_folder, model_tokenizer
-from ..util.interrupt import Interrupted, StopRequest
+from ..util.interrupt import Interrupted, StopRequest, saved_line
 from ..util.metrics import MetricsLog
 from ..util.progress import ETA
 from . import data, optim
@@ -52,6 +54,7 @@ from .data import check_data
 from .display import StepDisplay, StepMetrics, format_metrics, short_count
 from .model_setup import ModelSetup, _device, _world
 from .run_checkpoint import load_checkpoint, prune_checkpoints, save_checkpoint
+from .save_dir import check_save_dir, cleanup_on_failure
 
 METRICS_FILE = training_run.METRICS_FILE
 
@@ -340,9 +343,12 @@ class Trainer(ModelSetup):
             "frozen and the checkpoints hold the adapters"])
 
     def _stopped(self, step: int) -> str:
+        """The line of a second signal, which stops at once: the checkpoint the run resumes from."""
         latest = self._latest()
-        where = f"last checkpoint {iteration_name(latest)}" if latest is not None else "no checkpoint yet"
-        return f"interrupted at step {step}; {where}; rerun the same command to {'resume' if latest else 'start'}"
+        if latest is None:
+            return f"interrupted at step {step}; no checkpoint yet; rerun the same command to start"
+        return (f"interrupted at step {step}; last checkpoint {self.save_dir / iteration_name(latest)}; rerun the "
+                f"same command to resume from step {latest}")
 
     def _resume(self) -> int:
         """Load the latest checkpoint (if any) and say what continues; returns the step to start from."""
@@ -375,6 +381,17 @@ class Trainer(ModelSetup):
         return start
 
     def run(self) -> dict:
+        """Train (or resume); a run that fails before its first save removes the --save folder it created."""
+        check_save_dir(self.save_dir, force=self.cfg.force, model=self.cfg.model, option="--save")
+        created = not self.save_dir.exists()
+        try:
+            return self._run()
+        except BaseException:
+            if _world()[0] == 0:
+                cleanup_on_failure(self.save_dir, created)
+            raise
+
+    def _run(self) -> dict:
         self.setup()
         cfg = self.cfg
         parameters = self.parameter_count()
@@ -415,10 +432,12 @@ class Trainer(ModelSetup):
                             bar.show(last, left)
                         else:
                             self.echo(format_metrics(last, cfg.train_steps, left))
+                    saved = None
                     if metrics.step % cfg.save_interval == 0 or metrics.step == cfg.train_steps:
-                        self.save(metrics.step)
-                    if metrics.step < cfg.train_steps and stop.requested():
-                        raise Interrupted(stop.signum, self._stopped(done) if self.rank == 0 else "")
+                        saved = self.save(metrics.step)
+                    if metrics.step < cfg.train_steps and stop.requested():  # every rank agrees, and saves
+                        saved = saved or self.save(metrics.step)
+                        raise Interrupted(stop.signum, saved_line(done, saved) if self.rank == 0 else "")
         finally:
             bar.close()
             self.bar = None

@@ -1,25 +1,32 @@
-"""Clean interrupts for long runs: SIGINT (Ctrl-C) and SIGTERM (a scheduler, ``kill``) ask the run to stop at the
-next step boundary; a second signal stops it at once. Either way the run ends with :class:`Interrupted`, which the
-command line prints as one line and turns into the shell's exit code for the signal (130 for SIGINT, 143 for
-SIGTERM), without a traceback.
+"""Clean interrupts for long runs: SIGINT (Ctrl-C), SIGTERM (a scheduler, ``kill``) and SIGUSR1 (SLURM's warning
+before pre-emption, ``--signal=USR1@60``) ask the run to stop at the next step boundary, where a training loop saves
+the step it finished (as Megatron-LM's ``--exit-signal-handler`` does); a second signal stops it at once. Either way
+the run ends with :class:`Interrupted`, which the command line prints as one line and turns into the shell's exit code
+for the signal (130 for SIGINT, 143 for SIGTERM, 138 for SIGUSR1), without a traceback.
 
     with StopRequest() as stop:
         for step in ...:
             ...                       # one whole step
             if stop.requested():      # agreed by every rank under torchrun
-                raise Interrupted(stop.signum, "interrupted at step N; ...")
+                save(step)            # every rank together, unless this step was just saved
+                raise Interrupted(stop.signum, saved_line(step, path))
 """
 from __future__ import annotations
 
 import signal
 import threading
 
-__all__ = ["Interrupted", "StopRequest", "exit_code"]
+__all__ = ["Interrupted", "StopRequest", "exit_code", "saved_line"]
 
 
 def exit_code(signum: int) -> int:
     """The shell's exit code of a process ended by ``signum``: 128 + the signal number."""
     return 128 + int(signum)
+
+
+def saved_line(step: int, path) -> str:
+    """The one line of a run stopped by a signal after saving ``step`` at ``path``: where, and how to go on."""
+    return f"interrupted at step {step}: saved {path}; rerun the same command to resume from step {step}"
 
 
 class Interrupted(KeyboardInterrupt):
@@ -32,12 +39,13 @@ class Interrupted(KeyboardInterrupt):
 
 
 class StopRequest:
-    """Catches SIGINT and SIGTERM while active (the previous handlers come back on exit). The first signal sets
-    :attr:`signum` (checked at step boundaries with :meth:`requested`); the second raises :class:`Interrupted` at
-    once, from wherever the run is. ``message`` is called for the text of that immediate stop. Outside the main
-    thread (where Python cannot set handlers) it does nothing."""
+    """Catches SIGINT, SIGTERM and SIGUSR1 while active (the previous handlers come back on exit). The first signal
+    sets :attr:`signum` (checked at step boundaries with :meth:`requested`); the second raises :class:`Interrupted`
+    at once, from wherever the run is (a save in progress is left unpublished: the previous checkpoint stays).
+    ``message`` is called for the text of that immediate stop. Outside the main thread (where Python cannot set
+    handlers) it does nothing."""
 
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 
     def __init__(self, message=lambda: "interrupted"):
         self.signum: int | None = None
