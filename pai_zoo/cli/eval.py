@@ -221,7 +221,8 @@ def _held_out(handle, args, prefixes, weights, seq_length, split, progress, sett
             prefix = dataset_prefix(given, tokenizer_dir, mine, index)
             datasets.append(read_sequences(given, prefix, seq_length=seq_length, packing=args.packing,
                                            vocab_size=handle.vocab_size, eod=eod, seed=args.seed, split=split,
-                                           cache=scratch / "cache", model=str(args.model)))
+                                           cache=scratch / "cache", model=str(args.model),
+                                           tokenizer=args.tokenizer))
         total = sum(n for d in datasets for _, n in planned_rows(d, args.max_tokens))
         share = max(1, world_size() // (args.tp * args.pp))
         bar = Progress("eval", units=("tokens",), totals={"tokens": -(-total // share)}, enabled=progress)

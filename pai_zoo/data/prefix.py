@@ -74,7 +74,9 @@ def _tried(forms: list[str]) -> str:
 
 
 def _not_found(given: str, forms: list[str], what: str, first: str, sft: bool) -> NoSuchPathError:
-    error = no_such_path(_missing_file(forms[0], first), f"{what} {given}: tried {_tried(forms)}")
+    # a form with half of its pair (an .idx without its .bin) is the one meant: name the file it lacks
+    half = next((f for f in forms if sum(os.path.isfile(f + ext) for ext in _EXTS) == 1), forms[0])
+    error = no_such_path(_missing_file(half, first), f"{what} {given}: tried {_tried(forms)}")
     error.hint = _hint(given, what, sft)
     return error
 
@@ -107,7 +109,8 @@ def resolve_sft_prefix(given, *, what: str = "--data", first: str = ".bin") -> P
     text, mask = stem + TEXT_SUFFIX, stem + LOSS_MASK_SUFFIX
     if _has_pair(text) and _has_pair(mask):
         return Path(stem)
-    if _has_pair(text) or _has_pair(stem):
+    mask_half = any(os.path.isfile(mask + ext) for ext in _EXTS)
+    if (_has_pair(text) or _has_pair(stem)) and not mask_half:
         plain = text if _has_pair(text) else stem
         raise DataError(
             f"{what} {given}: {plain}.bin/.idx is there but {mask}.bin/.idx is not, so it is not SFT data "

@@ -31,6 +31,7 @@ from ..tokenizers.fast import (
 )
 from ..tokenizers.names import TokenizerRef, resolve_tokenizer
 from ..util.progress import Progress
+from ..util.quiet import VerboseNotice
 from .blocks import iter_text_batches
 from .blocks import record_texts as _texts
 from .sources import BadRecord, iter_raw_records, parse_record
@@ -81,9 +82,35 @@ class PreprocessSummary:
         return text + (f"; engine {self.engine}" if self.engine else "")
 
 
+class NoEndOfDocument(SettingError):
+    """``append_eod`` with a tokenizer that has no end-of-document (EOS) token."""
+
+
 def output_prefix(prefix, key: str) -> str:
     """Megatron-LM's naming: ``PREFIX_{key}_document``."""
     return f"{prefix}_{key}_document"
+
+
+def check_json_keys(keys) -> tuple[str, ...]:
+    """``keys`` when each is a plain name; a key names an output file (``PREFIX_{key}_document.bin``), so one with a
+    path separator, ``..``, a NUL or nothing at all (which could write outside the prefix's folder) is refused in one
+    line naming ``--json-keys`` and the value."""
+    import os
+
+    keys = tuple(keys)
+    if not keys:
+        raise SettingError("--json-keys: give at least one key")
+    for key in keys:
+        key = str(key)
+        bad = ("is empty" if not key.strip() else
+               "holds a NUL character" if "\0" in key else
+               "holds a path separator" if any(sep and sep in key for sep in ("/", "\\", os.sep, os.altsep)) else
+               "holds '..'" if ".." in key else "is '.'" if key == "." else None)
+        if bad is not None:
+            raise SettingError(f"--json-keys {key!r}: {bad}; a key names the output file PREFIX_{{key}}_document.bin "
+                               "inside the --output-prefix folder, so it must be a plain name (no '/', '\\', '..' "
+                               "or NUL)")
+    return keys
 
 
 # -- tokenizers by name: pai_zoo.tokenizers.names.resolve_tokenizer ---------------------------------
@@ -267,7 +294,10 @@ def select_engine(tok, engine: str, inputs, keys, *, text_mode: str = "file", ad
     except (FastEngineUnavailable, FastEngineMismatch) as exc:
         if engine == "fast":
             raise type(exc)(f"--engine fast: {exc}", hint="use --engine auto (falls back) or --engine hf") from exc
-        warnings.warn(f"preprocess: {exc}; using the exact engine", PaiZooWarning, stacklevel=3)
+        # a tokenizer the fast engine does not cover: a note under --verbose only (the output is the same bytes);
+        # ids that differ on a text are a gigatoken bug worth a warning on every run
+        category = VerboseNotice if isinstance(exc, FastEngineUnavailable) else PaiZooWarning
+        warnings.warn(f"fast engine: {exc}; the exact engine encodes the text", category, stacklevel=3)
         return None, str(exc)
     return fast, None
 
@@ -288,9 +318,15 @@ def preprocess(inputs, prefix, tokenizer, *, json_keys=("text",), append_eod: bo
     """
     from .indexed import IndexedDatasetWriter, optimal_dtype
 
-    keys = tuple(json_keys)
+    keys = check_json_keys(json_keys)
     ref = resolve_tokenizer(tokenizer)
     tok = ref.load()
+    if append_eod and tok.eod_id is None:
+        raise NoEndOfDocument(
+            f"--append-eod: tokenizer {tokenizer} has no end-of-document token (no eos_token)",
+            hint="leave out --append-eod, or give a tokenizer whose tokenizer_config.json names an eos_token (a bare "
+                 ".tiktoken rank file has special tokens only when named after an OpenAI encoding: cl100k_base, "
+                 "o200k_base, p50k_base, r50k_base)")
     start = time.perf_counter()  # the engine check counts: it is part of every run
     fast, _ = select_engine(tok, engine, inputs, keys, text_mode=text_mode, add_special_tokens=add_special_tokens,
                             threads=max(1, workers))

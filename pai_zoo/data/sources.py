@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Iterator
 
 from ..plugin.errors import PaiZooError, no_such_path
+from ..util.json_errors import json_error_text
 
 JSON_SUFFIXES = (".jsonl", ".json", ".ndjson")
 TEXT_MODES = ("file", "paragraph")
@@ -79,7 +80,7 @@ def parse_record(where: str, payload) -> dict | BadRecord:
     except BadRecord as exc:
         return exc
     except json.JSONDecodeError as exc:
-        return BadRecord(f"{where}: malformed JSON at column {exc.colno}: {exc.msg}")
+        return BadRecord(f"{where}: malformed JSON: {json_error_text(exc, line=False)}")
     if not isinstance(record, dict):
         return BadRecord(f"{where}: expected a JSON object, found {type(record).__name__}")
     return record

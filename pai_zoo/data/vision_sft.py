@@ -16,7 +16,9 @@ Two record schemas, one per line:
     {"image": "cat.png", "conversations": [{"from": "human", "value": "<image>\\nWhat is this?"},
                                            {"from": "gpt", "value": "A cat."}]}
 
-Image paths are relative to the JSONL file's folder. The chat template renders one placeholder per image, the
+Image paths are relative to the JSONL file's folder and stay inside it (:func:`image_in_folder`: an absolute
+path, ``..`` or a symbolic link leading out is refused with the file, line and field).
+The chat template renders one placeholder per image, the
 tokens and the loss mask are :func:`pai_zoo.data.sft.build_example`'s (1 on assistant turns only), and each
 placeholder is then repeated as many times as the tower gives rows for its image (loss mask 0). Only numpy is
 imported here; images go through the checkpoint's own transformers image processor.
@@ -33,11 +35,32 @@ from ..plugin.vision import expand_placeholders, read_image
 from .sft import ROLES, build_example
 from .sources import BadRecord, iter_json_lines, parse_record
 
-__all__ = ["VisionExample", "read_vision_records", "vision_example"]
+__all__ = ["VisionExample", "image_in_folder", "read_vision_records", "vision_example"]
 
 _SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
                    "system": "system"}
 IMAGE_MARKER = "<image>"
+
+
+def image_in_folder(given: str, folder: Path, where: str, field: str) -> str:
+    """The path of image ``given`` (a record's ``field``, at ``where`` = ``file:line``) inside the data file's
+    ``folder``; a path that is empty, absolute, holds ``..`` or a NUL, or resolves outside ``folder`` (through a
+    symlink) is refused in one line naming ``where`` and ``field``: a record never reads a file outside its folder."""
+    import os
+
+    bad = ("is empty" if not given else
+           "holds a NUL character" if "\0" in given else
+           "is absolute" if Path(given).is_absolute() or given.startswith(("/", "\\")) or os.path.isabs(given) else
+           "holds '..'" if ".." in Path(given.replace("\\", "/")).parts else None)
+    if bad is None:
+        try:
+            (folder / given).resolve().relative_to(folder.resolve())
+        except ValueError:
+            bad = "resolves outside the folder (a symbolic link)"
+    if bad is not None:
+        raise DataError(f"{where}: {field} {given!r} {bad}; image paths are relative to the data file's folder "
+                        f"{folder} and stay inside it")
+    return str(folder / given)
 
 
 def _image_part(path) -> dict:
@@ -65,7 +88,8 @@ def _content(value, where: str, label: str, folder: Path, images: list) -> Any:
             if not isinstance(path, str):
                 raise DataError(f"{where}: {label}[{i}] names no image file: give {{\"type\": \"image\", "
                                 '"image": PATH}')
-            images.append(str(folder / path) if not Path(path).is_absolute() else path)
+            field = "image" if "image" in part else "path" if "path" in part else "image_url"
+            images.append(image_in_folder(path, folder, where, f"{label}[{i}].{field}"))
             parts.append(_image_part(images[-1]))
     return parts
 
@@ -75,7 +99,8 @@ def _sharegpt(record: dict, where: str, folder: Path) -> tuple[list[dict], list[
     given = [given] if isinstance(given, str) else given
     if not isinstance(given, list) or not all(isinstance(p, str) for p in given):
         raise DataError(f"{where}: 'image' must be a path or 'images' a list of paths")
-    paths = [str(folder / p) if not Path(p).is_absolute() else p for p in given]
+    fields = [f"images[{k}]" for k in range(len(given))] if "images" in record else ["image"] * len(given)
+    paths = [image_in_folder(p, folder, where, field) for p, field in zip(given, fields)]
     turns = record["conversations"]
     if not isinstance(turns, list) or not turns:
         raise DataError(f"{where}: 'conversations' must be a non-empty list")

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..data.prefix import resolve_prefix
-from ..data.preprocess import output_prefix, preprocess
+from ..data.preprocess import NoEndOfDocument, output_prefix, preprocess
 from ..data.sources import is_json_lines
 from ..data.vocabulary import check_dataset_vocabulary
-from ..plugin.errors import DataError
+from ..plugin.errors import DataError, VocabularyMismatchError
 
 #: ``--packing`` choices: what each one does (``pai-zoo eval --help``)
 PACKINGS = {
@@ -60,18 +60,28 @@ def dataset_prefix(given: str, tokenizer: str | None, scratch: Path, index: int)
             raise DataError(f"--data {given}: a JSON Lines file is tokenized with the model's tokenizer, and this "
                             "model has none; preprocess it first (pai-zoo preprocess --tokenizer ...)")
         out = scratch / f"data{index}"
-        preprocess([path], out, tokenizer, append_eod=True, progress=False)
+        try:
+            preprocess([path], out, tokenizer, append_eod=True, progress=False)
+        except NoEndOfDocument as exc:
+            raise DataError(f"--data {given}: the tokenizer {tokenizer} has no end-of-document token to put after "
+                            "each document", hint="preprocess the file yourself (pai-zoo preprocess, without "
+                            "--append-eod) and give eval the prefix") from exc
         return output_prefix(out, "text")
     return str(resolve_prefix(given, what="--data", first=".bin"))
 
 
 def read_sequences(given: str, prefix: str, *, seq_length: int, packing: str, vocab_size: int, eod: int,
-                   seed: int, split: str | None, cache: Path, model: str | None = None) -> Sequences:
+                   seed: int, split: str | None, cache: Path, model: str | None = None,
+                   tokenizer: str | None = None) -> Sequences:
     """The sequences of one dataset (see the module docstring); ids outside the vocabulary and a dataset with
-    nothing to score are refused in one line."""
+    nothing to score are refused in one line (a JSON Lines file's, naming the file and ``tokenizer``, eval's
+    ``--tokenizer`` if given, never the scratch prefix it was tokenized into)."""
     from ..data.indexed import IndexedDatasetReader
 
-    check_dataset_vocabulary(prefix, vocab_size, model)
+    if prefix != given and Path(given).is_file():
+        _check_tokenized_jsonl(given, prefix, vocab_size, tokenizer)
+    else:
+        check_dataset_vocabulary(prefix, vocab_size, model)
     with IndexedDatasetReader(prefix) as reader:
         documents, tokens = reader.num_documents, reader.num_tokens
         rows = _documents(reader, seq_length) if packing == "document" else None
@@ -86,6 +96,27 @@ def read_sequences(given: str, prefix: str, *, seq_length: int, packing: str, vo
         raise DataError(f"--data {given}: nothing to evaluate{part} ({documents} documents, {tokens} tokens; "
                         f"--packing {packing} with --seq-length {seq_length} needs {need}); {fix}")
     return Sequences(given, prefix, rows, documents)
+
+
+def _check_tokenized_jsonl(given: str, prefix: str, vocab_size: int, tokenizer: str | None) -> None:
+    """A JSON Lines file eval tokenized: its ids against the model's vocabulary, the error naming the file."""
+    from ..data.indexed import read_sidecar, token_id_range
+
+    found = token_id_range(prefix)
+    if found is None or (0 <= found[0] and found[1] < vocab_size):
+        return
+    used = ((read_sidecar(prefix) or {}).get("tokenizer") or {})
+    size = used.get("vocab_size") if isinstance(used, dict) else None
+    tokens = f" ({size} tokens)" if size else ""
+    if tokenizer is not None:
+        what = f"--tokenizer {tokenizer}{tokens}"
+        fix = "leave out --tokenizer (the model's own tokenizer) or give the folder of the model's tokenizer"
+    else:
+        what = f"the model's tokenizer{tokens}"
+        fix = "give eval --tokenizer with the folder of the tokenizer the model was trained with"
+    raise VocabularyMismatchError(
+        f"--data {given}: tokenized with {what}, its token ids reach {found[1]}, outside the model's vocabulary "
+        f"[0, {vocab_size}): the tokenizer does not belong to the model; {fix}")
 
 
 def _documents(reader, seq_length: int) -> list:

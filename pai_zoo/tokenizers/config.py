@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ..plugin.errors import TokenizerError
+from ..util.json_errors import json_error_text
 
 TOKENIZER_CONFIG = "tokenizer_config.json"
 SPECIAL_TOKENS_MAP = "special_tokens_map.json"
@@ -22,8 +23,10 @@ def read_json(path: Path) -> Any:
     try:
         with open(path, encoding="utf-8") as handle:
             return json.load(handle)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise TokenizerError(f"{path} is not valid JSON: {exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise TokenizerError(f"{path}: malformed JSON: {json_error_text(exc)}") from exc
+    except UnicodeDecodeError as exc:
+        raise TokenizerError(f"{path} is not UTF-8 JSON: {exc}") from exc
 
 
 def token_content(value: Any) -> str | None:

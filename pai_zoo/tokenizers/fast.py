@@ -23,7 +23,7 @@ from .base import Tokenizer
 from .config import SPIECE
 from .hf import HFTokenizer
 from .sentencepiece import SentencePieceTokenizer, _variant
-from .tiktoken import CL100K_PAT_STR, QWEN_PAT_STR, TiktokenTokenizer
+from .tiktoken import CL100K_PAT_STR, O200K_PAT_STR, QWEN_PAT_STR, R50K_PAT_STR, TiktokenTokenizer
 
 __all__ = ["ENGINES", "HARD_STRINGS", "FastEngineMismatch", "FastEngineUnavailable", "FastTokenizer",
            "fast_engine_installed", "fast_tokenizer", "first_difference", "hard_strings"]
@@ -106,7 +106,7 @@ def _sentencepiece_json(exact) -> str:
 
 #: gigatoken's names for the split patterns of pai-zoo's tiktoken adapter.
 def _tiktoken_pretokenizer(pattern: str) -> str | None:
-    return {CL100K_PAT_STR: "gpt4", QWEN_PAT_STR: "qwen2"}.get(pattern)
+    return {CL100K_PAT_STR: "gpt4", QWEN_PAT_STR: "qwen2", R50K_PAT_STR: "r50k", O200K_PAT_STR: "o200k"}.get(pattern)
 
 
 def _backend(exact: Tokenizer):

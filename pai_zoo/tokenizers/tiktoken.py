@@ -11,7 +11,8 @@ from ..plugin.errors import TokenizerError
 from .base import Tokenizer
 from .config import added_tokens_decoder, named_special_tokens, pick
 
-__all__ = ["CL100K_PAT_STR", "QWEN_PAT_STR", "TiktokenTokenizer", "read_tiktoken_ranks"]
+__all__ = ["CL100K_PAT_STR", "OPENAI_ENCODINGS", "O200K_PAT_STR", "QWEN_PAT_STR", "R50K_PAT_STR", "TiktokenTokenizer",
+           "read_tiktoken_ranks"]
 
 #: tiktoken's ``cl100k_base`` split pattern (the default of :class:`TiktokenTokenizer`).
 CL100K_PAT_STR = (
@@ -23,6 +24,26 @@ QWEN_PAT_STR = (
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|"""
     r"""\s+(?!\S)|\s+"""
 )
+
+#: tiktoken's ``r50k_base``/``p50k_base``/``gpt2`` split pattern.
+R50K_PAT_STR = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
+#: tiktoken's ``o200k_base`` split pattern.
+O200K_PAT_STR = "|".join([
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""\p{N}{1,3}""", r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""", r"""\s*[\r\n]+""", r"""\s+(?!\S)""", r"""\s+""",
+])
+_ENDOFTEXT, _ENDOFPROMPT = "<|endoftext|>", "<|endofprompt|>"
+#: The encodings OpenAI publishes, by rank file name: a ``.tiktoken`` file holds ranks only, and tiktoken (like
+#: gigatoken's ``from_tiktoken``) takes the split pattern and the special tokens of these from the name.
+#: ``<|endoftext|>`` is their end of text: the EOS, so the end-of-document id ``preprocess --append-eod`` appends.
+OPENAI_ENCODINGS: dict[str, tuple[str, dict[str, int]]] = {
+    "r50k_base": (R50K_PAT_STR, {_ENDOFTEXT: 50256}),
+    "p50k_base": (R50K_PAT_STR, {_ENDOFTEXT: 50256}),
+    "cl100k_base": (CL100K_PAT_STR, {_ENDOFTEXT: 100257, "<|fim_prefix|>": 100258, "<|fim_middle|>": 100259,
+                                     "<|fim_suffix|>": 100260, _ENDOFPROMPT: 100276}),
+    "o200k_base": (O200K_PAT_STR, {_ENDOFTEXT: 199999, _ENDOFPROMPT: 200018}),
+}
 
 
 def read_tiktoken_ranks(path: str | Path) -> dict[bytes, int]:
@@ -67,8 +88,10 @@ class TiktokenTokenizer(Tokenizer):
     """A tiktoken rank file (``*.tiktoken``) run by ``tiktoken.Encoding``; nothing is downloaded.
 
     ``special_tokens`` maps special strings to ids (default: the ``added_tokens_decoder`` of a
-    ``tokenizer_config.json`` beside the file, else none). ``add_bos_token`` defaults to True when a BOS token is
-    named. Special-token strings in the text are encoded as special ids (like transformers, unlike tiktoken's
+    ``tokenizer_config.json`` beside the file, else none). A file named after an encoding OpenAI publishes
+    (``cl100k_base.tiktoken``, :data:`OPENAI_ENCODINGS`) gets that encoding's split pattern, special tokens and
+    ``<|endoftext|>`` as its EOS unless given or configured otherwise. ``add_bos_token`` defaults to True when a BOS
+    token is named. Special-token strings in the text are encoded as special ids (like transformers, unlike tiktoken's
     default which refuses them).
     """
 
@@ -78,7 +101,7 @@ class TiktokenTokenizer(Tokenizer):
         self,
         path: str | Path,
         *,
-        pat_str: str = CL100K_PAT_STR,
+        pat_str: str | None = None,
         special_tokens: dict[str, int] | None = None,
         bos_token: str | None = None,
         eos_token: str | None = None,
@@ -104,9 +127,16 @@ class TiktokenTokenizer(Tokenizer):
                 "tiktoken could not encode arbitrary text with it"
             )
         self.config = config
+        known = OPENAI_ENCODINGS.get(path.stem.lower())
+        if pat_str is None:
+            pat_str = known[0] if known is not None else CL100K_PAT_STR
         if special_tokens is None:
             special_tokens = {tok["content"]: index for index, tok in added_tokens_decoder(config)}
             special_tokens = {k: v for k, v in special_tokens.items() if k.encode("utf-8") not in ranks}
+            if not special_tokens and known is not None:  # a bare OpenAI rank file: tiktoken's own special tokens
+                special_tokens = dict(known[1])
+                if eos_token is None and "eos_token" not in named_special_tokens(config):
+                    eos_token = _ENDOFTEXT
         special_tokens = dict(special_tokens)
         rank_values = set(ranks.values())
         for token, index in special_tokens.items():

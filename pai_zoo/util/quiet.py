@@ -5,7 +5,8 @@ restored when the ``with`` block ends: the warning filters (``warnings.catch_war
 progress-bar switch (:func:`transformers.utils.logging.disable_progress_bar`). Importing pai_zoo changes
 neither. transformers is not imported for this: when it is not imported yet (``pai-zoo list`` never imports
 it), the switch is turned off the moment ``transformers.utils.logging`` is imported inside the block.
-pai-zoo's own warnings (:class:`~pai_zoo.errors.PaiZooWarning`) and pai-zoo's own progress bars still show.
+pai-zoo's own warnings (:class:`~pai_zoo.errors.PaiZooWarning`) and pai-zoo's own progress bars still show; its
+notes (:class:`VerboseNotice`) show only with ``--verbose``.
 """
 from __future__ import annotations
 
@@ -15,12 +16,19 @@ import logging
 import sys
 import warnings
 
+from ..plugin.errors import PaiZooWarning
+
 #: warning categories hidden in a quiet run (they are third-party deprecation notices, not the user's problem)
 HIDDEN_CATEGORIES = (FutureWarning, DeprecationWarning, PendingDeprecationWarning)
 #: modules whose UserWarnings are hidden in a quiet run (e.g. megatron-core's "Apex is not installed")
 HIDDEN_USER_WARNING_MODULES = r"(megatron|torch|transformers|huggingface_hub)(\.|$)"
 
 _TRANSFORMERS_LOGGING = "transformers.utils.logging"
+
+
+class VerboseNotice(PaiZooWarning):
+    """A pai-zoo note shown only with ``--verbose`` (:func:`quiet_run` hides it otherwise): something pai-zoo
+    handled itself, e.g. a tokenizer the fast engine cannot load, encoded by the exact engine instead."""
 
 
 def hide_third_party_warnings() -> None:
@@ -117,4 +125,5 @@ def quiet_run(verbose: bool = False):
         return
     with warnings.catch_warnings(), transformers_progress_bars_off(), megatron_deprecation_notices_off():
         hide_third_party_warnings()
+        warnings.filterwarnings("ignore", category=VerboseNotice)
         yield

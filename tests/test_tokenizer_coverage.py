@@ -1,0 +1,245 @@
+"""Every tokenizer kind pai-zoo reads, in every command that takes one: a folder with a ``tokenizer.json``, a
+``tokenizer.json`` file, a SentencePiece ``.model``, a ``.tiktoken`` rank file with its ``tokenizer_config.json``, a
+bare ``.tiktoken`` named after an OpenAI encoding (``cl100k_base``, ``o200k_base``: tiktoken's special tokens, so
+``<|endoftext|>`` ends documents), any other bare ``.tiktoken`` (no special tokens: ``--append-eod`` is refused in
+one line) and a test preset (``llama3-tiny``). Commands: ``preprocess`` (``--append-eod``), ``preprocess --sft``,
+``dataset inspect --tokenizer``, ``eval --data FILE.jsonl --tokenizer``; ``generate``, ``convert`` and ``rl`` read a
+Megatron-LM checkpoint's ``--tokenizer`` folder through :func:`pai_zoo.tokenizers.load_tokenizer`, checked here on
+a folder of each kind. Also: a tokenizer the fast engine cannot load falls back quietly (a note under
+``--verbose`` only), and the table of OpenAI encodings equals tiktoken's own. Nothing is downloaded.
+"""
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pai_zoo.cli import main
+from pai_zoo.data.indexed import IndexedDatasetReader
+from pai_zoo.testing.tokenizers import ByteLevelBPE, SentencePieceBPE, TiktokenBPE, write_json
+from pai_zoo.tokenizers import load_tokenizer
+from pai_zoo.tokenizers.tiktoken import CL100K_PAT_STR, OPENAI_ENCODINGS
+
+pytestmark = [pytest.mark.usefixtures("fresh_registry"), pytest.mark.no_megatron]
+
+CHAT = {"messages": [{"role": "user", "content": "Say hello"}, {"role": "assistant", "content": "Hello world!"}]}
+
+
+def _write_ranks(path: Path, ranks: dict[bytes, int]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(f"{base64.b64encode(t).decode()} {r}\n" for t, r in sorted(ranks.items(),
+                                                                                        key=lambda kv: kv[1])))
+    return path
+
+
+@pytest.fixture(scope="module")
+def kinds(tmp_path_factory) -> dict[str, str]:
+    """``--tokenizer`` value of every kind (folders and files written here; a preset by name)."""
+    root = tmp_path_factory.mktemp("kinds")
+    hf = ByteLevelBPE(config={"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|end|>"},
+                      special_tokens=["<|end|>"])(root / "hf")
+    SentencePieceBPE(config={"tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>",
+                             "unk_token": "<unk>", "add_bos_token": True}, repeat=10)(root / "sp")
+    ranks = TiktokenBPE(pattern=CL100K_PAT_STR, config={}, tokenizer_json=False, vocab_size=300).train()
+    with_config = _write_ranks(root / "tiktoken" / "tiny.tiktoken", ranks)
+    write_json(with_config.parent / "tokenizer_config.json",
+               {"eos_token": "<|end|>", "added_tokens_decoder": {str(len(ranks)): {"content": "<|end|>",
+                                                                                   "special": True}}})
+    return {"hf-folder": str(hf), "tokenizer.json": str(hf / "tokenizer.json"),
+            "sentencepiece": str(root / "sp" / "tokenizer.model"), "tiktoken": str(with_config),
+            "cl100k_base.tiktoken": str(_write_ranks(root / "bare1" / "cl100k_base.tiktoken", ranks)),
+            "o200k_base.tiktoken": str(_write_ranks(root / "bare2" / "o200k_base.tiktoken", ranks)),
+            "other.tiktoken": str(_write_ranks(root / "bare3" / "other.tiktoken", ranks)),
+            "preset": "llama3-tiny"}
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("inputs")
+    (root / "text.jsonl").write_text("".join(json.dumps({"text": f"Hello world {i}, it's text."}) + "\n"
+                                             for i in range(3)))
+    (root / "chat.jsonl").write_text(json.dumps(CHAT) + "\n")
+    return root
+
+
+def run(argv, capsys) -> tuple[int, str, str]:
+    try:
+        code = main([str(a) for a in argv])
+    except SystemExit as exc:
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+WITH_EOD = ["hf-folder", "tokenizer.json", "sentencepiece", "tiktoken", "cl100k_base.tiktoken", "o200k_base.tiktoken",
+            "preset"]
+
+
+@pytest.mark.parametrize("kind", WITH_EOD)
+def test_preprocess_append_eod_every_kind(kind, kinds, inputs, tmp_path, capsys):
+    """Each document ends with the tokenizer's end-of-document id (cl100k/o200k: tiktoken's <|endoftext|>)."""
+    from pai_zoo.tokenizers.names import resolve_tokenizer
+
+    code, out, err = run(["preprocess", "--input", inputs / "text.jsonl", "--output-prefix", tmp_path / "d",
+                          "--tokenizer", kinds[kind], "--append-eod"], capsys)
+    assert code == 0, err
+    assert err == ""  # nothing else on stderr (no fast-engine notice without --verbose)
+    tok = resolve_tokenizer(kinds[kind]).load()
+    expected = {"cl100k_base.tiktoken": 100257, "o200k_base.tiktoken": 199999}.get(kind, tok.eod_id)
+    assert tok.eod_id == expected is not None
+    with IndexedDatasetReader(str(tmp_path / "d_text_document")) as reader:
+        assert reader.num_documents == 3
+        for j in range(3):
+            doc = reader.document(j)
+            assert int(doc[-1]) == expected and list(doc[:-1]) == [
+                *tok.encode(f"Hello world {j}, it's text.")]
+
+
+def test_bare_tiktoken_append_eod_is_one_line(kinds, inputs, tmp_path, capsys):
+    """A rank file with no special tokens has no end-of-document id: --append-eod is refused before writing."""
+    code, out, err = run(["preprocess", "--input", inputs / "text.jsonl", "--output-prefix", tmp_path / "d",
+                          "--tokenizer", kinds["other.tiktoken"], "--append-eod"], capsys)
+    assert code == 1 and "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert lines[0] == (f"pai-zoo: error: --append-eod: tokenizer {kinds['other.tiktoken']} has no end-of-document "
+                        "token (no eos_token)")
+    assert len(lines) == 2 and lines[1].startswith("hint: leave out --append-eod") and "cl100k_base" in lines[1]
+    assert list(tmp_path.iterdir()) == []
+    code, out, err = run(["preprocess", "--input", inputs / "text.jsonl", "--output-prefix", tmp_path / "d",
+                          "--tokenizer", kinds["other.tiktoken"]], capsys)  # without --append-eod it works
+    assert code == 0, err
+
+
+@pytest.mark.parametrize("kind", [*WITH_EOD, "other.tiktoken"])
+def test_preprocess_sft_every_kind(kind, kinds, inputs, tmp_path, capsys):
+    code, out, err = run(["preprocess", "--sft", "--input", inputs / "chat.jsonl", "--output-prefix", tmp_path / "s",
+                          "--tokenizer", kinds[kind], "--seq-length", "64"], capsys)
+    if kind == "other.tiktoken":  # nothing to pad with: one line naming the flag
+        assert code == 1 and err.strip() == (f"pai-zoo: error: --tokenizer {kinds[kind]}: no pad or "
+                                              "end-of-document token to pad with")
+        return
+    assert code == 0, err
+    with IndexedDatasetReader(str(tmp_path / "s_loss_mask_document")) as mask:
+        assert mask.document(0).sum() > 0  # the assistant reply is trained on
+
+
+@pytest.mark.parametrize("kind", ["hf-folder", "sentencepiece", "tiktoken", "o200k_base.tiktoken"])
+def test_dataset_inspect_decodes_with_every_kind(kind, kinds, inputs, tmp_path, capsys):
+    assert run(["preprocess", "--input", inputs / "text.jsonl", "--output-prefix", tmp_path / "d", "--tokenizer",
+                kinds[kind]], capsys)[0] == 0
+    code, out, err = run(["dataset", "inspect", tmp_path / "d", "--document", "1", "--tokenizer", kinds[kind]], capsys)
+    assert code == 0, err
+    assert "Hello world 1, it's text." in out
+
+
+def test_checkpoint_folders_of_every_kind_load(kinds):
+    """generate, convert and rl read a Megatron-LM checkpoint's --tokenizer folder with load_tokenizer: a folder
+    holding any one kind gives that kind's adapter."""
+    for kind, expected in (("hf-folder", "hf"), ("sentencepiece", "sentencepiece"), ("tiktoken", "tiktoken"),
+                           ("cl100k_base.tiktoken", "tiktoken")):
+        tok = load_tokenizer(Path(kinds[kind]).parent if kind != "hf-folder" else kinds[kind])
+        assert tok.kind == expected and tok.decode(tok.encode("Hello world", add_special_tokens=False)) == \
+            "Hello world"
+
+
+@pytest.mark.parametrize("kind", ["hf-folder", "sentencepiece", "tiktoken"])
+def test_eval_jsonl_with_every_kind(kind, kinds, inputs, capsys):
+    """eval --data FILE.jsonl --tokenizer T tokenizes the file with T (ids inside llama3-tiny's 1000)."""
+    code, out, err = run(["eval", "llama3-tiny", "--backend", "hf", "--packing", "document", "--seq-length", "8",
+                          "--data", inputs / "text.jsonl", "--tokenizer", kinds[kind], "--no-progress"], capsys)
+    assert code == 0, err
+    assert str(inputs / "text.jsonl") in out and "perplexity" in out
+    assert "preprocess" not in err
+
+
+def test_eval_wrong_tokenizer_names_the_users_file(kinds, inputs, capsys):
+    """A tokenizer whose ids do not fit the model: the error names the user's file and --tokenizer, never eval's
+    scratch folder, and does not suggest the same tokenizer again."""
+    bad = kinds["cl100k_base.tiktoken"]
+    code, out, err = run(["eval", "llama3-tiny", "--backend", "hf", "--packing", "document", "--seq-length", "8",
+                          "--data", inputs / "text.jsonl", "--tokenizer", bad, "--no-progress"], capsys)
+    assert code == 1 and "Traceback" not in err
+    line = err.strip()
+    assert line == (f"pai-zoo: error: --data {inputs / 'text.jsonl'}: tokenized with --tokenizer {bad} (100277 "
+                    "tokens), its token ids reach 100257, outside the model's vocabulary [0, 1000): the tokenizer "
+                    "does not belong to the model; leave out --tokenizer (the model's own tokenizer) or give the "
+                    "folder of the model's tokenizer")
+    assert "pai-zoo-eval-" not in err and "_text_document" not in err
+
+
+def test_eval_tokenizer_without_eod_names_the_file(kinds, inputs, capsys):
+    other = kinds["other.tiktoken"]
+    code, out, err = run(["eval", "llama3-tiny", "--backend", "hf", "--packing", "document", "--seq-length", "8",
+                          "--data", inputs / "text.jsonl", "--tokenizer", other, "--no-progress"], capsys)
+    assert code == 1
+    assert err.strip().splitlines() == [
+        f"pai-zoo: error: --data {inputs / 'text.jsonl'}: the tokenizer {other} has no end-of-document token to put "
+        "after each document",
+        "hint: preprocess the file yourself (pai-zoo preprocess, without --append-eod) and give eval the prefix"]
+
+
+# -- the fast engine's fallback is quiet -------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def unloadable(kinds, tmp_path_factory) -> Path:
+    """A byte-level tokenizer.json gigatoken refuses ("Byte remapping failed: no single-byte vocab entry for byte
+    0x00", as for SmolLM2): byte 0's symbol is missing from the vocabulary."""
+    folder = tmp_path_factory.mktemp("unloadable")
+    source = Path(kinds["hf-folder"])
+    data = json.loads((source / "tokenizer.json").read_text())
+    del data["model"]["vocab"]["\u0100"]
+    (folder / "tokenizer.json").write_text(json.dumps(data))
+    (folder / "tokenizer_config.json").write_text((source / "tokenizer_config.json").read_text())
+    return folder
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_fast_engine_fallback_is_a_verbose_note(verbose, unloadable, inputs, tmp_path, capsys):
+    pytest.importorskip("gigatoken")
+    argv = ["preprocess", "--input", inputs / "text.jsonl", "--output-prefix", tmp_path / "d", "--tokenizer",
+            unloadable, "--append-eod"]
+    code, out, err = run(["--verbose", *argv] if verbose else argv, capsys)
+    assert code == 0 and "engine hf (tokenizers)" in out
+    if not verbose:
+        assert err == ""
+    else:
+        assert err.strip() == (f"pai-zoo: warning: fast engine: {unloadable / 'tokenizer.json'}: gigatoken cannot "
+                               "load it: Byte remapping failed: no single-byte vocab entry for byte 0x00; the exact "
+                               "engine encodes the text")
+
+
+def test_eval_fallback_is_silent(unloadable, inputs, capsys):
+    pytest.importorskip("gigatoken")
+    code, out, err = run(["eval", "llama3-tiny", "--backend", "hf", "--packing", "document", "--seq-length", "8",
+                          "--data", inputs / "text.jsonl", "--tokenizer", unloadable, "--no-progress"], capsys)
+    assert code == 0, err
+    assert "gigatoken" not in err and "preprocess" not in err
+
+
+def test_openai_encodings_are_tiktokens(monkeypatch):
+    """OPENAI_ENCODINGS (split pattern, special tokens) equals tiktoken's own definitions (their rank files are
+    not downloaded: the loader is replaced)."""
+    from tiktoken_ext import openai_public
+
+    monkeypatch.setattr(openai_public, "load_tiktoken_bpe", lambda *a, **k: {})
+    for name, (pattern, specials) in OPENAI_ENCODINGS.items():
+        spec = getattr(openai_public, name)()
+        assert (spec["pat_str"], spec["special_tokens"]) == (pattern, specials), name
+
+
+def test_o200k_named_file_uses_o200k_pattern(kinds):
+    """A file named o200k_base.tiktoken splits as tiktoken's o200k_base does (not cl100k's digits-in-threes)."""
+    import tiktoken
+
+    from pai_zoo.tokenizers.tiktoken import read_tiktoken_ranks
+
+    path = kinds["o200k_base.tiktoken"]
+    tok = load_tokenizer(path)
+    name, (pattern, specials) = "o200k_base", OPENAI_ENCODINGS["o200k_base"]
+    reference = tiktoken.Encoding(name, pat_str=pattern, mergeable_ranks=read_tiktoken_ranks(path),
+                                  special_tokens=specials)
+    text = "Hello WORLD's 12345 <|endoftext|> tabs\t\tend"
+    assert tok.encode(text) == reference.encode(text, allowed_special="all")
+    assert tok.eos_token == "<|endoftext|>" and np.int64(tok.eod_id) == 199999
