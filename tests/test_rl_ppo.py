@@ -3,8 +3,11 @@ tensor parallelism under torchrun, and the errors that stop a run before trainin
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -103,10 +106,23 @@ def _tensors(path) -> dict:
 
 
 def test_resume_continues_exactly(tmp_path):
+    """Ctrl-C at step 2 of 4 (``pai-zoo rl ppo`` in a process of its own) saves step 2 of the actor and the critic
+    and says so; the run resumed from there equals the run never interrupted."""
     kwargs = dict(actor="llama3-tiny", reward=f"rule:fraction={TARGET}", prompts=prompts(16), quiet=True, **SMALL)
     PPOTrainer(save=str(tmp_path / "straight"), steps=4, **kwargs).run()
-    PPOTrainer(save=str(tmp_path / "resumed"), steps=2, **kwargs).run()
-    summary = PPOTrainer(save=str(tmp_path / "resumed"), steps=4, **kwargs).run()
+    save = tmp_path / "resumed"
+    argv = ["rl", "ppo", "--actor", "llama3-tiny", "--reward", f"rule:fraction={TARGET}", "--prompts",
+            str(write_prompts(tmp_path / "prompts.jsonl", 16)), "--save", str(save), "--steps", "4",
+            *[f"--{k.replace('_', '-')}={v}" for k, v in SMALL.items()]]
+    interrupted = subprocess.run([sys.executable, str(Path(__file__).with_name("train_interrupt.py")), "sigint", "2",
+                                  "--", *argv], capture_output=True, text=True, timeout=600,
+                                 env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert interrupted.returncode == 130, interrupted.stderr[-3000:]
+    assert interrupted.stderr.strip().splitlines()[-1] == (
+        f"pai-zoo: interrupted at step 2: saved {save}/actor/iter_0000002 and {save}/critic/iter_0000002; rerun the "
+        "same command to resume from step 2")
+    assert "Traceback" not in interrupted.stderr
+    summary = PPOTrainer(save=str(save), steps=4, **kwargs).run()
     assert summary["resumed_from"] == 2 and summary["steps"] == 4
     straight, resumed = read_log(tmp_path / "straight"), read_log(tmp_path / "resumed")
     assert [r["step"] for r in resumed] == [1, 2, 3, 4]

@@ -146,3 +146,58 @@ def test_a_failed_run_leaves_no_save_folder_it_created(tmp_path, data, capsys, m
     (save / "keep.txt").write_text("x")
     code, err = train(capsys, data, save, "--force")
     assert code == 1 and (save / "keep.txt").is_file()
+
+
+@pytest.mark.no_megatron
+@pytest.mark.parametrize("trainer", ["ppo", "reward"])
+def test_rl_save_follows_the_same_rule(tmp_path, capsys, trainer):
+    save = tmp_path / "save"
+    save.mkdir()
+    (save / "notes.txt").write_text("mine\n")
+    (tmp_path / "in.jsonl").write_text("")
+    flags = (["--actor", "llama3-tiny", "--reward", "rule:fraction=1-9", "--prompts"] if trainer == "ppo" else
+             ["--model", "llama3-tiny", "--data"])
+    start = time.perf_counter()
+    code = main(["rl", trainer, *flags, str(tmp_path / "in.jsonl"), "--save", str(save)])
+    err = capsys.readouterr().err
+    assert time.perf_counter() - start < 2.0
+    assert code == 1 and one_error_line(err) == (
+        f"pai-zoo: error: {save} holds files that are not a pai-zoo training run (notes.txt); choose another --save "
+        "or pass --force to train into it")
+    assert os.listdir(save) == ["notes.txt"]
+
+
+@pytest.mark.no_megatron
+def test_rl_loops_save_the_step_in_progress_on_a_signal(tmp_path):
+    """pai_zoo.rl.stopping, as the RL trainers' loops call it: nothing before a signal; after SIGUSR1 the step is
+    saved (unless it just was) and the run stops with exit 138 and the line; a second signal stops at once."""
+    import signal
+
+    from pai_zoo.rl.stopping import stop_here, stop_request
+    from pai_zoo.util.interrupt import Interrupted
+
+    saves = []
+    folders = [tmp_path / "actor", tmp_path / "critic"]
+    with stop_request(folders, lambda: 3) as stop:
+        stop_here(stop, 3, 10, lambda: saves.append(3), False, folders)
+        assert saves == []
+        os.kill(os.getpid(), signal.SIGUSR1)
+        stop_here(stop, 10, 10, lambda: saves.append(10), False, folders)  # the last step: the run ends as usual
+        with pytest.raises(Interrupted) as stopped:
+            stop_here(stop, 3, 10, lambda: saves.append(3), False, folders)
+        assert saves == [3] and stopped.value.exit_code == 138
+        assert stopped.value.message == (f"interrupted at step 3: saved {tmp_path}/actor/iter_0000003 and "
+                                         f"{tmp_path}/critic/iter_0000003; rerun the same command to resume from "
+                                         "step 3")
+        with pytest.raises(Interrupted):  # already saved at that step: not again
+            stop_here(stop, 4, 10, lambda: saves.append(4), True, folders)
+        assert saves == [3]
+        with pytest.raises(Interrupted) as at_once:
+            os.kill(os.getpid(), signal.SIGINT)
+        assert at_once.value.exit_code == 130
+        assert at_once.value.message == "interrupted at step 3; no checkpoint yet; rerun the same command to start"
+    with pytest.raises(Interrupted) as reward:
+        with stop_request([tmp_path], lambda: 5, resumes=False) as stop:
+            os.kill(os.getpid(), signal.SIGTERM)
+            stop_here(stop, 5, 9, lambda: None, False, [tmp_path], resumes=False)
+    assert reward.value.exit_code == 143 and "this trainer does not resume" in reward.value.message

@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from ..plugin.errors import PaiZooError, SettingError
 from ..rl import list_trainers
+from ..training.save_dir import check_save_dir, cleanup_on_failure
+from ..util.dist import is_rank0
 from ..util.yaml_settings import read_settings_yaml
 from ._common import add_command
 
@@ -52,6 +55,9 @@ def _add_trainers(subparsers, trainers: dict) -> None:
             action.required = False
         q.add_argument("--config", metavar="FILE.yaml", help="settings from a YAML mapping (keys: the flags' names "
                        "without --); flags given here with other values than their defaults win")
+        if "--force" not in q._option_string_actions:
+            q.add_argument("--force", dest="rl_force", action="store_true",
+                           help="write into a --save folder that holds files other than a pai-zoo run (they are kept)")
         names = {name: a for a in own for name in (a.dest, *(o.lstrip("-") for o in a.option_strings))}
         q.set_defaults(func=run_trainer, rl_class=cls, rl_settings=tuple(a.dest for a in own), rl_names=names,
                        rl_required=tuple(required), rl_name=name, rl_parser=q)
@@ -102,7 +108,16 @@ def run_trainer(args) -> int:
     if missing:  # argparse's usage error (exit 2), as before --config existed
         args.rl_parser.error(f"the following arguments are required: {', '.join(missing)} (on the command line or "
                              "in --config FILE.yaml)")
-    summary = args.rl_class(**settings).run()
+    save = settings.get("save")
+    if isinstance(save, str) and save:  # before any model loads; a failed run leaves no --save folder it created
+        check_save_dir(save, force=getattr(args, "rl_force", False))
+        created = not Path(save).exists()
+    try:
+        summary = args.rl_class(**settings).run()
+    except BaseException:
+        if isinstance(save, str) and save and is_rank0():
+            cleanup_on_failure(save, created)
+        raise
     print(json.dumps(summary, indent=2, default=str))
     return 0
 

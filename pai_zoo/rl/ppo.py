@@ -28,6 +28,7 @@ from ..plugin.errors import PaiZooError
 from ..util.metrics import METRICS_FILE, MetricsLog
 from .base import RLTrainer
 from .data import read_prompts
+from .stopping import stop_here, stop_request
 
 DEFAULTS = {
     "critic": None, "steps": 20, "rollout_batch_size": 16, "ppo_epochs": 2, "mini_batch_size": 8,
@@ -269,10 +270,22 @@ class _PPORun:
         save_model(self.save / "actor", self.actor, self.actor.model, self.actor_opt, self.step, state=state)
 
     def train(self) -> dict:
-        s = self.s
         start = time.perf_counter()
-        record: dict = {}
-        first_reward = None
+        folders = [self.save / "actor", self.save / "critic"]
+        with stop_request(folders, lambda: self.step) as stop:  # a signal: the step in progress is saved
+            self._loop(stop, folders, start)
+            record, first_reward = self._record, self._first_reward
+            if self.resumed_from is None or record:
+                self.checkpoint()
+        self.log.close()
+        return {"steps": self.step, "last": record, "first_reward": first_reward, "resumed_from": self.resumed_from,
+                "actor": str(self.save / "actor"), "critic": str(self.save / "critic"),
+                "log": str(self.log_path)}
+
+    def _loop(self, stop, folders, start: float) -> None:
+        """The steps; on a signal, the step in progress is finished and saved (see :mod:`.stopping`)."""
+        s = self.s
+        self._record, self._first_reward = {}, None
         while self.step < s["steps"]:
             step_start = time.perf_counter()
             lr = self.actor_opt.optimizer.param_groups[0]["lr"]
@@ -287,16 +300,13 @@ class _PPORun:
                       "reward": float(batch["scores"].mean()), "kl": batch["kl"], "kl_coef": kl_coef,
                       **stats, "response_length": float(batch["lengths"].mean()),
                       "seconds": round(time.perf_counter() - start, 3)}
-            first_reward = record["reward"] if first_reward is None else first_reward
+            self._record = record
+            self._first_reward = record["reward"] if self._first_reward is None else self._first_reward
             self.log.write(record)
-            if s["save_every"] and self.step % s["save_every"] == 0 and self.step < s["steps"]:
+            saved = bool(s["save_every"] and self.step % s["save_every"] == 0 and self.step < s["steps"])
+            if saved:
                 self.checkpoint()
-        if self.resumed_from is None or record:
-            self.checkpoint()
-        self.log.close()
-        return {"steps": self.step, "last": record, "first_reward": first_reward, "resumed_from": self.resumed_from,
-                "actor": str(self.save / "actor"), "critic": str(self.save / "critic"),
-                "log": str(self.log_path)}
+            stop_here(stop, self.step, s["steps"], self.checkpoint, saved, folders)
 
 
 def _plain(settings: dict) -> dict:

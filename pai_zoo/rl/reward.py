@@ -15,6 +15,7 @@ from ..plugin.errors import PaiZooError
 from ..util.metrics import METRICS_FILE, MetricsLog
 from .base import RLTrainer
 from .data import read_pairs
+from .stopping import stop_here, stop_request
 
 DEFAULTS = {"epochs": 1, "batch_size": 8, "lr": 1e-5, "weight_decay": 0.0, "eval_fraction": 0.1, "seed": 0,
             "max_grad_norm": 1.0, "tensor_parallel_size": 1, "log_every": 1, "chat": False}
@@ -89,28 +90,33 @@ class RewardTrainer(RLTrainer):
         )
         step, loss = 0, float("nan")
         start = time.perf_counter()
-        for epoch in range(s["epochs"]):
-            random.Random(s["seed"] + epoch + 1).shuffle(train)
-            for first in range(0, len(train), s["batch_size"]):
-                batch = train[first:first + s["batch_size"]]
-                model.train()
-                step_start = time.perf_counter()
-                lr = optimizer.optimizer.param_groups[0]["lr"]
-                chosen, rejected = score_pairs(model, batch, pad_id)
-                loss_t = pairwise_loss(chosen, rejected)
-                loss_t.backward()
-                grad_norm = optimizer.step()
-                step, loss = step + 1, float(loss_t.detach())
-                if step % s["log_every"] == 0:
-                    acc = float((chosen > rejected).float().mean())
-                    step_time = time.perf_counter() - step_start
-                    tokens = sum(len(p.prompt) * 2 + len(p.chosen) + len(p.rejected) for p in batch)
-                    log.write({"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
-                               "tokens_per_s": tokens / step_time, "step_time": round(step_time, 3),
-                               "epoch": epoch, "train_accuracy": acc, "seconds": time.perf_counter() - start})
-        accuracy = evaluate(model, evaluation, pad_id)
-        log.write({"step": step, "eval_accuracy": accuracy, "eval_pairs": len(evaluation)})
-        path = save_model(s["save"], handle, model, optimizer, step, head=head_record(pad_id))
+        # a signal: the step in progress is saved (this trainer does not resume: a rerun starts again)
+        with stop_request([s["save"]], lambda: step, resumes=False) as stop:
+            for epoch in range(s["epochs"]):
+                random.Random(s["seed"] + epoch + 1).shuffle(train)
+                for first in range(0, len(train), s["batch_size"]):
+                    batch = train[first:first + s["batch_size"]]
+                    model.train()
+                    step_start = time.perf_counter()
+                    lr = optimizer.optimizer.param_groups[0]["lr"]
+                    chosen, rejected = score_pairs(model, batch, pad_id)
+                    loss_t = pairwise_loss(chosen, rejected)
+                    loss_t.backward()
+                    grad_norm = optimizer.step()
+                    step, loss = step + 1, float(loss_t.detach())
+                    if step % s["log_every"] == 0:
+                        acc = float((chosen > rejected).float().mean())
+                        step_time = time.perf_counter() - step_start
+                        tokens = sum(len(p.prompt) * 2 + len(p.chosen) + len(p.rejected) for p in batch)
+                        log.write({"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
+                                   "tokens_per_s": tokens / step_time, "step_time": round(step_time, 3),
+                                   "epoch": epoch, "train_accuracy": acc, "seconds": time.perf_counter() - start})
+                    stop_here(stop, step, steps, lambda: save_model(s["save"], handle, model, optimizer, step,
+                                                                    head=head_record(pad_id)),
+                              False, [s["save"]], resumes=False)
+            accuracy = evaluate(model, evaluation, pad_id)
+            log.write({"step": step, "eval_accuracy": accuracy, "eval_pairs": len(evaluation)})
+            path = save_model(s["save"], handle, model, optimizer, step, head=head_record(pad_id))
         log.close()
         return {"steps": step, "loss": loss, "eval_accuracy_before": accuracy_before, "eval_accuracy": accuracy,
                 "eval_pairs": len(evaluation), "checkpoint": str(path)}
