@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -141,11 +142,21 @@ def test_a_failed_run_leaves_no_save_folder_it_created(tmp_path, data, capsys, m
     code, err = train(capsys, data, save)
     assert code == 1 and one_error_line(err) == "pai-zoo: error: model.distcp: truncated"
     assert not save.exists()
+
+    def terminated(self, source):  # SIGTERM (or SLURM's SIGUSR1) while the model loads: nothing to save, stop now
+        assert save.is_dir()
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(trainer.Trainer, "_build_model", terminated)
+    code, err = train(capsys, data, save)
+    assert code == 143 and err == ("pai-zoo: interrupted while setting up, before step 1; nothing was saved; rerun "
+                                   "the same command to start\n")
+    assert not save.exists()
     # a folder that was there before is kept, with what it held
     save.mkdir()
     (save / "keep.txt").write_text("x")
     code, err = train(capsys, data, save, "--force")
-    assert code == 1 and (save / "keep.txt").is_file()
+    assert code == 143 and os.listdir(save) == ["keep.txt"]
 
 
 @pytest.mark.no_megatron
@@ -171,8 +182,6 @@ def test_rl_save_follows_the_same_rule(tmp_path, capsys, trainer):
 def test_rl_loops_save_the_step_in_progress_on_a_signal(tmp_path):
     """pai_zoo.rl.stopping, as the RL trainers' loops call it: nothing before a signal; after SIGUSR1 the step is
     saved (unless it just was) and the run stops with exit 138 and the line; a second signal stops at once."""
-    import signal
-
     from pai_zoo.rl.stopping import stop_here, stop_request
     from pai_zoo.util.interrupt import Interrupted
 

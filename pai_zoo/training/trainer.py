@@ -45,7 +45,7 @@ from ..mcore.parallel_sizes import check_layout, check_world
 from ..models.handle import resolve
 from ..plugin.errors import PaiZooError
 from ..tokenizers.names import model_files_folder, model_tokenizer
-from ..util.interrupt import Interrupted, StopRequest, saved_line
+from ..util.interrupt import Interrupted, StopAtOnce, StopRequest, saved_line
 from ..util.metrics import MetricsLog
 from ..util.progress import ETA
 from . import data, optim
@@ -342,6 +342,13 @@ class Trainer(ModelSetup):
             f"{parameters + trainable:,} parameters ({100 * trainable / (parameters + trainable):.2f}%); the base is "
             "frozen and the checkpoints hold the adapters"])
 
+    def _stopped_setting_up(self) -> str:
+        latest = self._latest()
+        if latest is None:
+            return "interrupted while setting up, before step 1; nothing was saved; rerun the same command to start"
+        return (f"interrupted while setting up; last checkpoint {self.save_dir / iteration_name(latest)}; rerun the "
+                f"same command to resume from step {latest}")
+
     def _stopped(self, step: int) -> str:
         """The line of a second signal, which stops at once: the checkpoint the run resumes from."""
         latest = self._latest()
@@ -385,7 +392,8 @@ class Trainer(ModelSetup):
         check_save_dir(self.save_dir, force=self.cfg.force, model=self.cfg.model, option="--save")
         created = not self.save_dir.exists()
         try:
-            return self._run()
+            with StopAtOnce(lambda: self._stopped_setting_up() if _world()[0] == 0 else ""):
+                return self._run()  # the steps' loop catches the signals itself (a step in progress is saved)
         except BaseException:
             if _world()[0] == 0:
                 cleanup_on_failure(self.save_dir, created)

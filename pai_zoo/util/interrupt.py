@@ -16,7 +16,7 @@ from __future__ import annotations
 import signal
 import threading
 
-__all__ = ["Interrupted", "StopRequest", "exit_code", "saved_line"]
+__all__ = ["Interrupted", "StopAtOnce", "StopRequest", "exit_code", "saved_line"]
 
 
 def exit_code(signum: int) -> int:
@@ -82,3 +82,13 @@ class StopRequest:
         if flag.item() and self.signum is None:
             self.signum = int(flag.item())
         return bool(flag.item())
+
+
+class StopAtOnce(StopRequest):
+    """Like :class:`StopRequest`, but the first signal already raises :class:`Interrupted` (with ``message()``):
+    for the set-up before the first step (loading a model), where there is nothing to finish or save, and where
+    SIGTERM and SIGUSR1 would otherwise end the process without its clean-up."""
+
+    def _handle(self, signum, frame) -> None:
+        self.signum = signum
+        raise Interrupted(signum, self.message())
