@@ -63,7 +63,8 @@ def main():
         return 70
     status = int(line)
     if status < 0:  # killed by a signal: die of it too, as the shell expects
-        signal.signal(-status, signal.SIG_DFL)
+        if -status not in (signal.SIGKILL, signal.SIGSTOP):  # those two keep their default and cannot be set
+            signal.signal(-status, signal.SIG_DFL)
         os.kill(os.getpid(), -status)
     return status
 
@@ -74,8 +75,11 @@ sys.exit(main())
 class CliServer:
     """The server process and the folder holding its client as ``pai-zoo`` (:attr:`bin`); a context manager."""
 
-    def __init__(self, preload: tuple[str, ...] = PRELOAD, env: dict | None = None, main: str = "pai_zoo.cli:main"):
-        self.preload, self.main = preload, main
+    def __init__(self, preload: tuple[str, ...] = PRELOAD, env: dict | None = None, main: str = "pai_zoo.cli:main",
+                 wrapper: tuple[str, ...] = ()):
+        """``main`` (``module:function``) is what each child runs; ``wrapper`` is a command line the server is
+        started under (``unshare ... sh -c '...; exec "$@"' sh``, say), followed by the server's own."""
+        self.preload, self.main, self.wrapper = preload, main, tuple(wrapper)
         self.env = dict(os.environ if env is None else env)
         self.folder = Path(tempfile.mkdtemp(prefix="pai-zoo-cli-server-"))
         self.bin = self.folder / "bin"
@@ -89,7 +93,7 @@ class CliServer:
                           + _CLIENT.format(address=self.address, forwarded=tuple(int(s) for s in _FORWARDED)))
         client.chmod(0o755)
         log = open(self.folder / "log", "wb")
-        self._proc = subprocess.Popen([sys.executable, "-m", __name__, "--main", self.main, self.address,
+        self._proc = subprocess.Popen([*self.wrapper, sys.executable, "-m", __name__, "--main", self.main, self.address,
                                        *self.preload], env=self.env,
                                       stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
         log.close()
