@@ -1,6 +1,7 @@
 """``pai-zoo convert SRC DST --to mcore|hf``: Hugging Face folder <-> Megatron-Core checkpoint."""
 from __future__ import annotations
 
+from ..conversion.checks import check_request
 from ..conversion.settings import DEFAULTS, QUANTIZE_CHOICES
 from ..models.verification import VERIFY_TOLERANCES
 from ._common import add_command
@@ -57,6 +58,11 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
+    # the source, the flags that go together and DST, refused before torch and megatron-core are imported
+    check_request(args.src, args.dst, args.to, family=args.family, tp=args.tp, pp=args.pp, dtype=args.dtype,
+                  force=args.force, tokenizer=args.tokenizer, iteration=args.iteration,
+                  verify_tolerance=args.verify_tolerance, ep=args.ep, etp=args.etp, quantize=args.quantize,
+                  merge_lora=args.merge_lora)
     from ..conversion.entry import convert, describe_verification
 
     report = convert(

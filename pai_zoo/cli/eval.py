@@ -23,7 +23,8 @@ from ..models.handle import load, resolve
 from ..plugin.errors import SettingError
 from ..util.dist import is_rank0, rank, shared_temporary_folder, world_size
 from ..util.progress import Progress
-from ._common import add_command
+from ._checks import check_inputs, check_model_name
+from ._common import add_command, registry
 
 #: sequences (or lm-eval requests) per forward pass when the command line does not say
 MICRO_BATCH_SIZE = 4
@@ -164,6 +165,8 @@ def run(args) -> int:
     if args.backend == "hf" and (args.tp > 1 or args.pp > 1):
         raise SettingError("--backend hf runs in one process; --tp/--pp shard the megatron-core model")
     check_world(args.tp, args.pp)  # in one process: the torchrun command to use, before anything loads
+    check_model_name(args.model, registry())  # the flags' values were checked as argparse read them (_checks)
+    check_inputs((args.tokenizer, "--tokenizer"), (args.adapter, "--adapter"), (args.include_path, "--include-path"))
     source = resolve(args.model, tokenizer=args.tokenizer, iteration=args.iteration)
     seq_length, prefixes, weights, names = _check_inputs(args, source)
     manager = None

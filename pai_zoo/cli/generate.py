@@ -9,9 +9,11 @@ from ..generation import GenerationError, SamplingParams, generate, read_prompts
 from ..generation.images import record_images, with_image_paths
 from ..mcore.parallel_sizes import check_world
 from ..models.handle import load
+from ..plugin.errors import SettingError
 from ..util.dist import is_rank0
 from ..util.files import atomic_path
-from ._common import add_command, defaults
+from ._checks import check_inputs, check_model_name
+from ._common import add_command, defaults, registry
 
 #: prompts per forward pass when the command line does not say
 BATCH_SIZE = 8
@@ -67,6 +69,11 @@ def run(args, out=None) -> int:
         raise GenerationError(f"--tp must be positive (got {args.tp})")
 
     check_world(args.tp)  # --tp 3 in one process: the torchrun command to use, before anything loads
+    check_model_name(args.model, registry())  # the flags' values were checked as argparse read them (_checks)
+    check_inputs((args.tokenizer, "--tokenizer"), (args.adapter, "--adapter"), (args.prompts, "--prompts"),
+                 *((image, "--image") for image in args.image or ()))
+    if any(not stop for stop in args.stop or ()):
+        raise SettingError("--stop: give non-empty strings")
     if args.image and args.prompt is None:
         raise GenerationError("--image goes with --prompt; a --prompts file names its images per record")
     if args.prompt is not None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..hf import models as hf
+from ..hf.config_cache import full_config_dict
 from ..plugin.errors import UnknownModelError
 from ..testing import conformance_record
 from ..tokenizers.names import describe_tokenizer
@@ -81,7 +81,7 @@ def print_family(family, name: str) -> None:
     for rule in family.config_map.rules:
         print(f"  {rule.describe()}")
 
-    config = family.to_mcore_config(hf.config_dict(hf.hf_config(family, family.presets[family.tiny])))
+    config = family.to_mcore_config(full_config_dict(family, family.presets[family.tiny]))  # cached: no transformers
     table = reg.weight_map(family, config)
     print(f"weight map (rows for {family.tiny}; {{layer}} repeats per layer):")
     for kind, hf_names, mcore_names in table.describe():

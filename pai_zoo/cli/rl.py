@@ -21,6 +21,7 @@ from ..rl import list_trainers
 from ..training.save_dir import check_save_dir, cleanup_on_failure
 from ..util.dist import is_rank0
 from ..util.yaml_settings import read_settings_yaml
+from ._checks import RULES, check_value
 from ._common import add_command
 
 RESERVED = ("list", "run")  # subcommands of ``rl`` that a trainer's name cannot shadow
@@ -103,6 +104,8 @@ def run_trainer(args) -> int:
                 raise SettingError(f"{args.config}: {key!r} is no setting of `pai-zoo rl {args.rl_name}`; "
                                    f"the settings: {known}")
             if settings.get(action.dest) == action.default:  # not given on the command line
+                if action.dest in RULES:  # the flags' rules (_checks.RULES), named as the file spells the key
+                    check_value(RULES[action.dest], value, f"{args.config}: {key}", action.dest)
                 settings[action.dest] = value
     missing = [a.option_strings[0] for a in args.rl_required if settings.get(a.dest) in (None, "")]
     if missing:  # argparse's usage error (exit 2), as before --config existed

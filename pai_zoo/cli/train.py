@@ -10,15 +10,19 @@ spelled them, so that an error names the flag that was given.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
+from ..data.prefix import resolve_prefix, resolve_sft_prefix
 from ..hf.models import config_dict, hf_config
-from ..mcore.parallel_sizes import check_layout
+from ..mcore.parallel_sizes import check_layout, check_world
 from ..models.handle import resolve
+from ..plugin.errors import PaiZooError
 from ..training.config import SETTINGS, TrainConfig, TrainConfigError
 from ..training.plan import make_plan, plan_lines
 from ..training.save_dir import check_save_dir
-from ..util.dist import is_rank0
-from ._common import add_command, defaults
+from ..util.dist import is_rank0, world_size
+from ._checks import check_model_name
+from ._common import add_command, defaults, registry
 
 #: where the flags as given are kept on the namespace: {option string: value}
 GIVEN = "given_settings"
@@ -66,6 +70,7 @@ def run(args) -> int:
     if args.plan:
         return plan(cfg, args.gpus, args.gpu_memory)
     cfg.check_required()
+    _check_before_loading(cfg)  # every setting, the model's name and the data files: before torch or the model
     check_save_dir(cfg.save, force=cfg.force, model=cfg.model)  # before torch, megatron or the model load
     from ..training.trainer import train
 
@@ -74,6 +79,27 @@ def run(args) -> int:
         print(f"trained {cfg.model} -> {cfg.save}: step {last['step']}, loss {last['loss']:.4f}"
               + (f", eval loss {last['eval_loss']:.4f}" if "eval_loss" in last else ""))
     return 0
+
+
+def _check_before_loading(cfg) -> None:
+    """What can be refused without torch, megatron-core or the model, each setting named as given (``--lr -1.0``,
+    ``lr: -1 (run.yaml)``): the process count for the layout, the settings' ranges and arithmetic, that ``--model``
+    names a preset, a family or an existing path, and that the ``--data`` files exist (their token ids against the
+    model's vocabulary are checked once it is read)."""
+    world = world_size()
+    check_world(cfg.tensor_parallel_size, cfg.pipeline_parallel_size, world)  # one process: the torchrun command
+    cfg.check_settings(world)
+    try:
+        check_model_name(cfg.model, registry())
+    except PaiZooError as e:
+        raise TrainConfigError(f"--model {cfg.model}: {e}") from None
+    first = Path(str(cfg.data[0])) if cfg.data else None
+    if cfg.sft and len(cfg.data) == 1 and (first.suffix == ".jsonl" or first.is_dir()):  # vision SFT data
+        if not first.exists():
+            raise TrainConfigError(f"--data {first}: no such file")
+        return
+    for prefix in cfg.data_blend()[0]:
+        resolve_sft_prefix(prefix, what="--data") if cfg.sft else resolve_prefix(prefix, what="--data", first=".bin")
 
 
 def plan(cfg, gpus: int | None, gpu_memory: float | None) -> int:

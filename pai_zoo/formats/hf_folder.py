@@ -12,8 +12,10 @@ plan of names and shapes, one tensor at a time, without holding a shard in memor
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -44,6 +46,17 @@ _DTYPES = {
 
 
 WEIGHT_FILES = (SAFETENSORS_INDEX, SAFETENSORS, PICKLE_INDEX, PICKLE)
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A stored tensor's dtype name (``bfloat16``, ``float8_e4m3fn``) and shape, as its header gives them."""
+
+    dtype: str
+    shape: tuple[int, ...]
+
+    def numel(self) -> int:
+        return math.prod(self.shape)
 
 
 def is_hf_checkpoint(path) -> bool:
@@ -175,6 +188,11 @@ class HFCheckpoint(CheckpointReader):
         for f in self._handles.values():
             f.close()
         self._handles.clear()
+
+    def spec(self, name: str) -> TensorSpec:
+        """The stored dtype's name and the shape, from the header (nothing is read, torch is not imported)."""
+        _, dtype, shape = self._headers[name]
+        return TensorSpec(dtype, tuple(shape))
 
     def meta(self, name: str):
         """A meta-device tensor with the stored shape and dtype (nothing is read)."""

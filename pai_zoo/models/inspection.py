@@ -10,7 +10,7 @@ from .. import formats
 from ..families.registry import get_registry
 from ..formats.hf_folder import CONFIG, read_config, tokenizer_files
 from ..formats.megatron_folder import TRACKER
-from ..hf import models as hf
+from ..hf.config_cache import full_config_dict
 from ..plugin.errors import PaiZooError, no_such_path
 from ..plugin.megatron_args import shown
 from ..tables.mapping import MappingContext
@@ -95,7 +95,7 @@ def _hf(path: Path, family_name: str | None) -> Inspection:
     registry = get_registry()
     raw = read_config(path)
     family = registry.family(family_name) if family_name else registry.family_for_hf_config(raw, str(path / CONFIG))
-    config = family.to_mcore_config(hf.config_dict(hf.hf_config(family, raw)))
+    config = family.to_mcore_config(full_config_dict(family, raw))  # cached: transformers only the first time
     decoded = formats.open_checkpoint(path, format="hf")  # an encoding's decoder checks it, reading headers only
     weights = getattr(decoded, "source", decoded)  # the tensors as stored
     quantization = None
@@ -108,7 +108,7 @@ def _hf(path: Path, family_name: str | None) -> Inspection:
                             f"(quant_method fp8); they read as {str(decoded.out_dtype).removeprefix('torch.')}")
         else:
             scales = set()
-        metas = [weights.meta(n) for n in weights.names() if n not in scales]
+        metas = [weights.spec(n) for n in weights.names() if n not in scales]  # from the headers: no torch
         names = list(weights.names())
     finally:
         decoded.close()

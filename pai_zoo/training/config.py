@@ -234,6 +234,15 @@ class TrainConfig:
 
     def validate(self, world_size: int = 1, max_positions: int | None = None) -> None:
         """Raise :class:`TrainConfigError` for settings that cannot run, before any work starts."""
+        self.check_settings(world_size, gpu=None)
+        if max_positions is not None and self.sequence_length > max_positions:
+            raise TrainConfigError(f"sequence_length {self.sequence_length} is longer than the model's "
+                                   f"{max_positions} positions (max_position_embeddings)")
+
+    def check_settings(self, world_size: int = 1, gpu: bool | None = True) -> None:
+        """Every check that needs neither the model nor torch (``pai-zoo train`` runs it before anything is
+        imported or loaded; :meth:`validate` adds the model's): ranges, forms, the batch arithmetic, the split, the
+        data blend, the scale settings (``gpu`` as in :meth:`_check_scale`; True: assume GPUs, checked later)."""
         self.check_required()
         for what, group in FORMS.items():
             given = [name for name in group if self._is_given(name)]
@@ -257,13 +266,22 @@ class TrainConfig:
         if self.lr_decay_style not in DECAY_STYLES:
             raise TrainConfigError(f"{self.given('lr_decay_style')}: unknown decay style; "
                                    f"expected {', '.join(DECAY_STYLES)}")
+        if not self.learning_rate > 0:  # not >: NaN too
+            raise TrainConfigError(f"{self.given('learning_rate')}: the learning rate must be positive")
         if not 0 <= self.min_learning_rate <= self.learning_rate:
-            raise TrainConfigError(f"min_learning_rate {self.min_learning_rate} must be between 0 and "
-                                   f"learning_rate {self.learning_rate}")
+            raise TrainConfigError(f"{self.given('min_learning_rate')} must be between 0 and "
+                                   f"{self.given('learning_rate')}")
+        if not 0 <= self.seed < 2**32:
+            raise TrainConfigError(f"{self.given('seed')}: must be a seed from 0 to 2**32 - 1")
+        for name in ("adam_beta1", "adam_beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                raise TrainConfigError(f"{self.given(name)}: must be at least 0 and below 1")
+        if not self.adam_eps > 0:
+            raise TrainConfigError(f"{self.given('adam_eps')}: must be positive")
         dp = self.data_parallel_size(world_size)
         if self.global_batch_size % (self.batch_size * dp):
             raise TrainConfigError(
-                f"global_batch_size {self.global_batch_size} is not divisible by batch_size {self.batch_size} x "
+                f"{self.given('global_batch_size')} is not divisible by {self.given('batch_size')} x "
                 f"data-parallel size {dp}")
         if self.train_steps == 0:
             raise TrainConfigError(
@@ -277,10 +295,7 @@ class TrainConfig:
             raise TrainConfigError(
                 f"{what} {'exceeds' if warm > steps else 'is as long as'} the run's {steps} steps ({self._budget()}); "
                 f"lower it below {steps} steps (or give --warmup-fraction), or lengthen the run")
-        self._check_scale(dp)
-        if max_positions is not None and self.sequence_length > max_positions:
-            raise TrainConfigError(f"sequence_length {self.sequence_length} is longer than the model's "
-                                   f"{max_positions} positions (max_position_embeddings)")
+        self._check_scale(dp, gpu=gpu)
         self.split_weights()
         self.data_blend()
 

@@ -53,7 +53,8 @@ def decoded(source, config: Mapping, dtype=None, where: str = "config.json"):
 def _check_unquantized(source, where: str) -> None:
     """A folder that declares no encoding holds no 8-bit float tensor; otherwise one line naming one."""
     for name in source.names():
-        dtype = str(source.meta(name).dtype).removeprefix("torch.")
+        spec = getattr(source, "spec", None)  # a dtype name from the header: no torch for a plain folder
+        dtype = spec(name).dtype if spec is not None else str(source.meta(name).dtype).removeprefix("torch.")
         if dtype.startswith("float8"):
             raise PaiZooError(f"{source.file_of(name)}: {name} is {dtype} but {where} has no quantization_config "
                               "to say how it is scaled")
