@@ -324,3 +324,57 @@ def test_an_rl_run_folder_converts_its_actor(hf_folder, tmp_path):
     from pai_zoo.formats.hf_folder import HFCheckpoint
 
     assert sorted(HFCheckpoint(tmp_path / "hf").names()) == sorted(HFCheckpoint(hf_folder).names())
+
+
+def test_convert_removes_a_killed_runs_staging_folder(hf_folder, tmp_path, capsys):
+    import subprocess
+    import sys
+
+    from pai_zoo.cli import main
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    stale = tmp_path / f".m.pai-zoo-tmp-{proc.pid}"  # what a SIGKILLed convert leaves
+    (stale / "release").mkdir(parents=True)
+    assert main(["convert", str(hf_folder), str(tmp_path / "m"), "--to", "mcore"]) == 0
+    assert f"pai-zoo: removed {stale} left by an interrupted run (pid {proc.pid})" in capsys.readouterr().err
+    assert sorted(os.listdir(tmp_path)) == ["m"]
+
+
+def test_a_full_disk_during_convert_is_one_line_and_leaves_dst_as_it_was(hf_folder, tmp_path, capsys, monkeypatch):
+    import errno
+
+    from pai_zoo.cli import main
+
+    dst = tmp_path / "m"
+    dst.mkdir()
+    (dst / "old.txt").write_text("old")
+    real = mcore_dist.DistCheckpointWriter.write_chunk
+    calls = []
+
+    def full(self, chunk, tensor):
+        calls.append(chunk)
+        if len(calls) == 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(self, chunk, tensor)
+
+    monkeypatch.setattr(mcore_dist.DistCheckpointWriter, "write_chunk", full)
+    assert main(["convert", str(hf_folder), str(dst), "--to", "mcore", "--force"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith("pai-zoo: error: no space left on device (mount point /")
+    assert err.rstrip().endswith(f"free) writing {dst}; free space or choose another folder")
+    assert sorted(os.listdir(tmp_path)) == ["m"] and os.listdir(dst) == ["old.txt"]
+
+
+def test_convert_refuses_an_unwritable_dst_before_reading(hf_folder, tmp_path, capsys, monkeypatch):
+    from pai_zoo.cli import main
+    from pai_zoo.conversion import entry
+
+    monkeypatch.setattr(entry, "hf_to_mcore", lambda *a, **k: pytest.fail("read before DST was checked"))
+    monkeypatch.setattr("pai_zoo.util.outputs.shutil.disk_usage", lambda p: shutil._ntuple_diskusage(10, 10, 1000))
+    assert main(["convert", str(hf_folder), str(tmp_path / "m"), "--to", "mcore"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"pai-zoo: error: DST {tmp_path / 'm'}: not enough free space on "
+                          f"{pai_zoo.util.outputs.mount_point(tmp_path)}: 1.0 kB free, about ")
+    assert err.endswith(" kB needed; free space or choose another folder\n") and os.listdir(tmp_path) == []

@@ -191,3 +191,162 @@ def test_output_class_for_a_writer_that_is_no_block(tmp_path, dead_pid, capsys):
     assert out.tmp.is_dir() and f"(pid {dead_pid})" in capsys.readouterr().err
     out.discard()
     assert os.listdir(tmp_path) == []
+
+
+# -- the commands: an existing output refused (and replaced with --force), a killed run's temporary removed and
+#    named, a read-only folder refused before anything loads, a full disk as one line leaving nothing ---------------
+def cli(argv, capsys) -> tuple[int, str, str]:
+    """``main(argv)``: its exit code, stdout, stderr (an exception escaping is a failure)."""
+    from pai_zoo.cli import main
+
+    try:
+        code = main([str(a) for a in argv])
+    except SystemExit as exc:
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def one_error_line(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.startswith("pai-zoo: error:")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+@pytest.fixture
+def jsonl(tmp_path):
+    path = tmp_path / "in" / "docs.jsonl"
+    path.parent.mkdir()
+    path.write_text("".join(f'{{"text": "document number {i}"}}\n' for i in range(5)))
+    return path
+
+
+@pytest.fixture
+def no_loading(monkeypatch):
+    """Fails a test that loads a tokenizer or a model (the output check comes first)."""
+    from pai_zoo.tokenizers import names
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("loaded before the output was checked")
+
+    monkeypatch.setattr(names, "resolve_tokenizer", refuse)
+    import pai_zoo.data.preprocess as preprocess_module
+
+    monkeypatch.setattr(preprocess_module, "resolve_tokenizer", refuse)
+    for module in ("pai_zoo.cli.generate", "pai_zoo.cli.eval"):
+        monkeypatch.setattr(f"{module}.load", refuse)
+    monkeypatch.setattr("pai_zoo.cli.eval.resolve", refuse)
+
+
+def read_only(monkeypatch, folder):
+    """Make ``folder`` behave as a read-only mount for creating files and folders (root ignores file modes)."""
+    real_open, real_mkdir = os.open, os.mkdir
+
+    def guard(path):
+        if str(os.path.abspath(path)).startswith(str(folder)):
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+
+    monkeypatch.setattr(outputs.os, "open", lambda p, flags, *a: (guard(p) if flags & os.O_CREAT else None,
+                                                                   real_open(p, flags, *a))[1])
+    monkeypatch.setattr(os, "mkdir", lambda p, *a, **k: (guard(p), real_mkdir(p, *a, **k))[1])
+
+
+@pytest.mark.usefixtures("fresh_registry")
+def test_preprocess_refuses_an_existing_prefix_and_clears_a_killed_runs_temporaries(tmp_path, jsonl, capsys,
+                                                                                   dead_pid):
+    prefix = tmp_path / "out"
+    argv = ["preprocess", "--input", jsonl, "--output-prefix", prefix, "--tokenizer", "llama3-tiny"]
+    stale = tmp_path / f".out_text_document.bin.pai-zoo-tmp-{dead_pid}-0123abcd"
+    legacy = tmp_path / f"out_text_document.idx.tmp-{dead_pid}-0123abcd"  # an earlier version's name
+    stale.write_bytes(b"half")
+    legacy.write_bytes(b"half")
+    code, out, err = cli(argv, capsys)
+    assert code == 0, err
+    assert f"pai-zoo: removed {stale} left by an interrupted run (pid {dead_pid})" in err
+    assert f"pai-zoo: removed {legacy} left by an interrupted run (pid {dead_pid})" in err
+    names = sorted(os.listdir(tmp_path))
+    assert names == ["in", "out_text_document.bin", "out_text_document.idx", "out_text_document.json"]
+    before = (tmp_path / "out_text_document.bin").read_bytes()
+    code, out, err = cli(argv, capsys)
+    assert code == 1 and one_error_line(err) == \
+        f"pai-zoo: error: {prefix}_text_document.bin exists; pass --force to replace it"
+    code, out, err = cli([*argv, "--force"], capsys)
+    assert code == 0 and sorted(os.listdir(tmp_path)) == names
+    assert (tmp_path / "out_text_document.bin").read_bytes() == before
+
+
+@pytest.mark.usefixtures("fresh_registry", "no_loading")
+def test_existing_outputs_are_refused_before_anything_loads(tmp_path, jsonl, capsys):
+    (tmp_path / "d_text_document.idx").write_bytes(b"old")
+    (tmp_path / "merged.bin").write_bytes(b"old")
+    (tmp_path / "out.jsonl").write_text("old")
+    (tmp_path / "out.json").write_text("old")
+    (tmp_path / "vision").mkdir()
+    (tmp_path / "pai-zoo-myarch").mkdir()
+    cases = {
+        "preprocess": (["preprocess", "--input", jsonl, "--output-prefix", tmp_path / "d", "--tokenizer", "x"],
+                       tmp_path / "d_text_document.idx"),
+        "dataset merge": (["dataset", "merge", tmp_path / "a", tmp_path / "b", "--output-prefix", tmp_path / "merged"],
+                          tmp_path / "merged.bin"),
+        "dataset prepare": (["dataset", "prepare", jsonl, "--output", tmp_path / "vision"], tmp_path / "vision"),
+        "generate": (["generate", "--model", "llama3-tiny", "--prompts", jsonl, "--output", tmp_path / "out.jsonl"],
+                     tmp_path / "out.jsonl"),
+        "eval": (["eval", "llama3-tiny", "--data", tmp_path / "d", "--output", tmp_path / "out.json"],
+                 tmp_path / "out.json"),
+        "plugin new": (["plugin", "new", "myarch", "--from-config", "x", "--output", tmp_path / "pai-zoo-myarch"],
+                       tmp_path / "pai-zoo-myarch"),
+    }
+    before = sorted(os.listdir(tmp_path))
+    for name, (argv, dest) in cases.items():
+        code, out, err = cli(argv, capsys)
+        assert code == 1 and one_error_line(err) == f"pai-zoo: error: {dest} exists; pass --force to replace it", \
+            (name, err)
+    assert sorted(os.listdir(tmp_path)) == before and (tmp_path / "out.json").read_text() == "old"
+
+
+@pytest.mark.usefixtures("fresh_registry", "no_loading")
+def test_a_read_only_output_is_refused_before_anything_loads(tmp_path, jsonl, capsys, monkeypatch):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    read_only(monkeypatch, ro)
+    cases = {
+        "preprocess": (["preprocess", "--input", jsonl, "--output-prefix", ro / "d", "--tokenizer", "x"],
+                       "--output-prefix", ro / "d_text_document.bin"),
+        "preprocess --sft": (["preprocess", "--sft", "--input", jsonl, "--output-prefix", ro / "d", "--tokenizer",
+                              "x"], "--output-prefix", ro / "d_text_document.bin"),
+        "dataset merge": (["dataset", "merge", tmp_path / "a", "--output-prefix", ro / "m"], "--output-prefix",
+                          ro / "m.bin"),
+        "dataset prepare": (["dataset", "prepare", jsonl, "--output", ro / "v"], "--output", ro / "v"),
+        "generate": (["generate", "--model", "llama3-tiny", "--prompts", jsonl, "--output", ro / "o.jsonl"],
+                     "--output", ro / "o.jsonl"),
+        "eval": (["eval", "llama3-tiny", "--data", tmp_path / "d", "--output", ro / "sub" / "o.json"], "--output",
+                 ro / "sub" / "o.json"),
+        "plugin new": (["plugin", "new", "myarch", "--from-config", "x", "--output", ro / "p"], "--output", ro / "p"),
+    }
+    for name, (argv, flag, dest) in cases.items():
+        code, out, err = cli(argv, capsys)
+        line = one_error_line(err)
+        assert code == 1 and line.startswith(f"pai-zoo: error: {flag} {dest}: cannot write in {ro} (read-only "
+                                             "file system, mount point /"), (name, err)
+    monkeypatch.undo()
+    assert os.listdir(ro) == []
+
+
+@pytest.mark.usefixtures("fresh_registry")
+def test_a_full_disk_during_preprocess_is_one_line_and_leaves_nothing(tmp_path, jsonl, capsys, monkeypatch):
+    from pai_zoo.data.indexed import writer
+
+    (tmp_path / "d_text_document.bin").write_bytes(b"old")
+    (tmp_path / "d_text_document.idx").write_bytes(b"old")
+
+    def full(self):
+        raise OSError(errno.ENOSPC, "No space left on device", self._idx_tmp)
+
+    monkeypatch.setattr(writer.IndexedDatasetWriter, "_write_sidecar", full)
+    code, out, err = cli(["preprocess", "--input", jsonl, "--output-prefix", tmp_path / "d", "--tokenizer",
+                          "llama3-tiny", "--force"], capsys)
+    line = one_error_line(err)
+    assert code == 1 and line.startswith("pai-zoo: error: no space left on device (mount point /")
+    assert line.endswith(f"free) writing {tmp_path}/d_text_document.idx; free space or choose another folder")
+    assert sorted(os.listdir(tmp_path)) == ["d_text_document.bin", "d_text_document.idx", "in"]
+    assert (tmp_path / "d_text_document.bin").read_bytes() == b"old"

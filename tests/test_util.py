@@ -81,7 +81,8 @@ def test_atomic_files_commit_in_order_and_abort_removes_the_rest(tmp_path, monke
     names = [tmp_path / "d.bin", tmp_path / "d.idx"]
     for name in names:
         Path(files.temporary(name)).write_text(name.suffix)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [f"d.bin.{files.tag}", f"d.idx.{files.tag}"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f".d.{suffix}.pai-zoo-tmp-{os.getpid()}-{files.tag}"
+                                                          for suffix in ("bin", "idx")]  # util.outputs' names
     real = Path.replace
     monkeypatch.setattr(Path, "replace", lambda a, b: real(a, b) if str(b).endswith(".bin") else 1 / 0)
     with pytest.raises(ZeroDivisionError):

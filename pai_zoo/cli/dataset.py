@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..data.prefix import resolve_prefix
 from ..plugin.errors import PaiZooError
 from ..tokenizers.names import resolve_tokenizer
+from ..util.outputs import check_dataset_outputs, check_output
 from ._common import add_command
 
 
@@ -20,11 +21,14 @@ def add_parser(subparsers) -> None:
     q.set_defaults(func=run_inspect)
     q = add_command(dsub, "merge", "concatenate datasets")
     q.add_argument("prefixes", nargs="+", help="PREFIX of each input PREFIX.bin/PREFIX.idx (or PREFIX_text_document)")
-    q.add_argument("--output-prefix", required=True, help="writes OUT.bin/OUT.idx")
+    q.add_argument("--output-prefix", required=True, help="writes OUT.bin/OUT.idx (must not exist unless --force)")
+    q.add_argument("--force", action="store_true", help="replace OUT.bin/OUT.idx if they exist")
     q.set_defaults(func=run_merge)
     q = add_command(dsub, "prepare", "vision SFT JSON Lines -> megatron-energon WebDataset shards")
     q.add_argument("source", help="a JSON Lines file of chats with images (pai_zoo.data.vision_sft's schemas)")
-    q.add_argument("--output", required=True, help="the energon dataset folder to write (must not exist)")
+    q.add_argument("--output", required=True, help="the energon dataset folder to write (must not exist unless "
+                                                    "--force)")
+    q.add_argument("--force", action="store_true", help="replace --output if it exists")
     q.add_argument("--samples-per-shard", type=int, default=1000, help="records per tar shard")
     q.set_defaults(func=run_prepare)
 
@@ -32,7 +36,8 @@ def add_parser(subparsers) -> None:
 def run_prepare(args) -> int:
     from ..data.vision_shards import prepare_vision_dataset
 
-    counts = prepare_vision_dataset(args.source, args.output, args.samples_per_shard)
+    check_output(args.output, force=args.force, kind="folder", flag="--output")  # before energon loads
+    counts = prepare_vision_dataset(args.source, args.output, args.samples_per_shard, force=args.force)
     print(f"prepared {args.source} -> {args.output}: {counts['records']} records, {counts['images']} images in "
           f"{counts['shards']} shard(s) (megatron-energon CrudeWebdataset; train --sft --data {args.output})")
     return 0
@@ -87,6 +92,7 @@ def _sft_lines(prefix, stats: dict) -> list[str]:
 def run_merge(args) -> int:
     from ..data.indexed import merge, statistics
 
+    check_dataset_outputs([args.output_prefix], force=args.force, flag="--output-prefix")
     merge([resolve_prefix(p) for p in args.prefixes], args.output_prefix)
     stats = statistics(args.output_prefix)
     print(f"merged {len(args.prefixes)} datasets -> {args.output_prefix}: {stats['documents']} documents, "

@@ -22,6 +22,7 @@ from ..mcore.parallel_sizes import check_world
 from ..models.handle import load, resolve
 from ..plugin.errors import SettingError
 from ..util.dist import is_rank0, rank, shared_temporary_folder, world_size
+from ..util.outputs import check_output
 from ..util.progress import Progress
 from ._checks import check_inputs, check_model_name
 from ._common import add_command, registry
@@ -81,7 +82,8 @@ def add_parser(subparsers) -> None:
     model.add_argument("--adapter", metavar="DIR",
                        help="apply a LoRA adapter (a LoRA run folder or a Hugging Face PEFT folder)")
     model.add_argument("--threads", type=int, help="torch CPU threads")
-    p.add_argument("--output", metavar="FILE", help="also write the results as JSON")
+    p.add_argument("--output", metavar="FILE", help="also write the results as JSON (must not exist unless --force)")
+    p.add_argument("--force", action="store_true", help="replace --output if it exists")
     p.add_argument("--no-progress", action="store_true", help="no progress display")
     p.set_defaults(func=run)
 
@@ -167,6 +169,8 @@ def run(args) -> int:
     check_world(args.tp, args.pp)  # in one process: the torchrun command to use, before anything loads
     check_model_name(args.model, registry())  # the flags' values were checked as argparse read them (_checks)
     check_inputs((args.tokenizer, "--tokenizer"), (args.adapter, "--adapter"), (args.include_path, "--include-path"))
+    if args.output:  # exists, not writable: refused before anything loads
+        check_output(args.output, force=args.force, flag="--output", echo=is_rank0())
     source = resolve(args.model, tokenizer=args.tokenizer, iteration=args.iteration)
     seq_length, prefixes, weights, names = _check_inputs(args, source)
     manager = None
@@ -206,7 +210,8 @@ def run(args) -> int:
         if rank0:
             print(tasks_table(results))
     if rank0 and args.output:
-        path = write_output(args.output, output(report, results, log_samples=args.log_samples, settings=settings))
+        path = write_output(args.output, output(report, results, log_samples=args.log_samples, settings=settings),
+                            force=args.force)
         print(f"wrote {path}", file=sys.stderr)
     return 0
 

@@ -11,7 +11,7 @@ from ..mcore.parallel_sizes import check_world
 from ..models.handle import load
 from ..plugin.errors import SettingError
 from ..util.dist import is_rank0
-from ..util.files import atomic_path
+from ..util.outputs import check_output, output_file
 from ._checks import check_inputs, check_model_name
 from ._common import add_command, defaults, registry
 
@@ -28,7 +28,9 @@ def add_parser(subparsers) -> None:
                                                       "and config.json)")
     p.add_argument("--iteration", help="Megatron checkpoint: a saved iteration other than the tracker's")
     p.add_argument("--prompts", help='JSON Lines: {"prompt": ...} (or {"messages": [...]} with --chat) per line')
-    p.add_argument("--output", help="JSON Lines: each input record plus completion, token_ids, stop_reason")
+    p.add_argument("--output", help="JSON Lines: each input record plus completion, token_ids, stop_reason (must "
+                                    "not exist unless --force)")
+    p.add_argument("--force", action="store_true", help="replace --output if it exists")
     p.add_argument("--prompt", help="one prompt; the completion is streamed to stdout")
     p.add_argument("--image", action="append", metavar="PATH",
                    help="an image for --prompt (repeatable, in order): a vision-language model reads it where the "
@@ -76,6 +78,8 @@ def run(args, out=None) -> int:
         raise SettingError("--stop: give non-empty strings")
     if args.image and args.prompt is None:
         raise GenerationError("--image goes with --prompt; a --prompts file names its images per record")
+    if args.output is not None:  # exists, not writable: refused before anything loads
+        check_output(args.output, force=args.force, flag="--output", echo=is_rank0())
     if args.prompt is not None:
         paths = list(args.image or ())
         content = [*({"type": "image", "image": p} for p in paths), {"type": "text", "text": args.prompt}]
@@ -114,7 +118,7 @@ def run(args, out=None) -> int:
     results = generate(handle, prompts, labels=labels, **options)
     if rank0:
         target = Path(args.output)
-        with atomic_path(target) as temporary, open(temporary, "w", encoding="utf-8") as sink:
+        with output_file(target, force=args.force) as temporary, open(temporary, "w", encoding="utf-8") as sink:
             for (_, record, _), result in zip(records, results):
                 sink.write(json.dumps({**record, **result.to_json()}, ensure_ascii=False) + "\n")
         print(f"generated {len(results)} completions ({sum(len(r.token_ids) for r in results)} tokens) -> {target}",

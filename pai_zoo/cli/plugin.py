@@ -2,7 +2,10 @@
 generated from its Hugging Face config and measured against transformers (:mod:`pai_zoo.scaffold`)."""
 from __future__ import annotations
 
+from pathlib import Path
+
 from ..scaffold import new_plugin
+from ..util.outputs import check_output
 from ._common import add_command
 
 
@@ -17,11 +20,15 @@ def add_parser(subparsers) -> None:
                         "name (the config class's defaults)")
     q.add_argument("--like", metavar="FAMILY", help="an installed family whose config rules are matched first")
     q.add_argument("--output", metavar="DIR", help="the distribution's folder (default: ./pai-zoo-NAME)")
-    q.add_argument("--force", action="store_true", help="replace an existing output folder")
+    q.add_argument("--force", action="store_true", help="replace --output if it exists")
     q.set_defaults(func=run_new)
 
 
 def run_new(args) -> int:
+    # exists without --force, not writable: refused before the config is read and measured
+    if args.output is not None or ("/" not in args.name and not args.name.startswith(".")):  # a bad NAME: below
+        check_output(args.output or Path.cwd() / f"pai-zoo-{args.name}", force=args.force, kind="folder",
+                     flag="--output")
     draft = new_plugin(args.name, args.from_config, args.output, like=args.like, force=args.force)
     folder = args.output or f"./{draft.distribution}"
     print(f"wrote {folder}: {draft.distribution} (package {draft.package}, family {draft.name!r}, presets "

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import sys
 
-from ..data.preprocess import preprocess, preprocess_sft
+from ..data.preprocess import output_prefix, preprocess, preprocess_sft
+from ..util.outputs import check_dataset_outputs
 from ._common import add_command, defaults
 
 
@@ -33,10 +34,15 @@ def add_parser(subparsers) -> None:
     p.add_argument("--pad-length", type=int, default=sft["pad_length"],
                    help="--sft --no-pack: pad each record to a multiple")
     p.add_argument("--no-pack", action="store_true", help="--sft: one record per sequence, padded")
+    p.add_argument("--force", action="store_true", help="replace the datasets at --output-prefix if they exist")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
+    keys = ("text", "loss_mask") if args.sft else tuple(args.json_keys)
+    if all(key and not any(bad in key for bad in ("/", "\\", "..", "\0")) for key in keys):  # else refused below
+        # exist without --force, not writable: refused before the tokenizer loads; a killed run's temporaries go
+        check_dataset_outputs([output_prefix(args.output_prefix, key) for key in keys], force=args.force)
     common = dict(workers=args.workers, skip_bad=args.skip_bad, batch_size=args.batch_size, progress=None)
     if args.sft:
         summary = preprocess_sft(args.input, args.output_prefix, args.tokenizer, seq_length=args.seq_length,

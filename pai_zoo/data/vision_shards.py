@@ -13,12 +13,12 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import shutil
 import tarfile
 from pathlib import Path
 
 from ..plugin.errors import DataError, PaiZooError
 from ..plugin.vision import read_image
+from ..util.outputs import output_folder
 from .vision_sft import read_vision_records
 
 __all__ = ["is_energon_dataset", "prepare_vision_dataset", "read_vision_dataset"]
@@ -45,24 +45,29 @@ def _add(tar: tarfile.TarFile, name: str, payload: bytes) -> None:
     tar.addfile(info, io.BytesIO(payload))
 
 
-def prepare_vision_dataset(source, output, samples_per_shard: int = 1000) -> dict:
-    """Write ``source`` (a vision SFT JSON Lines file) as an energon dataset at ``output``; returns counts."""
+def prepare_vision_dataset(source, output, samples_per_shard: int = 1000, *, force: bool = False) -> dict:
+    """Write ``source`` (a vision SFT JSON Lines file) as an energon dataset at ``output`` (by
+    :mod:`pai_zoo.util.outputs`' rule: an existing folder only with ``force``); returns counts."""
     _energon()
-    import yaml
-    from megatron.energon.flavors.webdataset.base_webdataset import BaseWebdatasetFactory
-
     if samples_per_shard < 1:
         raise DataError(f"--samples-per-shard must be positive (got {samples_per_shard})")
     output = Path(output)
-    if output.exists():
-        raise DataError(f"{output} exists; give a new --output folder")
+    if output.exists() and not force:
+        raise DataError(f"{output} exists; pass --force to replace it")
     records = read_vision_records(source)
     for where, _, images in records:  # every image readable before anything is written
         for image in images:
             read_image(image, where)
-    tmp = output.with_name(output.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    with output_folder(output, force=force) as tmp:
+        shards, images_written = _write_shards(tmp, records, samples_per_shard)
+    return {"records": len(records), "images": images_written, "shards": len(shards)}
+
+
+def _write_shards(tmp: Path, records, samples_per_shard: int) -> tuple[list, int]:
+    """The tar shards and energon's index of ``records`` in the folder ``tmp``: the shards' names, the images."""
+    import yaml
+    from megatron.energon.flavors.webdataset.base_webdataset import BaseWebdatasetFactory
+
     shards, images_written = [], 0
     for first in range(0, len(records), samples_per_shard):
         name = f"shard-{len(shards):06d}.tar"
@@ -83,8 +88,7 @@ def prepare_vision_dataset(source, output, samples_per_shard: int = 1000) -> dic
                                               workers=1)
     (tmp / META / "dataset.yaml").write_text(yaml.dump({"__module__": "megatron.energon",
                                                         "__class__": "CrudeWebdataset"}, sort_keys=False))
-    tmp.rename(output)
-    return {"records": len(records), "images": images_written, "shards": len(shards)}
+    return shards, images_written
 
 
 def read_vision_dataset(folder) -> list[tuple[str, list[dict], list]]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..util.files import write_text_atomic
+from ..util.outputs import output_file
 
 #: the parts of lm-eval's results dict ``--output`` keeps (``samples`` only with ``--log-samples``)
 LM_EVAL_KEYS = ("results", "groups", "group_subtasks", "n-shot", "versions", "configs", "higher_is_better",
@@ -56,11 +56,14 @@ def output(report=None, results: dict | None = None, *, log_samples: bool = Fals
     return out
 
 
-def write_output(path, obj: dict) -> Path:
-    """Write ``obj`` as JSON to ``path`` atomically (lm-eval's own encoder for what json cannot write)."""
+def write_output(path, obj: dict, *, force: bool = True) -> Path:
+    """Write ``obj`` as JSON to ``path`` by :mod:`pai_zoo.util.outputs`' rule (an existing ``path`` only with
+    ``force``; lm-eval's own encoder for what json cannot write)."""
     try:
         from lm_eval.utils import handle_non_serializable
     except ImportError:  # a --data run without lm-eval installed: everything is json already
         handle_non_serializable = str
     text = json.dumps(obj, indent=2, default=handle_non_serializable, ensure_ascii=False) + "\n"
-    return write_text_atomic(Path(path), text)
+    with output_file(path, force=force) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+    return Path(path)

@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 
 from ..families.registry import get_registry
-from ..util.files import publish
+from ..util.outputs import output_folder
 from .draft import Draft, infer
 from .measure import search
 from .render import conformance_test, package_init, presets_module, pyproject, readme
@@ -64,18 +64,10 @@ def new_plugin(name: str, source: str, output=None, like: str | None = None, for
 
 
 def write_plugin(draft: Draft, folder: Path, force: bool = False) -> Path:
-    """Write the distribution's files into ``folder`` (created through a temporary name; an existing folder only
-    with ``force``, then replaced)."""
-    import shutil
-    import tempfile
-
-
+    """Write the distribution's files into ``folder`` by :mod:`pai_zoo.util.outputs`' rule (a temporary
+    ``.NAME.pai-zoo-tmp-PID`` renamed at the end; an existing folder only with ``force``, then replaced)."""
     folder = Path(folder)
-    if folder.exists() and not force:
-        raise ScaffoldError(f"{folder} already exists", hint="pass --force to replace it, or another --output")
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".tmp", dir=folder.parent))
-    try:
+    with output_folder(folder, force=force) as tmp:
         files = {
             "pyproject.toml": pyproject(draft),
             "README.md": readme(draft),
@@ -86,7 +78,4 @@ def write_plugin(draft: Draft, folder: Path, force: bool = False) -> Path:
         for rel, text in files.items():
             (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
             (tmp / rel).write_text(text, encoding="utf-8")
-        publish(tmp, folder, replace=force)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return folder

@@ -27,9 +27,9 @@ from pathlib import Path
 
 from ..plugin.errors import PaiZooError
 
-__all__ = ["DISK_ERRNOS", "TMP_MARK", "Output", "check_output", "clear_stale", "disk_error", "make_folders",
-           "mount_point", "output_file", "output_files", "output_folder", "public_name", "remove_folders",
-           "stale_temporaries", "temporary_name"]
+__all__ = ["DISK_ERRNOS", "TMP_MARK", "Output", "check_dataset_outputs", "check_output", "clear_stale",
+           "disk_error", "make_folders", "mount_point", "output_file", "output_files", "output_folder",
+           "public_name", "remove_folders", "stale_temporaries", "temporary_name"]
 
 #: what every temporary name carries: ``.NAME`` + TMP_MARK + ``PID`` (a ``-SUFFIX`` may follow the PID)
 TMP_MARK = ".pai-zoo-tmp-"
@@ -194,6 +194,16 @@ def check_output(dest, *, force: bool = False, kind: str = "file", need_bytes: i
             raise PaiZooError(f"{named}: not enough free space on {mount_point(folder)}: {human_bytes(free)} free, "
                               f"about {human_bytes(need_bytes)} needed; free space or choose another folder")
     return dest
+
+
+def check_dataset_outputs(prefixes, *, force: bool = False, flag: str | None = "--output-prefix",
+                          echo: bool = True) -> None:
+    """:func:`check_output` for each indexed dataset ``PREFIX.bin`` / ``PREFIX.idx`` (its ``PREFIX.json`` sidecar
+    goes with them)."""
+    for prefix in prefixes:
+        for suffix in (".bin", ".idx"):
+            check_output(f"{prefix}{suffix}", force=force, flag=flag, echo=echo)
+        clear_stale(f"{prefix}.json", echo)
 
 
 def _find_disk_errno(exc: BaseException, depth: int = 0, seen=None) -> tuple[int, str | None] | None:
