@@ -42,7 +42,7 @@ def test_help_list_info_inspect_and_flag_errors_import_nothing_heavy(tmp_path, m
     (folder / "config.json").write_text(json.dumps(family.presets[family.tiny]))
     _safetensors(folder / "model.safetensors", full_config)
     full_config_dict(family, json.loads((folder / "config.json").read_text()))
-    runs = [["--help"], ["list"], ["info", "llama"], ["inspect", str(folder)],
+    runs = [["--help"], ["list"], ["info", "llama"],
             ["generate", "--model", "llama3-tiny", "--prompt", "hi", "--temperature", "-1"],
             ["train", "--model", "llama3-tiny", "--data", str(tmp_path / "d"), "--save", str(tmp_path / "r"), "--lr",
              "-1"],
@@ -50,7 +50,8 @@ def test_help_list_info_inspect_and_flag_errors_import_nothing_heavy(tmp_path, m
             ["convert", str(folder), str(tmp_path / "o"), "--to", "mcore", "--max-shard-size", "-5"],
             ["preprocess", "--input", "x.jsonl", "--output-prefix", str(tmp_path / "p"), "--tokenizer", "llama3-tiny",
              "--workers", "0"],
-            ["rl", "reward", "--model", "llama3-tiny", "--data", "x", "--save", str(tmp_path / "r"), "--seed", "-1"]]
+            ["rl", "reward", "--model", "llama3-tiny", "--data", "x", "--save", str(tmp_path / "r"), "--seed", "-1"],
+            ["inspect", str(folder)]]  # last: what a case imports stays imported for the cases after it
     proc = subprocess.run([sys.executable, "-c", CHILD.format(heavy=HEAVY), json.dumps(runs)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
