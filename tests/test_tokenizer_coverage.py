@@ -159,9 +159,15 @@ def test_eval_wrong_tokenizer_names_the_users_file(kinds, inputs, capsys):
     """A tokenizer whose ids do not fit the model: the error names the user's file and --tokenizer, never eval's
     scratch folder, and does not suggest the same tokenizer again."""
     bad = kinds["cl100k_base.tiktoken"]
-    code, out, err = run(["eval", "llama3-tiny", "--backend", "hf", "--packing", "document", "--seq-length", "8",
-                          "--data", inputs / "text.jsonl", "--tokenizer", bad, "--no-progress"], capsys)
+    argv = ["eval", "llama3-tiny", "--backend", "hf", "--packing", "document", "--seq-length", "8",
+            "--data", inputs / "text.jsonl", "--tokenizer", bad, "--no-progress"]
+    code, out, err = run(argv, capsys)
     assert code == 1 and "Traceback" not in err
+    if "--tokenizer-mismatch-ok" in err:  # refused before the model loads (the tokenizer's ids against its config)
+        assert "pai-zoo-eval-" not in err and "_text_document" not in err
+        code, out, err = run([*argv, "--tokenizer-mismatch-ok"], capsys)  # told to go on: the data's ids are checked
+        assert code == 1 and "Traceback" not in err
+        err = "\n".join(x for x in err.splitlines() if not x.startswith("pai-zoo: warning: "))  # the go-on note
     line = err.strip()
     assert line == (f"pai-zoo: error: --data {inputs / 'text.jsonl'}: tokenized with --tokenizer {bad} (100277 "
                     "tokens), its token ids reach 100257, outside the model's vocabulary [0, 1000): the tokenizer "
@@ -243,3 +249,63 @@ def test_o200k_named_file_uses_o200k_pattern(kinds):
     text = "Hello WORLD's 12345 <|endoftext|> tabs\t\tend"
     assert tok.encode(text) == reference.encode(text, allowed_special="all")
     assert tok.eos_token == "<|endoftext|>" and np.int64(tok.eod_id) == 199999
+
+
+# -- SFT: a default system prompt only where the chat template adds it ------------------------------------------
+#: Qwen2.5's template: "You are Qwen ..." when the conversation has no system message.
+QWEN25_TEMPLATE = (
+    "{%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
+    "{%- else %}{{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+    "<|im_end|>\\n' }}{%- endif %}"
+    "{%- for message in messages %}{%- if not (message.role == 'system' and loop.first) %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+#: plain ChatML: no system message of its own.
+CHATML_TEMPLATE = (
+    "{%- for message in messages %}{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
+    "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+DEFAULT_PROMPT = "You are Qwen, created by Alibaba Cloud."
+
+
+@pytest.fixture(scope="module")
+def chat_tokenizers(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("chat")
+    out = {}
+    for name, template in (("qwen25", QWEN25_TEMPLATE), ("chatml", CHATML_TEMPLATE)):
+        out[name] = ByteLevelBPE(config={"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>",
+                                         "pad_token": "<|endoftext|>", "chat_template": template},
+                                 special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+                                 specials_first=False)(root / name)
+    return out
+
+
+@pytest.mark.parametrize("name", ["qwen25", "chatml"])
+@pytest.mark.parametrize("system", [None, "Be brief."])
+def test_sft_system_prompt_is_the_templates(name, system, chat_tokenizers):
+    """SFT tokens are transformers' apply_chat_template(tokenize=True) ids: the default system prompt appears
+    exactly when the template adds it (Qwen2.5-style, no system message given), with loss mask 0; pai-zoo adds no
+    system message of its own."""
+    from transformers import AutoTokenizer
+
+    from pai_zoo.data.sft import build_example
+
+    messages = ([{"role": "system", "content": system}] if system else []) + CHAT["messages"]
+    tok = load_tokenizer(chat_tokenizers[name])
+    ids, mask = build_example(messages, tok)
+    reference = AutoTokenizer.from_pretrained(chat_tokenizers[name])
+    assert ids == list(reference.apply_chat_template(messages, tokenize=True)["input_ids"])
+    text = tok.decode(ids)
+    assert text.count(DEFAULT_PROMPT) == (1 if name == "qwen25" and system is None else 0)
+    assert text.count("<|im_start|>system") == (0 if name == "chatml" and system is None else 1)
+    trained = tok.decode([i for i, m in zip(ids, mask) if m])
+    assert trained == "Hello world!<|im_end|>\n"  # the system prompt, default or given, is never a target
+
+
+def test_preprocess_sft_keeps_the_templates_default_prompt(chat_tokenizers, inputs, tmp_path, capsys):
+    for name, count in (("qwen25", 1), ("chatml", 0)):
+        code, out, err = run(["preprocess", "--sft", "--no-pack", "--input", inputs / "chat.jsonl", "--output-prefix",
+                              tmp_path / name, "--tokenizer", chat_tokenizers[name]], capsys)
+        assert code == 0, err
+        tok = load_tokenizer(chat_tokenizers[name])
+        with IndexedDatasetReader(str(tmp_path / f"{name}_text_document")) as reader:
+            assert tok.decode(reader.document(0).tolist()).count(DEFAULT_PROMPT) == count
