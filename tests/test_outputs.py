@@ -350,3 +350,46 @@ def test_a_full_disk_during_preprocess_is_one_line_and_leaves_nothing(tmp_path, 
     assert line.endswith(f"free) writing {tmp_path}/d_text_document.idx; free space or choose another folder")
     assert sorted(os.listdir(tmp_path)) == ["d_text_document.bin", "d_text_document.idx", "in"]
     assert (tmp_path / "d_text_document.bin").read_bytes() == b"old"
+
+
+def test_main_turns_a_wrapped_full_disk_into_one_line(monkeypatch, capsys):
+    class CheckpointException(BaseException):  # as torch.distributed.checkpoint's: a BaseException, per-rank failures
+        def __init__(self, failures):
+            super().__init__("CheckpointException ranks:dict_keys([0])\nTraceback ...\n" * 20)
+            self.failures = failures
+
+    def full(args):
+        raise CheckpointException({0: (OSError(errno.ENOSPC, "No space left on device", "/ckpt/__0_0.distcp"), [])})
+
+    monkeypatch.setattr("pai_zoo.cli.list.run", full)
+    code, out, err = cli(["list"], capsys)
+    assert code == 1 and err.startswith("pai-zoo: error: no space left on device (mount point /")
+    assert err.endswith("free) writing /ckpt/__0_0.distcp; free space or choose another folder\n")
+
+    def bug(args):
+        raise CheckpointException({0: (ValueError("a bug"), [])})
+
+    monkeypatch.setattr("pai_zoo.cli.list.run", bug)
+    with pytest.raises(CheckpointException):  # anything else stays a traceback
+        cli(["list"], capsys)
+
+
+@pytest.mark.usefixtures("fresh_registry")
+def test_dataset_merge_replaces_only_with_force(tmp_path, capsys):
+    import numpy as np
+
+    from pai_zoo.data.indexed import IndexedDatasetReader, IndexedDatasetWriter
+
+    for name, tokens in (("a", [1, 2]), ("b", [3])):
+        with IndexedDatasetWriter(tmp_path / name, np.int32) as writer:
+            writer.add_document(tokens)
+    argv = ["dataset", "merge", tmp_path / "a", tmp_path / "b", "--output-prefix", tmp_path / "m"]
+    assert cli(argv, capsys)[0] == 0
+    (tmp_path / "m.bin").write_bytes(b"changed")
+    code, out, err = cli(argv, capsys)
+    assert code == 1 and one_error_line(err) == f"pai-zoo: error: {tmp_path}/m.bin exists; pass --force to replace it"
+    assert (tmp_path / "m.bin").read_bytes() == b"changed"
+    assert cli([*argv, "--force"], capsys)[0] == 0
+    with IndexedDatasetReader(tmp_path / "m") as reader:
+        assert [list(reader[i]) for i in range(len(reader))] == [[1, 2], [3]]
+    assert not [p for p in os.listdir(tmp_path) if "pai-zoo-tmp" in p]
