@@ -80,6 +80,24 @@ def test_a_run_of_another_model_is_refused(tmp_path, data, capsys):
 
 
 @pytest.mark.no_megatron
+def test_a_megatron_checkpoint_is_no_run_to_resume_and_temporaries_are_pai_zoos(tmp_path, data, capsys):
+    converted = tmp_path / "converted"  # what convert --to mcore writes: a model to start from
+    (converted / "iter_0000001").mkdir(parents=True)
+    (converted / "latest_checkpointed_iteration.txt").write_text("1")
+    (converted / "pai_zoo.json").write_text("{}")
+    code, err = train(capsys, data, converted, "--force")
+    assert code == 1 and one_error_line(err) == (
+        f"pai-zoo: error: --save {converted}: a Megatron checkpoint (a model to start from, --model), not a pai-zoo "
+        "training run to resume; choose another --save")
+    from pai_zoo.training.save_dir import check_save_dir
+
+    leftover = tmp_path / "leftover"  # only a temporary a killed pai-zoo process left: nothing of the user's
+    leftover.mkdir()
+    (leftover / ".metrics.jsonl.pai-zoo-tmp-999999").write_text("")
+    assert check_save_dir(leftover) is False
+
+
+@pytest.mark.no_megatron
 @pytest.mark.parametrize("where", ["read-only parent", "a file"])
 def test_an_unwritable_or_file_save_is_refused_at_once(tmp_path, data, capsys, monkeypatch, where):
     parent = tmp_path / "parent"

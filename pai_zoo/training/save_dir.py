@@ -21,7 +21,7 @@ from ..formats.megatron_folder import HF_DIR, PAI_ZOO_CONFIG, TRACKER, has_track
 from ..formats.training_run import CONFIG_FILE, LORA_RECORD, METRICS_FILE, RL_ROLES
 from ..models.handle import resolve
 from ..plugin.errors import PaiZooError
-from ..util.outputs import check_output
+from ..util.outputs import TMP_MARK, check_output
 
 __all__ = ["SaveDirError", "check_save_dir", "cleanup_on_failure", "is_training_run", "run_files"]
 
@@ -51,8 +51,11 @@ def is_training_run(path) -> bool:
     return path.is_dir() and bool(run_files(path))
 
 
-def _unrelated(path: Path) -> list[str]:
-    return [e for e in sorted(os.listdir(path)) if e not in run_files(path)]
+def _others(path: Path) -> list[str]:
+    """The entries of ``path`` that no pai-zoo run wrote (pai-zoo's temporaries, another rank's probe or one a
+    killed run left, are pai-zoo's)."""
+    ours = set(run_files(path))
+    return [e for e in sorted(os.listdir(path)) if e not in ours and TMP_MARK not in e]
 
 
 def check_save_dir(save, *, force: bool = False, model: str | None = None, option: str = "--save") -> bool:
@@ -62,21 +65,21 @@ def check_save_dir(save, *, force: bool = False, model: str | None = None, optio
     if save.exists() and not save.is_dir():
         raise SaveDirError(f"{option} {save}: a file, not a folder; choose another {option}")
     if not save.exists():  # its nearest existing folder must take a file (tried for real: modes do not stop root)
-        check_output(save, kind="folder", flag=option, echo=False)
+        check_output(save, force=True, kind="folder", flag=option, echo=False)  # force: another rank may make it
         return False
     probe = save / TRACKER  # a file the run writes there; only its temporary name is tried
     try:
         check_output(probe, force=True, flag=option, echo=False)
     except PaiZooError as e:
         raise SaveDirError(str(e).replace(str(probe), str(save))) from None
-    entries = os.listdir(save)
-    if not entries:
-        return False
+    if has_tracker(save) and not any((save / f).is_file() for f in (CONFIG_FILE, METRICS_FILE)):
+        raise SaveDirError(f"{option} {save}: a Megatron checkpoint (a model to start from, --model), not a pai-zoo "
+                           f"training run to resume; choose another {option}")
     if not is_training_run(save):
-        if force:
+        others = _others(save)
+        if force or not others:
             return False
-        shown = sorted(entries)
-        names = ", ".join(shown[:3]) + (", ..." if len(shown) > 3 else "")
+        names = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
         raise SaveDirError(f"{save} holds files that are not a pai-zoo training run ({names}); choose another "
                            f"{option} or pass --force to train into it")
     if model is not None:

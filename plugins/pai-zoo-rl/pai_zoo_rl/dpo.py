@@ -25,6 +25,7 @@ from pathlib import Path
 
 from pai_zoo.errors import PaiZooError, SettingError
 from pai_zoo.rl import RLTrainer
+from pai_zoo.rl.stopping import stop_here, stop_request
 from pai_zoo.util.files import write_text_atomic
 from pai_zoo.util.metrics import METRICS_FILE, MetricsLog
 
@@ -244,23 +245,26 @@ class _DPORun:
         if first_eval:
             self.log.write({"step": 0, **first_eval})
         record: dict = {}
-        while self.step < self.total:
-            step_start = time.perf_counter()
-            lr = self.optimizer.optimizer.param_groups[0]["lr"]
-            pairs = step_slice(self.train_ids, s["seed"], self.step, s["batch_size"])
-            batch = self._with_reference(self._batch(data_parallel_share(pairs, self.dp_rank, self.dp_size)))
-            values, grad_norm = train_step(self.optimizer, batch, self.loss, STEP_KEYS)
-            self.step += 1
-            step_time = time.perf_counter() - step_start
-            tokens = int(batch["mask"].sum()) * self.dp_size
-            record = {"step": self.step, "loss": values.pop("loss"), "lr": lr, "grad_norm": grad_norm, **values,
-                      "tokens_per_s": tokens / step_time, "step_time": round(step_time, 3),
-                      "epoch": self.step / self.steps_per_epoch, "seconds": round(time.perf_counter() - start, 3)}
-            self.log.write(record)
-            if s["eval_every"] and self.step % s["eval_every"] == 0 and self.step < self.total:
-                self.log.write({"step": self.step, **self.evaluate()})
-            if s["save_every"] and self.step % s["save_every"] == 0 and self.step < self.total:
-                self._checkpoint()
+        with stop_request([self.save], lambda: self.step) as stop:  # a signal: the step in progress is saved
+            while self.step < self.total:
+                step_start = time.perf_counter()
+                lr = self.optimizer.optimizer.param_groups[0]["lr"]
+                pairs = step_slice(self.train_ids, s["seed"], self.step, s["batch_size"])
+                batch = self._with_reference(self._batch(data_parallel_share(pairs, self.dp_rank, self.dp_size)))
+                values, grad_norm = train_step(self.optimizer, batch, self.loss, STEP_KEYS)
+                self.step += 1
+                step_time = time.perf_counter() - step_start
+                tokens = int(batch["mask"].sum()) * self.dp_size
+                record = {"step": self.step, "loss": values.pop("loss"), "lr": lr, "grad_norm": grad_norm, **values,
+                          "tokens_per_s": tokens / step_time, "step_time": round(step_time, 3),
+                          "epoch": self.step / self.steps_per_epoch, "seconds": round(time.perf_counter() - start, 3)}
+                self.log.write(record)
+                if s["eval_every"] and self.step % s["eval_every"] == 0 and self.step < self.total:
+                    self.log.write({"step": self.step, **self.evaluate()})
+                saved = bool(s["save_every"] and self.step % s["save_every"] == 0 and self.step < self.total)
+                if saved:
+                    self._checkpoint()
+                stop_here(stop, self.step, self.total, self._checkpoint, saved, [self.save])
         last_eval = self.evaluate() if record or self.resumed_from is None else {}
         if last_eval:
             self.log.write({"step": self.step, **last_eval})

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from pai_zoo.errors import PaiZooError, SettingError
 from pai_zoo.rl import RLTrainer
+from pai_zoo.rl.stopping import stop_here, stop_request
 from pai_zoo.util.metrics import METRICS_FILE, MetricsLog
 
 from .runs import (
@@ -333,30 +334,34 @@ class _GRPORun:
         record: dict = {}
         keys = ("entropy", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean") + \
             (("kl",) if s["beta"] != 0.0 else ())
-        while self.step < s["steps"]:
-            step_start = time.perf_counter()
-            lr = self.optimizer.optimizer.param_groups[0]["lr"]
-            batch, stats = self.rollout(step_slice(list(range(len(self.records))), s["seed"], self.step,
-                                                   s["batch_size"]))
-            train_start = time.perf_counter()
-            sums: dict[str, float] = {}
-            for _ in range(s["num_iterations"]):
-                values, grad_norm = train_step(self.optimizer, batch, self.loss, keys)
-                for k, v in {**values, "grad_norm": grad_norm}.items():
-                    sums[k] = sums.get(k, 0.0) + v / s["num_iterations"]
-            train_time = time.perf_counter() - train_start
-            self.step += 1
-            trained = float(batch["mask"].sum()) * self.dp_size * s["num_iterations"]
-            record = {"step": self.step, "loss": sums.pop("loss"), "lr": lr, "grad_norm": sums.pop("grad_norm"),
-                      **stats, **sums, "train_tokens_per_s": trained / max(train_time, 1e-9),
-                      "step_time": round(time.perf_counter() - step_start, 3),
-                      "seconds": round(time.perf_counter() - start, 3)}
-            if self.log is None:
-                self.log = MetricsLog(self.save / METRICS_FILE, None if self.resumed_from is None else self.step - 1,
-                                      prefix=None if s["quiet"] else "grpo", total=s["steps"])
-            self.log.write(record)
-            if s["save_every"] and self.step % s["save_every"] == 0 and self.step < s["steps"]:
-                self._checkpoint()
+        with stop_request([self.save], lambda: self.step) as stop:  # a signal: the step in progress is saved
+            while self.step < s["steps"]:
+                step_start = time.perf_counter()
+                lr = self.optimizer.optimizer.param_groups[0]["lr"]
+                batch, stats = self.rollout(step_slice(list(range(len(self.records))), s["seed"], self.step,
+                                                       s["batch_size"]))
+                train_start = time.perf_counter()
+                sums: dict[str, float] = {}
+                for _ in range(s["num_iterations"]):
+                    values, grad_norm = train_step(self.optimizer, batch, self.loss, keys)
+                    for k, v in {**values, "grad_norm": grad_norm}.items():
+                        sums[k] = sums.get(k, 0.0) + v / s["num_iterations"]
+                train_time = time.perf_counter() - train_start
+                self.step += 1
+                trained = float(batch["mask"].sum()) * self.dp_size * s["num_iterations"]
+                record = {"step": self.step, "loss": sums.pop("loss"), "lr": lr, "grad_norm": sums.pop("grad_norm"),
+                          **stats, **sums, "train_tokens_per_s": trained / max(train_time, 1e-9),
+                          "step_time": round(time.perf_counter() - step_start, 3),
+                          "seconds": round(time.perf_counter() - start, 3)}
+                if self.log is None:
+                    self.log = MetricsLog(self.save / METRICS_FILE,
+                                          None if self.resumed_from is None else self.step - 1,
+                                          prefix=None if s["quiet"] else "grpo", total=s["steps"])
+                self.log.write(record)
+                saved = bool(s["save_every"] and self.step % s["save_every"] == 0 and self.step < s["steps"])
+                if saved:
+                    self._checkpoint()
+                stop_here(stop, self.step, s["steps"], self._checkpoint, saved, [self.save])
         if self.resumed_from is None or record:
             self._checkpoint()
         if self.log is not None:

@@ -136,15 +136,23 @@ def test_parallel_layouts_equal_one_process(data, one_process, tmp_path, layout)
 @once
 @pytest.mark.parametrize("trainer", ["dpo", "grpo"])
 def test_a_killed_run_resumes_exactly(data, tmp_path, trainer):
-    """Killed (SIGKILL) while publishing its step-4 checkpoint, the run resumes from step 2 and logs what an
+    """DPO killed (SIGKILL) while publishing its step-4 checkpoint resumes from step 2; GRPO sent SIGTERM at step 3
+    saves step 3 and stops with one line (pai_zoo.rl.stopping), and resumes from there. Either logs what an
     uninterrupted run logs."""
     build, extra = (_dpo, ("--epochs", "2", "--max-steps", "6")) if trainer == "dpo" else (_grpo, ("--steps", "6"))
     _ok(run_cli(build(data, tmp_path / "whole", *extra)))
     argv = [str(a) for a in build(data, tmp_path / "killed", *extra, "--save-every", "2")]
-    killed = subprocess.run([sys.executable, str(INTERRUPT), "publish", "4", "--", *argv], capture_output=True,
+    moment, step = ("publish", "4") if trainer == "dpo" else ("sigterm", "3")
+    killed = subprocess.run([sys.executable, str(INTERRUPT), moment, step, "--", *argv], capture_output=True,
                             text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert killed.returncode == -9, killed.stderr[-3000:]
-    assert (tmp_path / "killed" / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
+    assert killed.returncode == (-9 if trainer == "dpo" else 143), killed.stderr[-3000:]
+    saved = (tmp_path / "killed" / "latest_checkpointed_iteration.txt").read_text().strip()
+    if trainer == "grpo":
+        assert saved == "3" and killed.stderr.strip().splitlines()[-1] == (
+            f"pai-zoo: interrupted at step 3: saved {tmp_path / 'killed'}/iter_0000003; rerun the same command to "
+            "resume from step 3")
+    else:
+        assert saved == "2"
     _ok(run_cli(build(data, tmp_path / "killed", *extra, "--save-every", "2")))
     whole, resumed = _log(tmp_path / "whole"), _log(tmp_path / "killed")
     assert [r["step"] for r in resumed] == [r["step"] for r in whole]
