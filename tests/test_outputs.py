@@ -393,3 +393,11 @@ def test_dataset_merge_replaces_only_with_force(tmp_path, capsys):
     with IndexedDatasetReader(tmp_path / "m") as reader:
         assert [list(reader[i]) for i in range(len(reader))] == [[1, 2], [3]]
     assert not [p for p in os.listdir(tmp_path) if "pai-zoo-tmp" in p]
+
+
+def test_errors_name_the_destination_not_its_temporary(tmp_path):
+    from pai_zoo.cli import describe
+
+    tmp = temporary_name(tmp_path / "out.json")
+    assert describe(PermissionError(errno.EACCES, "Permission denied", str(tmp))) == \
+        (f"permission denied: {tmp_path}/out.json", None)

@@ -26,7 +26,7 @@ import traceback
 import warnings
 
 from ..plugin.errors import PaiZooError, PaiZooWarning
-from ..util.outputs import disk_error
+from ..util.outputs import TMP_MARK, disk_error, public_name
 from ..util.quiet import quiet_run
 from ._checks import guard
 from ._common import HelpFormatter
@@ -99,6 +99,8 @@ def describe(exc: BaseException) -> tuple[str, str | None]:
     if isinstance(exc, PaiZooError):
         return str(exc), exc.hint
     name = getattr(exc, "filename", None)
+    if isinstance(name, str) and TMP_MARK in name:
+        name = str(public_name(name))  # the destination, not the temporary name the user never sees
     what = {FileNotFoundError: "no such file or folder", NotADirectoryError: "not a folder",
             IsADirectoryError: "a folder, not a file", PermissionError: "permission denied"}.get(type(exc))
     if name is not None:
