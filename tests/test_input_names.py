@@ -207,3 +207,18 @@ def test_tokenizer_config_json_error_is_whole(tmp_path):
         read_tokenizer_config(tmp_path)
     assert str(caught.value) == (f"{tmp_path}/tokenizer_config.json: malformed JSON: Expecting ',' delimiter at "
                                  "line 3 column 3 (found '\"')")
+
+
+@no_megatron
+def test_sft_loss_mask_idx_without_bin_names_the_bin(tmp_path):
+    """train --sft --data: a loss-mask .idx whose .bin is gone is named, not called 'not SFT data'."""
+    from pai_zoo.data.prefix import resolve_sft_prefix
+    from pai_zoo.plugin.errors import NoSuchPathError
+
+    for name in ("x_text_document", "x_loss_mask_document"):
+        with IndexedDatasetWriter(tmp_path / name, np.int32) as writer:
+            writer.add_document([1, 2, 3])
+    (tmp_path / "x_loss_mask_document.bin").unlink()
+    with pytest.raises(NoSuchPathError) as caught:
+        resolve_sft_prefix(tmp_path / "x")
+    assert str(caught.value).startswith(f"no such file or folder: {tmp_path}/x_loss_mask_document.bin (--data ")
