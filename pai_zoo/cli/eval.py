@@ -20,6 +20,7 @@ from ..evaluation.sequences import DEFAULT_PACKING, PACKINGS, dataset_prefix, re
 from ..hf.models import config_dict, hf_config
 from ..mcore.parallel_sizes import check_world
 from ..models.handle import load, resolve
+from ..models.tokenizer_fit import check_tokenizer_fit
 from ..plugin.errors import SettingError
 from ..util.dist import is_rank0, rank, shared_temporary_folder, world_size
 from ..util.outputs import check_output
@@ -82,6 +83,9 @@ def add_parser(subparsers) -> None:
     model.add_argument("--adapter", metavar="DIR",
                        help="apply a LoRA adapter (a LoRA run folder or a Hugging Face PEFT folder)")
     model.add_argument("--threads", type=int, help="torch CPU threads")
+    model.add_argument("--tokenizer-mismatch-ok", action="store_true",
+                       help="go on with a tokenizer that does not fit the model's config (another model's vocabulary "
+                            "or special-token ids), which is refused otherwise")
     p.add_argument("--output", metavar="FILE", help="also write the results as JSON (must not exist unless --force)")
     p.add_argument("--force", action="store_true", help="replace --output if it exists")
     p.add_argument("--no-progress", action="store_true", help="no progress display")
@@ -172,6 +176,7 @@ def run(args) -> int:
     if args.output:  # exists, not writable: refused before anything loads
         check_output(args.output, force=args.force, flag="--output", echo=is_rank0())
     source = resolve(args.model, tokenizer=args.tokenizer, iteration=args.iteration)
+    check_tokenizer_fit(source, args.tokenizer, ok=args.tokenizer_mismatch_ok, where=args.model)  # before it loads
     seq_length, prefixes, weights, names = _check_inputs(args, source)
     manager = None
     if names:

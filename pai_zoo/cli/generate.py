@@ -8,7 +8,8 @@ from pathlib import Path
 from ..generation import GenerationError, SamplingParams, generate, read_prompts
 from ..generation.images import record_images, with_image_paths
 from ..mcore.parallel_sizes import check_world
-from ..models.handle import load
+from ..models.handle import load, resolve
+from ..models.tokenizer_fit import check_tokenizer_fit
 from ..plugin.errors import SettingError
 from ..util.dist import is_rank0
 from ..util.outputs import check_output, output_file
@@ -54,6 +55,9 @@ def add_parser(subparsers) -> None:
                    help="apply a LoRA adapter without merging: a LoRA run folder (train --peft lora) or a Hugging "
                         "Face PEFT folder")
     p.add_argument("--threads", type=int, help="torch CPU threads")
+    p.add_argument("--tokenizer-mismatch-ok", action="store_true",
+                   help="go on with a tokenizer that does not fit the model's config (another model's vocabulary "
+                        "or special-token ids), which is refused otherwise")
     p.set_defaults(func=run)
 
 
@@ -93,6 +97,8 @@ def run(args, out=None) -> int:
                    for where, record, prompt in records]
     labels = [where for where, _, _ in records]
     prompts = [prompt for _, _, prompt in records]
+    check_tokenizer_fit(resolve(args.model, tokenizer=args.tokenizer, iteration=args.iteration),  # before it loads
+                        ok=args.tokenizer_mismatch_ok, where=args.model)
     import torch
 
 

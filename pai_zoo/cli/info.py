@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..hf.config_cache import full_config_dict
+from ..models.inspection import inspect_checkpoint
 from ..plugin.errors import UnknownModelError
 from ..testing import conformance_record
 from ..tokenizers.names import describe_tokenizer
@@ -47,8 +48,6 @@ def _size(cfg: dict) -> str:
 
 def run(args) -> int:
     if _is_folder_argument(args.name):
-        from ..models.inspection import inspect_checkpoint
-
         report = inspect_checkpoint(args.name, family=args.family, tokenizer=args.tokenizer,
                                     iteration=args.iteration)
         print("\n".join(report.lines()))

@@ -1,5 +1,8 @@
 """``inspect``: what a checkpoint folder holds, whoever wrote it (Hugging Face, pai-zoo, Megatron-LM), and what a
-conversion of it would need. Reads headers, args and shapes only, never the tensors' data."""
+conversion of it would need. Every file's size is checked against its index or metadata first
+(:func:`pai_zoo.formats.integrity.verify_checkpoint`: a truncated or missing file is an error naming it), and the
+tokenizer against the config (:func:`pai_zoo.models.tokenizer_fit.folder_misfit`); otherwise it reads headers, args
+and shapes only, never the tensors' data, unless ``deep`` (every tensor read and checked finite)."""
 from __future__ import annotations
 
 import math
@@ -9,12 +12,15 @@ from pathlib import Path
 from .. import formats
 from ..families.registry import get_registry
 from ..formats.hf_folder import CONFIG, read_config, tokenizer_files
-from ..formats.megatron_folder import TRACKER
+from ..formats.integrity import deep_check, verify_checkpoint
+from ..formats.megatron_folder import HF_DIR, TRACKER
 from ..hf.config_cache import full_config_dict
 from ..plugin.errors import PaiZooError, no_such_path
 from ..plugin.megatron_args import shown
 from ..tables.mapping import MappingContext
-from .megatron_checkpoint import open_megatron
+from ..tokenizers.fit import TokenizerMismatchError, tokenizer_side
+from ..tokenizers.names import TokenizerRef
+from .tokenizer_fit import fit_notes, folder_misfit
 
 #: The architecture fields shown, in megatron-core's names.
 SHOWN = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups", "kv_channels",
@@ -46,6 +52,8 @@ class Inspection:
     quantization: str | None = None  # how the stored weights are quantized (an FP8 block-scaled HF folder)
     mtp: str | None = None  # the multi-token-prediction layers the folder holds
     vision: str | None = None  # a vision-language model's tower: its parameters and what it reads
+    verified: str | None = None  # what the file checks found (integrity.Verified.line)
+    tokenizer: str | None = None  # the tokenizer and whether it fits the config
 
     def lines(self) -> list[str]:
         out = [f"checkpoint:   {self.path}", f"format:       {self.format}"]
@@ -61,6 +69,10 @@ class Inspection:
             out.append(f"MTP layers:   {self.mtp}")
         if self.vision:
             out.append(f"vision:       {self.vision}")
+        if self.verified:
+            out.append(f"files:        {self.verified}")
+        if self.tokenizer:
+            out.append(f"tokenizer:    {self.tokenizer}")
         out.append("architecture:")
         out += [f"  {k:<36} {v}" for k, v in self.architecture.items()]
         out += ["conversion:"] + [f"  {n}" for n in (self.needs or ["needs nothing more"])]
@@ -72,8 +84,12 @@ def _architecture(arch: dict) -> dict:
     return {k: shown(arch, k) for k in SHOWN if k in arch or k in derived}
 
 
-def inspect_checkpoint(path, *, family: str | None = None, tokenizer=None, iteration=None) -> Inspection:
-    """Describe the checkpoint folder ``path``; ``family``, ``tokenizer`` and ``iteration`` as for ``convert``."""
+def inspect_checkpoint(path, *, family: str | None = None, tokenizer=None, iteration=None, deep: bool = False,
+                       tokenizer_mismatch_ok: bool = False) -> Inspection:
+    """Describe the checkpoint folder ``path``; ``family``, ``tokenizer`` and ``iteration`` as for ``convert``.
+    Its files are checked against their indexes and metadata first (``deep``: every tensor read and checked
+    finite); a tokenizer that does not fit the config is a
+    :class:`~pai_zoo.tokenizers.fit.TokenizerMismatchError` unless ``tokenizer_mismatch_ok``."""
     path = Path(path)
     if not path.exists():
         raise no_such_path(path, "the checkpoint to inspect")
@@ -83,15 +99,37 @@ def inspect_checkpoint(path, *, family: str | None = None, tokenizer=None, itera
         kind = None
     if kind == "rl-run":
         path, kind = path / "actor", formats.detect(path / "actor", iteration=iteration)
-    if kind in formats.PAI_ZOO_MCORE + formats.MEGATRON_LM:
-        return _megatron(path, family, tokenizer, iteration)
+    if kind not in formats.PAI_ZOO_MCORE + formats.MEGATRON_LM + ("hf",):
+        raise PaiZooError(f"{path}: not a checkpoint folder: no {CONFIG} (Hugging Face) and no "
+                          f"{TRACKER}, release/ or iter_*/ (Megatron)")
+    verified = verify_checkpoint(path, kind, iteration)  # before anything is described: a missing file is named
     if kind == "hf":
-        return _hf(path, family)
-    raise PaiZooError(f"{path}: not a checkpoint folder: no {CONFIG} (Hugging Face) and no "
-                      f"{TRACKER}, release/ or iter_*/ (Megatron)")
+        report, fit = _hf(path, family)
+    else:
+        report, fit = _megatron(path, family, tokenizer, iteration)
+    report.tokenizer = _tokenizer_line(path, fit, tokenizer_mismatch_ok)
+    if deep:
+        verified.tensors = deep_check(path, kind, iteration)
+    report.verified = verified.line()
+    return report
 
 
-def _hf(path: Path, family_name: str | None) -> Inspection:
+def _tokenizer_line(path: Path, fit, ok: bool) -> str | None:
+    """``fit``: (tokenizer folder, family, vocab_size, config folder, given) or None (no tokenizer files)."""
+    if fit is None:
+        return None
+    folder, family, vocab_size, config_folder, given = fit
+    tokenizer = TokenizerRef(str(folder), family.name).load()
+    line = folder_misfit(tokenizer, str(path), vocab_size, config_folder, given=given)
+    if line is None:
+        notes = "".join(f"; note: {n}" for n in fit_notes(tokenizer, vocab_size, config_folder))
+        return f"{tokenizer_side(tokenizer)}: fits the model (vocab_size {vocab_size}){notes}"
+    if not ok:
+        raise TokenizerMismatchError(line)
+    return "DOES NOT FIT: " + line.split(": ", 1)[1].rsplit("; a tokenizer of another model?", 1)[0]
+
+
+def _hf(path: Path, family_name: str | None) -> tuple[Inspection, tuple | None]:
     registry = get_registry()
     raw = read_config(path)
     family = registry.family(family_name) if family_name else registry.family_for_hf_config(raw, str(path / CONFIG))
@@ -126,9 +164,10 @@ def _hf(path: Path, family_name: str | None) -> Inspection:
         by_name = dict(zip([n for n in names if n not in scales], metas))
         tower = _vision_line(family, sum(by_name[n].numel() for n in hf_tower if n in by_name),
                              sum(by_name[n].numel() for n in hf_projector if n in by_name))
+    fit = (path, family, config["vocab_size"], path, False) if tokenizer_files(path) else None
     return Inspection(path, f"Hugging Face ({weights.storage})", family.name, sum(m.numel() for m in metas),
                       "/".join(dtypes), architecture=_architecture(config.arch), needs=needs,
-                      quantization=quantization, mtp=mtp, vision=tower)
+                      quantization=quantization, mtp=mtp, vision=tower), fit
 
 
 def _vision_line(family, tower: int, projector: int) -> str:
@@ -155,7 +194,9 @@ def _hf_mtp(family, config, names, needs: list[str]) -> str | None:
     return f"{held} ({first}*{'' if held == 1 else ' ...'}: {count} tensors -> mtp.layers.*)"
 
 
-def _megatron(path: Path, family: str | None, tokenizer, iteration) -> Inspection:
+def _megatron(path: Path, family: str | None, tokenizer, iteration) -> tuple[Inspection, tuple | None]:
+    from .megatron_checkpoint import open_megatron  # megatron-core: only for a Megatron checkpoint
+
     with open_megatron(path, family, reference=tokenizer, iteration=iteration) as checkpoint:
         description = getattr(checkpoint, "description", None)
         layout = checkpoint.layout
@@ -185,6 +226,12 @@ def _megatron(path: Path, family: str | None, tokenizer, iteration) -> Inspectio
                                                         if n.startswith(spec.tower_prefix)),
                                   sum(math.prod(s) for n, s in shapes.items()
                                       if spec.projector_prefix and n.startswith(spec.projector_prefix)))
+        files = Path(tokenizer) if tokenizer else (
+            path / HF_DIR if description is None else description.derived.reference)
+        fit = None
+        if files is not None and Path(files).is_dir() and tokenizer_files(files):
+            fit = (Path(files), checkpoint.family, checkpoint.config["vocab_size"], Path(files),
+                   description is not None)
         return Inspection(path, fmt, checkpoint.family.name, parameters,
                           str(checkpoint.stored_dtype).removeprefix("torch."), it, shape,
-                          _architecture(checkpoint.config.arch), needs, mtp=mtp, vision=vision)
+                          _architecture(checkpoint.config.arch), needs, mtp=mtp, vision=vision), fit

@@ -105,6 +105,7 @@ class TrainConfig:
     keep_last: int = 0
     save_optim: bool = True
     extend: bool = False
+    tokenizer_mismatch_ok: bool = False
     force: bool = False
     mtp_num_layers: int | None = None
     mtp_loss_scaling_factor: float = 0.1

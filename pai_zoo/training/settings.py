@@ -160,6 +160,9 @@ SETTINGS: dict[str, Setting] = {
     "save_optim": _s("--no-save-optim", megatron="--no-save-optim", switch=False,
                      help="save the optimizer state with each checkpoint; --no-save-optim saves the weights only"),
     "extend": _s("--extend", switch=True, help="continue a finished run to a larger budget"),
+    "tokenizer_mismatch_ok": _s("--tokenizer-mismatch-ok", switch=True,
+                                help="go on with a model whose tokenizer does not fit its config (another model's "
+                                     "vocabulary or special-token ids), which is refused otherwise"),
     "force": _s("--force", switch=True, help="train into a --save folder that holds files other than a pai-zoo "
                                              "run (they are kept)"),
 }

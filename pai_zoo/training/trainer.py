@@ -43,6 +43,7 @@ from ..mcore.flops import model_flops_per_token, peak_flops
 from ..mcore.mtp import take_losses
 from ..mcore.parallel_sizes import check_layout, check_world
 from ..models.handle import resolve
+from ..models.tokenizer_fit import check_tokenizer_fit
 from ..plugin.errors import PaiZooError
 from ..tokenizers.names import model_files_folder, model_tokenizer
 from ..util.interrupt import Interrupted, StopAtOnce, StopRequest, saved_line
@@ -70,9 +71,11 @@ class Trainer(ModelSetup):
     # -- set-up -------------------------------------------------------------------------------
     def _source(self):
         try:
-            return resolve(self.cfg.model)
+            source = resolve(self.cfg.model)
         except PaiZooError as e:
             raise TrainConfigError(f"--model {self.cfg.model}: {e}") from None
+        check_tokenizer_fit(source, ok=self.cfg.tokenizer_mismatch_ok, where=self.cfg.model)  # before the model
+        return source
 
     def setup(self) -> None:
         import_megatron()  # megatron-core's CPU notices silenced
