@@ -401,3 +401,21 @@ def test_errors_name_the_destination_not_its_temporary(tmp_path):
     tmp = temporary_name(tmp_path / "out.json")
     assert describe(PermissionError(errno.EACCES, "Permission denied", str(tmp))) == \
         (f"permission denied: {tmp_path}/out.json", None)
+
+
+def test_a_killed_child_not_yet_reaped_counts_as_dead(tmp_path):
+    import signal
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / f".out.pai-zoo-tmp-{proc.pid}").write_text("half")
+        assert stale_temporaries(tmp_path / "out") == []  # alive: its temporary is in use
+        os.kill(proc.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10  # a zombie until waited for
+        while not stale_temporaries(tmp_path / "out") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert stale_temporaries(tmp_path / "out") == [tmp_path / f".out.pai-zoo-tmp-{proc.pid}"]
+    finally:
+        proc.kill()
+        proc.wait()

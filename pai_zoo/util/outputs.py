@@ -72,7 +72,11 @@ def _alive(pid: int) -> bool:
         return True
     except (OverflowError, ValueError):
         return False
-    return True
+    try:  # a killed child that its parent has not reaped yet (a zombie) is no longer writing
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True
 
 
 def _temporaries(dest: Path) -> list[tuple[Path, int]]:
