@@ -419,3 +419,9 @@ def test_a_killed_child_not_yet_reaped_counts_as_dead(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_mount_point_is_a_listed_mount_above_the_path(tmp_path):
+    mount = outputs.mount_point(tmp_path / "not" / "yet")
+    assert mount == tmp_path or mount in tmp_path.resolve().parents
+    assert os.path.ismount(mount) or mount in outputs._mount_points()

@@ -130,9 +130,25 @@ def mount_point(path) -> Path:
     path = Path(os.path.abspath(path))
     while not path.exists() and path != path.parent:
         path = path.parent
+    path = Path(os.path.realpath(path))
+    mounts = _mount_points()
+    if mounts:  # the longest listed mount point above it (a bind mount too, which os.path.ismount cannot see)
+        return max((m for m in mounts if m == path or m in path.parents), key=lambda m: len(m.parts), default=path)
     while not os.path.ismount(path) and path != path.parent:
         path = path.parent
     return path
+
+
+def _mount_points() -> list[Path]:
+    """The mount points /proc/self/mounts lists (Linux); empty elsewhere."""
+    try:
+        with open("/proc/self/mounts", encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    octal = re.compile(r"\\([0-7]{3})")
+    fields = [line.split() for line in lines]
+    return [Path(octal.sub(lambda m: chr(int(m.group(1), 8)), f[1])) for f in fields if len(f) > 1]
 
 
 def _free(path) -> int | None:
