@@ -222,3 +222,21 @@ def test_sft_loss_mask_idx_without_bin_names_the_bin(tmp_path):
     with pytest.raises(NoSuchPathError) as caught:
         resolve_sft_prefix(tmp_path / "x")
     assert str(caught.value).startswith(f"no such file or folder: {tmp_path}/x_loss_mask_document.bin (--data ")
+
+
+@no_megatron
+def test_json_errors_elsewhere_are_whole(tmp_path, capsys):
+    """A config.json (convert, info ...) and a --prompts file (generate) with a raw control character: the message
+    says what was found, never ends with Python's dangling "... at"."""
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text('{"model_type": "lla\tma"}')
+    code, err = run(["info", tmp_path / "m"], capsys)
+    assert code == 1
+    assert err.strip() == (f"pai-zoo: error: {tmp_path}/m/config.json: invalid JSON at line 1 column 20: Invalid "
+                           "control character (found '\\t')")
+    (tmp_path / "p.jsonl").write_text('{"prompt": "a\tb"}\n')
+    code, err = run(["generate", "--model", "llama3-tiny", "--prompts", tmp_path / "p.jsonl", "--max-new-tokens", "1",
+                     "--output", tmp_path / "o.jsonl"], capsys)
+    assert code == 1
+    assert err.strip() == (f"pai-zoo: error: {tmp_path}/p.jsonl:1: malformed JSON: Invalid control character "
+                           "(found '\\t') at column 14")

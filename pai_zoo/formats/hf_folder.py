@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Iterator
 
 from ..plugin.errors import PaiZooError, no_such_path
+from ..util.json_errors import json_msg
 from .base import CheckpointReader, FolderWriter
 from .encodings import decoded
 
@@ -76,7 +77,7 @@ def read_config(path) -> dict:
     except FileNotFoundError:
         raise no_such_path(file, f"{file.parent} is not a Hugging Face checkpoint folder") from None
     except json.JSONDecodeError as exc:
-        raise PaiZooError(f"{file}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+        raise PaiZooError(f"{file}: invalid JSON at line {exc.lineno} column {exc.colno}: {json_msg(exc)}") from None
 
 
 def write_config(path, config: dict) -> None:
@@ -97,7 +98,7 @@ def _read_index(index: Path) -> dict[str, Path]:
     try:
         weight_map = json.loads(index.read_text())["weight_map"]
     except json.JSONDecodeError as exc:
-        raise PaiZooError(f"{index}: invalid JSON at line {exc.lineno}: {exc.msg}") from None
+        raise PaiZooError(f"{index}: invalid JSON at line {exc.lineno}: {json_msg(exc)}") from None
     except KeyError:
         raise PaiZooError(f"{index}: no 'weight_map'") from None
     files = {name: index.parent / shard for name, shard in weight_map.items()}

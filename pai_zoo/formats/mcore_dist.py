@@ -41,6 +41,7 @@ from ..plugin.config_map import McoreConfig
 from ..plugin.errors import MappingError, PaiZooError
 from ..tables.mapping import MTP_INNER_NAMES
 from ..util.files import write_text_atomic
+from ..util.json_errors import json_msg
 from .base import CheckpointReader, FolderWriter, weight_files_in
 from .megatron_folder import (
     HF_DIR,
@@ -309,7 +310,7 @@ def read_pai_zoo_config(path) -> dict:
     try:
         return json.loads(file.read_text())
     except json.JSONDecodeError as exc:
-        raise PaiZooError(f"{file}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}; "
+        raise PaiZooError(f"{file}: invalid JSON at line {exc.lineno} column {exc.colno}: {json_msg(exc)}; "
                           "the checkpoint's description is damaged (convert the source again)") from None
 
 

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from ..lora.settings import LoraError, LoraSettings, peft_config, settings_from_peft_dict
+from ..util.json_errors import json_msg
 from .base import CheckpointReader, FolderWriter
 
 PEFT_CONFIG = "adapter_config.json"
@@ -28,7 +29,7 @@ def read_peft_config(folder) -> dict:
     try:
         config = json.loads(file.read_text())
     except json.JSONDecodeError as e:
-        raise LoraError(f"{file}: line {e.lineno}: not JSON ({e.msg})") from None
+        raise LoraError(f"{file}: line {e.lineno}: not JSON: {json_msg(e)}") from None
     if not isinstance(config, dict):
         raise LoraError(f"{file}: not a JSON object")
     return config

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from ..plugin.errors import PaiZooError
 from ..util.files import publish, write_text_atomic
+from ..util.json_errors import json_msg
 from .megatron_folder import TRACKER, has_tracker, iteration_dir, iteration_name, latest_iteration
 
 __all__ = ["CONFIG_FILE", "LORA_RECORD", "METRICS_FILE", "RL_ROLES", "TRACKER", "is_lora_run", "iteration_dir",
@@ -70,7 +71,7 @@ def read_run_config(run) -> dict | None:
     try:
         return json.loads(file.read_text())
     except json.JSONDecodeError as e:
-        raise PaiZooError(f"{file}: line {e.lineno}: not JSON ({e.msg}); the run's settings are damaged") from None
+        raise PaiZooError(f"{file}: line {e.lineno}: not JSON: {json_msg(e)}; the run's settings are damaged") from None
 
 
 def write_run_config(run, settings: dict) -> None:

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..plugin.errors import DataError, no_such_path
+from ..util.json_errors import json_msg
 from .params import GenerationError
 
 
@@ -169,7 +170,7 @@ def read_prompts(path, chat: bool = False) -> list[tuple[str, dict, Any]]:
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise GenerationError(f"{where}: malformed JSON: {exc.msg} (column {exc.colno})") from None
+                raise GenerationError(f"{where}: malformed JSON: {json_msg(exc)} at column {exc.colno}") from None
             if not isinstance(record, dict):
                 raise GenerationError(f"{where}: expected a JSON object, got {type(record).__name__}")
             keys = ("messages", "prompt") if chat else ("prompt",)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-__all__ = ["json_error_text"]
+__all__ = ["json_error_text", "json_msg"]
 
 
 def json_error_text(exc: json.JSONDecodeError, *, line: bool = True) -> str:
@@ -19,3 +19,15 @@ def json_error_text(exc: json.JSONDecodeError, *, line: bool = True) -> str:
     elif doc and exc.pos >= len(doc):
         text += " (the text ends there)"
     return text
+
+
+def json_msg(exc: json.JSONDecodeError) -> str:
+    """Python's ``msg`` of ``exc`` made whole, for messages that give the position themselves: a trailing ``" at"``
+    (``"Invalid control character at"``) dropped and the character found there added
+    (``"Invalid control character (found '\\t')"``)."""
+    msg = exc.msg.strip()
+    msg = msg[:-3] if msg.endswith(" at") else msg
+    doc = exc.doc if isinstance(exc.doc, str) else ""
+    if 0 <= exc.pos < len(doc):
+        return f"{msg} (found {doc[exc.pos]!r})"
+    return f"{msg} (the text ends there)" if doc else msg
