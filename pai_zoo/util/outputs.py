@@ -259,6 +259,8 @@ def disk_error(exc: BaseException, path=None) -> PaiZooError | None:
     ``exc`` (see :func:`_find_disk_errno`), naming the mount point, the free space and the path being written (the
     error's own file name, else ``path``); None for any other error. E.g. ``no space left on device (mount point
     /x, 1.2 MB free) writing /x/out/model.safetensors; free space or choose another folder``."""
+    if isinstance(exc, PaiZooError):  # already a user's message (this one, made where the path was known)
+        return None
     found = _find_disk_errno(exc)
     if found is None:
         return None

@@ -3,6 +3,7 @@ into place only when complete."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import operator
 import os
@@ -15,7 +16,7 @@ import numpy as np
 
 from ...plugin.errors import DataError
 from ...util.files import AtomicFiles
-from ...util.outputs import clear_stale, make_folders, remove_folders
+from ...util.outputs import clear_stale, disk_error, make_folders, remove_folders
 from . import layout
 from .layout import (
     _HEADER,
@@ -103,7 +104,8 @@ class IndexedDatasetWriter:
     def _write(self, arr: np.ndarray, lengths: Iterable[int]) -> None:
         if arr.size:
             self._range(int(arr.min()), int(arr.max()))
-        self._bin.write(arr.astype(self._file_dtype, copy=False).data)
+        with self._disk(self.bin_path):
+            self._bin.write(arr.astype(self._file_dtype, copy=False).data)
         self._lengths.extend(lengths)
         self.tokens_written += arr.size
 
@@ -175,7 +177,7 @@ class IndexedDatasetWriter:
         start = _HEADER_SIZE + 12 * num_sequences + 8  # document_indices without the leading 0
         for chunk in _read_chunks(idx_path, start, np.dtype("<i8"), num_indices - 1):
             self._document_indices.frombytes((chunk.astype(np.int64) + offset).tobytes())
-        with open(bin_path, "rb") as f:
+        with open(bin_path, "rb") as f, self._disk(self.bin_path):
             shutil.copyfileobj(f, self._bin, 1 << 24)
         self.tokens_written += tokens
 
@@ -205,9 +207,10 @@ class IndexedDatasetWriter:
                 "call end_document() before finalize()"
             )
         try:
-            self._bin.flush()
-            os.fsync(self._bin.fileno())
-            self._bin.close()
+            with self._disk(self.bin_path):
+                self._bin.flush()
+                os.fsync(self._bin.fileno())
+                self._bin.close()
             with open(self._idx_tmp, "xb") as f:
                 n = len(self._lengths)
                 f.write(_HEADER.pack(INDEX_HEADER, _VERSION, DTYPE_CODES[self.dtype], n, len(self._document_indices)))
@@ -234,10 +237,24 @@ class IndexedDatasetWriter:
                 except FileNotFoundError:
                     pass
             self._files.commit()
-        except BaseException:
+        except BaseException as exc:
+            error = disk_error(exc, self.idx_path)  # before abort: the free space as it was when the write failed
             self.abort()
+            if error is not None:
+                raise error from exc
             raise
         self._state = "finalized"
+
+    @contextlib.contextmanager
+    def _disk(self, path):
+        """A full disk (or a read-only one) while writing ``path``: :func:`~pai_zoo.util.outputs.disk_error`'s line."""
+        try:
+            yield
+        except OSError as exc:
+            error = disk_error(exc, path)
+            if error is None:
+                raise
+            raise error from exc
 
     def abort(self) -> None:
         """Close and delete the temporaries; nothing under ``PREFIX.bin``/``PREFIX.idx`` is created."""
@@ -245,7 +262,8 @@ class IndexedDatasetWriter:
             return
         self._state = "aborted"
         try:
-            self._bin.close()
+            with contextlib.suppress(OSError):  # a full disk fails the buffer's last flush too: it is dropped
+                self._bin.close()
         finally:
             self._files.abort()
             remove_folders(self._made)
