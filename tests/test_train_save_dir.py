@@ -199,7 +199,8 @@ def test_rl_save_follows_the_same_rule(tmp_path, capsys, trainer):
 @pytest.mark.no_megatron
 def test_rl_loops_save_the_step_in_progress_on_a_signal(tmp_path):
     """pai_zoo.rl.stopping, as the RL trainers' loops call it: nothing before a signal; after SIGUSR1 the step is
-    saved (unless it just was) and the run stops with exit 138 and the line; a second signal stops at once."""
+    saved (unless it just was) and the run stops with exit 138 and the line; a second signal stops at once, unless it
+    comes within the repeat window (torchrun forwarding the terminal's Ctrl-C to workers that got it already)."""
     from pai_zoo.rl.stopping import stop_here, stop_request
     from pai_zoo.util.interrupt import Interrupted
 
@@ -208,7 +209,9 @@ def test_rl_loops_save_the_step_in_progress_on_a_signal(tmp_path):
     with stop_request(folders, lambda: 3) as stop:
         stop_here(stop, 3, 10, lambda: saves.append(3), False, folders)
         assert saves == []
+        stop.repeat_window = 0.2
         os.kill(os.getpid(), signal.SIGUSR1)
+        os.kill(os.getpid(), signal.SIGINT)  # at once: the same request delivered twice (torchrun forwards it)
         stop_here(stop, 10, 10, lambda: saves.append(10), False, folders)  # the last step: the run ends as usual
         with pytest.raises(Interrupted) as stopped:
             stop_here(stop, 3, 10, lambda: saves.append(3), False, folders)
@@ -219,6 +222,7 @@ def test_rl_loops_save_the_step_in_progress_on_a_signal(tmp_path):
         with pytest.raises(Interrupted):  # already saved at that step: not again
             stop_here(stop, 4, 10, lambda: saves.append(4), True, folders)
         assert saves == [3]
+        time.sleep(0.3)
         with pytest.raises(Interrupted) as at_once:
             os.kill(os.getpid(), signal.SIGINT)
         assert at_once.value.exit_code == 130

@@ -14,6 +14,7 @@ The exit code is ``pai-zoo train``'s.
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 from pai_zoo.cli import main
@@ -53,7 +54,9 @@ if __name__ == "__main__":
         def signalling_write(self, record):
             write(self, record)
             if record.get("step") == iteration:
-                for _ in range(2 if moment == "sigint2" else 1):
+                for i in range(2 if moment == "sigint2" else 1):
+                    if i:
+                        time.sleep(1.2)  # a second Ctrl-C, not the first delivered twice (StopRequest.REPEAT_WINDOW)
                     if moment == "sigint-group":
                         os.killpg(0, sig)
                     else:

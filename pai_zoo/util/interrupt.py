@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 
 __all__ = ["Interrupted", "StopAtOnce", "StopRequest", "exit_code", "saved_line"]
 
@@ -40,22 +41,30 @@ class Interrupted(KeyboardInterrupt):
 
 class StopRequest:
     """Catches SIGINT, SIGTERM and SIGUSR1 while active (the previous handlers come back on exit). The first signal
-    sets :attr:`signum` (checked at step boundaries with :meth:`requested`); the second raises :class:`Interrupted`
-    at once, from wherever the run is (a save in progress is left unpublished: the previous checkpoint stays).
-    ``message`` is called for the text of that immediate stop. Outside the main thread (where Python cannot set
-    handlers) it does nothing."""
+    sets :attr:`signum` (checked at step boundaries with :meth:`requested`); the second, a second or more later
+    (:attr:`REPEAT_WINDOW`), raises :class:`Interrupted` at once, from wherever the run is (a save in progress is
+    left unpublished: the previous checkpoint stays). ``message`` is called for the text of that immediate stop.
+    Outside the main thread (where Python cannot set handlers) it does nothing."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+    #: seconds after the first signal in which another is the same request delivered twice, not a second one:
+    #: torchrun forwards the terminal's Ctrl-C (and a scheduler's SIGTERM) to its workers, which got it already
+    REPEAT_WINDOW = 1.0
 
     def __init__(self, message=lambda: "interrupted"):
         self.signum: int | None = None
         self.message = message
+        self.repeat_window = self.REPEAT_WINDOW
+        self._first_at = 0.0
         self._previous: dict = {}
 
     def _handle(self, signum, frame) -> None:
+        now = time.monotonic()
         if self.signum is not None:
+            if now - self._first_at < self.repeat_window:
+                return
             raise Interrupted(signum, self.message())
-        self.signum = signum
+        self.signum, self._first_at = signum, now
 
     def __enter__(self) -> StopRequest:
         if threading.current_thread() is threading.main_thread():
