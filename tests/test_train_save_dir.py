@@ -65,6 +65,11 @@ def test_unrelated_files_are_refused_in_one_line_before_anything_loads(tmp_path,
     assert one_error_line(err) == (f"pai-zoo: error: {save} holds files that are not a pai-zoo training run "
                                    "(notes.txt, results); choose another --save or pass --force to train into it")
     assert sorted(os.listdir(save)) == ["notes.txt", "results"] and (save / "notes.txt").read_text() == "mine\n"
+    model = tmp_path / "model"  # names a run also writes (hf/, pai_zoo.json) do not make a folder a run
+    (model / "hf").mkdir(parents=True)
+    (model / "pai_zoo.json").write_text("{}")
+    code, err = train(capsys, data, model)
+    assert code == 1 and "holds files that are not a pai-zoo training run (hf, pai_zoo.json)" in one_error_line(err)
 
 
 @pytest.mark.no_megatron

@@ -17,7 +17,7 @@ import re
 import shutil
 from pathlib import Path
 
-from ..formats.megatron_folder import HF_DIR, PAI_ZOO_CONFIG, TRACKER, has_tracker
+from ..formats.megatron_folder import PAI_ZOO_CONFIG, TRACKER, has_tracker
 from ..formats.training_run import CONFIG_FILE, LORA_RECORD, METRICS_FILE, RL_ROLES
 from ..models.handle import resolve
 from ..plugin.errors import PaiZooError
@@ -25,8 +25,9 @@ from ..util.outputs import TMP_MARK, check_output
 
 __all__ = ["SaveDirError", "check_save_dir", "cleanup_on_failure", "is_training_run", "run_files"]
 
-#: what a pai-zoo run writes into its folder (``data_cache``: the pretraining data's index cache)
-RUN_FILES = (TRACKER, TRACKER + ".tmp", CONFIG_FILE, METRICS_FILE, LORA_RECORD, PAI_ZOO_CONFIG, HF_DIR, "data_cache")
+#: what marks a folder as a pai-zoo run (beside its iterations ``iter_N`` and an RL run's ``actor/``, ``critic/``);
+#: it also writes ``pai_zoo.json``, ``hf/`` and ``data_cache/``, names too common to mark a run by themselves
+RUN_FILES = (TRACKER, TRACKER + ".tmp", CONFIG_FILE, METRICS_FILE, LORA_RECORD)
 _ITERATION = re.compile(r"^iter_\d{7}(\.tmp)?$")
 
 
@@ -35,7 +36,7 @@ class SaveDirError(PaiZooError):
 
 
 def run_files(path) -> list[str]:
-    """The entries of ``path`` that a pai-zoo run writes (an RL run's ``actor/`` and ``critic/`` included)."""
+    """The entries of ``path`` that mark a pai-zoo run (an RL run's ``actor/`` and ``critic/`` included)."""
     path = Path(path)
     found = []
     for entry in sorted(os.listdir(path)):
@@ -52,10 +53,9 @@ def is_training_run(path) -> bool:
 
 
 def _others(path: Path) -> list[str]:
-    """The entries of ``path`` that no pai-zoo run wrote (pai-zoo's temporaries, another rank's probe or one a
-    killed run left, are pai-zoo's)."""
-    ours = set(run_files(path))
-    return [e for e in sorted(os.listdir(path)) if e not in ours and TMP_MARK not in e]
+    """The entries of a folder that is no run, but for pai-zoo's temporaries (another rank's probe, or one a
+    killed run left: the next writer removes it)."""
+    return [e for e in sorted(os.listdir(path)) if TMP_MARK not in e]
 
 
 def check_save_dir(save, *, force: bool = False, model: str | None = None, option: str = "--save") -> bool:
