@@ -425,3 +425,20 @@ def test_mount_point_is_a_listed_mount_above_the_path(tmp_path):
     mount = outputs.mount_point(tmp_path / "not" / "yet")
     assert mount == tmp_path or mount in tmp_path.resolve().parents
     assert os.path.ismount(mount) or mount in outputs._mount_points()
+
+
+def test_an_old_destination_moved_aside_by_a_killed_run_is_put_back(tmp_path, dead_pid, capsys):
+    old = tmp_path / f".ckpt.pai-zoo-old-{dead_pid}"  # killed between its two renames
+    old.mkdir()
+    (old / "w").write_text("old")
+    (tmp_path / f".ckpt.pai-zoo-tmp-{dead_pid}").mkdir()
+    clear_stale(tmp_path / "ckpt")
+    assert sorted(os.listdir(tmp_path)) == ["ckpt"] and (tmp_path / "ckpt" / "w").read_text() == "old"
+    assert f"restored {tmp_path / 'ckpt'} from {old}" in capsys.readouterr().err
+
+
+def test_check_output_puts_back_a_moved_aside_destination_before_checking_it(tmp_path, dead_pid, capsys):
+    (tmp_path / f".out.pai-zoo-old-{dead_pid}").write_text("old")
+    with pytest.raises(PaiZooError, match="out exists; pass --force"):
+        check_output(tmp_path / "out")
+    assert (tmp_path / "out").read_text() == "old"

@@ -113,12 +113,26 @@ def _remove(path: Path) -> None:
 
 
 def clear_stale(dest, echo: bool = True) -> list[Path]:
-    """Remove :func:`stale_temporaries` of ``dest``; with ``echo``, name each on stderr (those of another PID)."""
+    """Remove :func:`stale_temporaries` of ``dest``; with ``echo``, name each on stderr (those of another PID). An
+    old destination moved aside (``.NAME.pai-zoo-old-PID``) by a run killed before its replacement was renamed into
+    place is put back instead, when ``dest`` is missing."""
+    dest = Path(dest)
     removed = []
-    for path, pid in _temporaries(Path(dest)):
+    for path, pid in _temporaries(dest):
         if pid != os.getpid() and _alive(pid):
             continue
-        _remove(path)
+        try:
+            if OLD_MARK in path.name and not (dest.exists() or dest.is_symlink()):
+                path.rename(dest)
+                if echo:
+                    print(f"pai-zoo: restored {dest} from {path}, left by an interrupted run (pid {pid})",
+                          file=sys.stderr)
+                continue
+            _remove(path)
+        except OSError:
+            pass
+        if path.exists() or path.is_symlink():  # a read-only folder: left there (the write will be refused anyway)
+            continue
         removed.append(path)
         if echo and pid != os.getpid():
             print(f"pai-zoo: removed {path} left by an interrupted run (pid {pid})", file=sys.stderr)
@@ -185,6 +199,8 @@ def check_output(dest, *, force: bool = False, kind: str = "file", need_bytes: i
     one-line :class:`PaiZooError`; returns ``dest``."""
     dest = Path(dest)
     named = f"{flag} {dest}" if flag else str(dest)
+    if dest.parent.is_dir():
+        clear_stale(dest, echo)  # first: it may put back a destination a killed run had moved aside
     if dest.exists() or dest.is_symlink():
         if not force:
             raise PaiZooError(f"{dest} exists; pass --force to replace it")
@@ -193,8 +209,6 @@ def check_output(dest, *, force: bool = False, kind: str = "file", need_bytes: i
     folder = _existing_folder(dest)
     if not folder.is_dir():
         raise PaiZooError(f"{named}: {folder} is not a folder")
-    if folder == dest.parent:
-        clear_stale(dest, echo)
     probe = temporary_name(dest) if folder == dest.parent else folder / f".{dest.name}{TMP_MARK}{os.getpid()}-probe"
     try:
         fd = os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
@@ -325,7 +339,11 @@ class Output:
                     old = self.dest.with_name(f".{self.dest.name}{OLD_MARK}{os.getpid()}")
                     _remove(old)
                     self.dest.rename(old)
-                    self.tmp.replace(self.dest)
+                    try:
+                        self.tmp.replace(self.dest)
+                    except BaseException:
+                        old.rename(self.dest)  # the old destination stays as it was
+                        raise
                     _remove(old)
                 else:
                     self.tmp.replace(self.dest)  # a file (or a link) is replaced in one rename
