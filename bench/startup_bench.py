@@ -5,10 +5,12 @@ Each case runs in a fresh process, ``--runs`` times (median): ``python -c pass``
 error of each of ``generate``, ``train``, ``eval``, ``convert`` and ``preprocess``. Before the timing, the tiny
 folder is written (llama3-tiny, random weights) and converted with ``pai-zoo convert``; ``info`` and ``inspect``
 keep the config with transformers' defaults in pai-zoo's cache folder (:mod:`pai_zoo.hf.config_cache`), so the
-first run of each on an empty cache is timed once too (``cold``). Each case prints its seconds, the ratio to
-``python -c pass`` and whether it is under the target::
+first run of each on an empty cache is timed once too (``cold``). Python's bytecode is cached as after ``pip
+install`` (in a scratch ``PYTHONPYCACHEPREFIX``, filled by one untimed run of each case; ``--no-bytecode-cache``
+keeps ``PYTHONDONTWRITEBYTECODE`` as the environment sets it, and every run compiles pai-zoo's sources again). Each
+case prints its seconds, the ratio to ``python -c pass`` and whether it is under the target::
 
-    python bench/startup_bench.py [--runs 5] [--json]
+    python bench/startup_bench.py [--runs 5] [--json] [--no-bytecode-cache]
 """
 from __future__ import annotations
 
@@ -55,12 +57,17 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5, help="runs per case (the median is reported)")
     parser.add_argument("--json", action="store_true", help="print the results as one JSON object")
+    parser.add_argument("--no-bytecode-cache", action="store_true",
+                        help="keep the environment's PYTHONDONTWRITEBYTECODE (every run compiles the sources)")
     args = parser.parse_args(argv)
 
     pz = _command()
     with tempfile.TemporaryDirectory(prefix="pai-zoo-startup-") as tmp:
         root = Path(tmp)
         env = {**os.environ, "PAI_ZOO_CACHE": str(root / "cache"), "OMP_NUM_THREADS": "1"}
+        if not args.no_bytecode_cache:
+            env.pop("PYTHONDONTWRITEBYTECODE", None)
+            env["PYTHONPYCACHEPREFIX"] = str(root / "pycache")
         hf, mcore = _folders(root, env)
         out = root / "out"
         cases = {
@@ -80,7 +87,9 @@ def main(argv=None) -> int:
             "preprocess --workers 0": ([*pz, "preprocess", "--input", str(root / "x.jsonl"), "--output-prefix",
                                         str(out), "--tokenizer", str(hf), "--workers", "0"], 1),
         }
-        cold = {}  # the first info / inspect on an empty cache (transformers imported once to fill it)
+        for command, code in cases.values():  # untimed: the bytecode cache, and the config cache of info / inspect
+            _time(command, env, 1, code)
+        cold = {}  # the first info / inspect on an empty config cache (transformers imported once to fill it)
         for name in ("pai-zoo info llama", "pai-zoo inspect HF"):
             cold[name] = _time(cases[name][0], {**env, "PAI_ZOO_CACHE": str(root / f"cold-{len(cold)}")}, 1,
                                cases[name][1])
@@ -93,9 +102,11 @@ def main(argv=None) -> int:
                                            "under_target": s < TARGET}
     if args.json:
         print(json.dumps({"target_seconds": TARGET, "runs": args.runs, "cpus": os.cpu_count(),
-                          "python": sys.version.split()[0], "results": results}))
+                          "python": sys.version.split()[0], "bytecode_cache": not args.no_bytecode_cache,
+                          "results": results}))
         return 0
-    print(f"start-up, median of {args.runs} fresh processes ({os.cpu_count()} CPUs; target {TARGET:g} s):")
+    print(f"start-up, median of {args.runs} fresh processes ({os.cpu_count()} CPUs, bytecode "
+          f"{'not cached' if args.no_bytecode_cache else 'cached'}; target {TARGET:g} s):")
     for name, r in results.items():
         mark = "ok" if r["under_target"] else "OVER"
         print(f"  {name:<40} {r['seconds']:6.2f} s  {r['ratio']:5.1f} x python -c pass  {mark}")
