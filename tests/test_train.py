@@ -98,7 +98,11 @@ def test_cli_refuses_bad_settings_before_loading_anything(tmp_path, capsys):
                  "--global-batch-size", "3", "--batch-size", "2"])
     assert code == 1 and "not divisible by batch_size 2" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
-    code = main(["train", "--model", "llama3-tiny", "--data", str(tmp_path / "missing"), "--save", str(tmp_path / "o"),
+    from pai_zoo.data.indexed import IndexedDatasetWriter
+
+    with IndexedDatasetWriter(tmp_path / "d", np.int32) as writer:  # the data files are checked before the model
+        writer.add_document([1, 2, 3])
+    code = main(["train", "--model", "llama3-tiny", "--data", str(tmp_path / "d"), "--save", str(tmp_path / "o"),
                  "--seq-length", "1000000", "--train-tokens", str(32 * 10**6)])
     assert code == 1 and "longer than the model's" in capsys.readouterr().err
     code = main(["train", "--model", "llama3-tiny", "--data", str(tmp_path / "missing"), "--save", str(tmp_path / "o")])

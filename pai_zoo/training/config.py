@@ -282,7 +282,7 @@ class TrainConfig:
         dp = self.data_parallel_size(world_size)
         if self.global_batch_size % (self.batch_size * dp):
             raise TrainConfigError(
-                f"{self.given('global_batch_size')} is not divisible by {self.given('batch_size')} x "
+                f"{self.given('global_batch_size')} is not divisible by batch_size {self.batch_size} x "
                 f"data-parallel size {dp}")
         if self.train_steps == 0:
             raise TrainConfigError(
