@@ -184,6 +184,14 @@ def test_a_truncated_or_missing_distcp_is_named_never_needs_nothing_more(dist, c
                                                         f"it; {INCOMPLETE}")
 
 
+@pytest.mark.parametrize("argv", [["generate", "--model", "{m}", "--prompt", "hi"], ["eval", "{m}", "--data", "{m}/x"]])
+def test_commands_that_load_a_model_name_a_truncated_file_before_loading(dist, argv, capsys):
+    """pai_zoo.load's resolve checks the files as inspect does: generate, eval, train and rl name the file."""
+    data = _truncate(dist / "release" / "__0_0.distcp", 99)
+    assert one_line(*run([a.format(m=dist) for a in argv], capsys)).startswith(f"{data}: truncated: 99 bytes, the "
+                                                                               "metadata needs ")
+
+
 def test_a_damaged_or_hostile_metadata_is_refused_without_running_it(dist, tmp_path, capsys):
     metadata = dist / "release" / ".metadata"
     _truncate(metadata, metadata.stat().st_size // 2)

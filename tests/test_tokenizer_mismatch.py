@@ -175,3 +175,17 @@ def test_train_cli_refuses_in_one_line_and_writes_nothing(folders, tmp_path, cap
                           "--no-progress"], capsys)
     _refused(code, out, err, mismatch, f"put the model's own tokenizer files in {mismatch}")
     assert not (tmp_path / "run").exists()
+
+
+def test_rl_refuses_a_model_folder_with_another_models_tokenizer(folders, tmp_path, capsys):
+    """Every RL trainer's model settings (``--model``, ``--actor`` ...) are checked before the trainer starts; the
+    flag is added to each trainer."""
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text('{"prompt": "the cat", "chosen": " sees", "rejected": " tower"}\n')
+    mismatch = folders / "mismatch"
+    code, out, err = run(["rl", "reward", "--model", mismatch, "--data", pairs, "--epochs", "1", "--save",
+                          tmp_path / "run"], capsys)
+    _refused(code, out, err, mismatch, f"put the model's own tokenizer files in {mismatch}")
+    assert not (tmp_path / "run").exists()
+    code, out, err = run(["rl", "reward", "--help"], capsys)
+    assert "--tokenizer-mismatch-ok" in out

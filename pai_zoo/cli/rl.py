@@ -16,6 +16,8 @@ import argparse
 import json
 from pathlib import Path
 
+from ..models.handle import resolve
+from ..models.tokenizer_fit import check_tokenizer_fit
 from ..plugin.errors import PaiZooError, SettingError
 from ..rl import list_trainers
 from ..training.save_dir import check_save_dir, cleanup_on_failure
@@ -25,6 +27,8 @@ from ._checks import RULES, check_value
 from ._common import add_command
 
 RESERVED = ("list", "run")  # subcommands of ``rl`` that a trainer's name cannot shadow
+#: A trainer's settings that name a model folder: each one's tokenizer is checked against its config before it loads.
+MODEL_SETTINGS = ("model", "actor", "ref_model", "reference", "reward_model", "critic")
 
 
 def add_parser(subparsers) -> None:
@@ -59,6 +63,10 @@ def _add_trainers(subparsers, trainers: dict) -> None:
         if "--force" not in q._option_string_actions:
             q.add_argument("--force", dest="rl_force", action="store_true",
                            help="write into a --save folder that holds files other than a pai-zoo run (they are kept)")
+        if "--tokenizer-mismatch-ok" not in q._option_string_actions:
+            q.add_argument("--tokenizer-mismatch-ok", dest="rl_tokenizer_mismatch_ok", action="store_true",
+                           help="go on with a model whose tokenizer does not fit its config (another model's "
+                                "vocabulary or special-token ids), which is refused otherwise")
         names = {name: a for a in own for name in (a.dest, *(o.lstrip("-") for o in a.option_strings))}
         q.set_defaults(func=run_trainer, rl_class=cls, rl_settings=tuple(a.dest for a in own), rl_names=names,
                        rl_required=tuple(required), rl_name=name, rl_parser=q)
@@ -111,6 +119,14 @@ def run_trainer(args) -> int:
     if missing:  # argparse's usage error (exit 2), as before --config existed
         args.rl_parser.error(f"the following arguments are required: {', '.join(missing)} (on the command line or "
                              "in --config FILE.yaml)")
+    for dest in MODEL_SETTINGS:  # a model folder holding another model's tokenizer: refused before it loads
+        value = settings.get(dest)
+        if isinstance(value, str) and value and Path(value).is_dir():
+            try:
+                source = resolve(value)
+            except PaiZooError:  # not a model folder (a LoRA run ...): the trainer says what it takes
+                continue
+            check_tokenizer_fit(source, ok=getattr(args, "rl_tokenizer_mismatch_ok", False), where=value)
     save = settings.get("save")
     if isinstance(save, str) and save:  # before any model loads; a failed run leaves no --save folder it created
         check_save_dir(save, force=getattr(args, "rl_force", False))

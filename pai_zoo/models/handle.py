@@ -9,6 +9,7 @@ from .. import formats
 from ..families.family import Family
 from ..families.registry import get_registry
 from ..formats.hf_folder import CONFIG, read_config
+from ..formats.integrity import verify_checkpoint
 from ..formats.megatron_folder import TRACKER, iteration_dir
 from ..hf import models as hf
 from ..lora.run import adapter_source, check_base
@@ -184,6 +185,8 @@ def resolve(name_or_path, checkpoint=None, *, tokenizer=None, iteration=None) ->
     if kind == "rl-run":
         path = path / "actor"
         kind = formats.detect(path, iteration=iteration)
+    if kind in formats.MEGATRON_LM + formats.PAI_ZOO_MCORE + ("hf",):  # each file whole: a truncated one is named
+        verify_checkpoint(path, kind, iteration)
     if kind in formats.MEGATRON_LM or (iteration is not None and kind in formats.PAI_ZOO_MCORE):
         from .megatron_checkpoint import describe
 
