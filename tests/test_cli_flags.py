@@ -89,6 +89,8 @@ CHECKED = {  # refused by the command before anything loads
                                "no such file or folder: {t}/nowhere"),
     "generate-missing-tokenizer": (["generate", "--model", M, "--prompt", "hi", "--tokenizer", "{t}/nowhere"],
                                    "no such file or folder: {t}/nowhere (--tokenizer)"),
+    "eval-missing-data": (["eval", M, "--data", "{t}/nowhere"], "no such file or folder: {t}/nowhere.bin"),
+    "eval-missing-jsonl": (["eval", M, "--data", "{t}/nowhere.jsonl"], "--data {t}/nowhere.jsonl: no such file"),
     "eval-missing-adapter": (["eval", M, "--data", "{t}/data", "--adapter", "{t}/nowhere"],
                              "no such file or folder: {t}/nowhere (--adapter)"),
 }

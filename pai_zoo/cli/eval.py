@@ -17,7 +17,7 @@ from ..evaluation.harness import check_tasks, make_lm, run_tasks, task_manager, 
 from ..evaluation.heldout import held_out_loss, planned_rows
 from ..evaluation.report import loss_table, output, tasks_table, write_output
 from ..evaluation.sequences import DEFAULT_PACKING, PACKINGS, dataset_prefix, read_sequences
-from ..hf.models import config_dict, hf_config
+from ..hf.config_cache import full_config_dict
 from ..mcore.parallel_sizes import check_world
 from ..models.handle import load, resolve
 from ..models.tokenizer_fit import check_tokenizer_fit
@@ -129,9 +129,19 @@ def _data_blend(items: list[str]) -> tuple[list[str], list[float] | None]:
     return items[1::2], weights
 
 
-def _mcore_config(source):
-    return source.mcore_config or source.family.to_mcore_config(config_dict(hf_config(source.family,
-                                                                                     source.hf_config)))
+def _mcore_config(source):  # a Hugging Face config with its class's defaults: cached, no transformers after once
+    return source.mcore_config or source.family.to_mcore_config(full_config_dict(source.family, source.hf_config))
+
+
+def _check_data_files(args) -> None:
+    """The ``--data`` files exist (JSON Lines files, or the ``.bin``/``.idx`` of each prefix), before the model is
+    read; their token ids are checked against its vocabulary by :func:`_check_inputs`."""
+    for given in _data_blend(args.data)[0] if args.data else []:
+        if Path(given).suffix in (".jsonl", ".json"):
+            if not Path(given).is_file():
+                raise SettingError(f"--data {given}: no such file")
+        else:
+            resolve_prefix(given, what="--data", first=".bin")
 
 
 def _check_inputs(args, source) -> tuple[int, list[str], list[float] | None, list[str]]:
@@ -175,6 +185,7 @@ def run(args) -> int:
     check_inputs((args.tokenizer, "--tokenizer"), (args.adapter, "--adapter"), (args.include_path, "--include-path"))
     if args.output:  # exists, not writable: refused before anything loads
         check_output(args.output, force=args.force, flag="--output", echo=is_rank0())
+    _check_data_files(args)
     source = resolve(args.model, tokenizer=args.tokenizer, iteration=args.iteration)
     check_tokenizer_fit(source, args.tokenizer, ok=args.tokenizer_mismatch_ok, where=args.model)  # before it loads
     seq_length, prefixes, weights, names = _check_inputs(args, source)
