@@ -55,16 +55,18 @@ def _missing(file: Path, named_by: str, more: int = 0) -> IncompleteCheckpointEr
 
 @dataclass
 class Verified:
-    """What :func:`verify_checkpoint` checked: ``files`` files of ``kind``, and with ``deep`` the ``tensors`` read."""
+    """What :func:`verify_checkpoint` checked: ``files`` files of ``kind`` against ``against`` (their headers, the
+    metadata ...), and with ``deep`` the ``tensors`` read."""
 
     files: int
     kind: str
+    against: str = "their headers"
     tensors: int | None = None
 
     def line(self) -> str:
         if self.tensors is not None:
             return f"{self.files} {self.kind}, whole; {self.tensors} tensors read, all finite (--deep)"
-        return f"{self.files} {self.kind}, sizes match their index and headers (--deep also reads the tensors)"
+        return f"{self.files} {self.kind}, sizes match {self.against} (--deep also reads the tensors)"
 
 
 # -- safetensors ---------------------------------------------------------------------------------------------------
@@ -245,7 +247,8 @@ def _verify_safetensors_files(folder: Path, index: Path | None) -> int:
 
 def _verify_hf(folder: Path) -> Verified:
     if (folder / SAFETENSORS_INDEX).is_file():
-        return Verified(_verify_safetensors_files(folder, folder / SAFETENSORS_INDEX), "safetensors files")
+        return Verified(_verify_safetensors_files(folder, folder / SAFETENSORS_INDEX), "safetensors files",
+                        "their headers and the index")
     if (folder / SAFETENSORS).is_file():
         return Verified(_verify_safetensors_files(folder, None), "safetensors file")
     index = folder / PICKLE_INDEX
@@ -262,7 +265,7 @@ def _verify_hf(folder: Path) -> Verified:
         raise _missing(missing[0], index.name, len(missing) - 1)
     for shard in shards:
         verify_zip(shard)
-    return Verified(len(shards), "pickle files")
+    return Verified(len(shards), "pickle files", "their zip directories")
 
 
 def _verify_dist(folder: Path) -> Verified:
@@ -280,7 +283,7 @@ def _verify_dist(folder: Path) -> Verified:
     if (folder / _COMMON_FILE).is_file():
         verify_zip(folder / _COMMON_FILE)
         count += 1
-    return Verified(count, "torch_dist files")
+    return Verified(count, "torch_dist files", "the .metadata")
 
 
 def _verify_legacy(folder: Path, deep: bool = False) -> Verified:
@@ -308,7 +311,7 @@ def _verify_legacy(folder: Path, deep: bool = False) -> Verified:
                                    "rank folders)")
                 verify_zip(file, deep)
                 count += 1
-    return Verified(count, "rank files")
+    return Verified(count, "rank files", "their zip directories")
 
 
 def verify_checkpoint(path, kind: str, iteration=None) -> Verified:
@@ -323,7 +326,7 @@ def verify_checkpoint(path, kind: str, iteration=None) -> Verified:
     scales = [f for f in sorted((path / HF_DIR).glob("*.safetensors"))] if (path / HF_DIR).is_dir() else []
     for file in scales:  # the FP8 / MXFP4 scales a converted checkpoint keeps beside its HF files
         safetensors_entries(file)
-    return Verified(verified.files + len(scales), verified.kind)
+    return Verified(verified.files + len(scales), verified.kind, verified.against)
 
 
 def _non_finite(tensor) -> tuple[int, int]:
