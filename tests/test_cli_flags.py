@@ -84,6 +84,8 @@ CHECKED = {  # refused by the command before anything loads
     "train-missing-model": (["train", "--model", "{t}/nowhere", *TRAIN[3:]], "--model {t}/nowhere: no such file"),
     "rl-config-seed": (["rl", "reward", *RL_ARGS["reward"], "--config", "{t}/rl.yaml"],
                        "{t}/rl.yaml: seed -5: must be a seed"),
+    "rl-config-string-number": (["rl", "reward", *RL_ARGS["reward"], "--config", "{t}/rl2.yaml"],
+                                "{t}/rl2.yaml: lr fast: not a valid float"),
     "generate-stop": (["generate", "--model", M, "--prompt", "hi", "--stop", ""], "--stop: give non-empty strings"),
     "generate-missing-model": (["generate", "--model", "{t}/nowhere", "--prompt", "hi"],
                                "no such file or folder: {t}/nowhere"),
@@ -126,6 +128,7 @@ def _run(argv, capsys) -> tuple[int, str, str]:
 def _check(case, argv, expected, tmp_path, capsys):
     (tmp_path / "run.yaml").write_text(f"model: {M}\ndata: {tmp_path}/data\nsave: {tmp_path}/run\nlr: -2\n")
     (tmp_path / "rl.yaml").write_text("seed: -5\n")
+    (tmp_path / "rl2.yaml").write_text("lr: fast\n")
     fill = lambda s: s.replace("{t}", str(tmp_path))  # noqa: E731
     code, out, err = _run([fill(a) for a in argv], capsys)
     assert code == 1, (case, out + err)
@@ -173,6 +176,19 @@ def test_every_number_flag_has_a_rule():
     walk(build_parser(), [])
     assert not unchecked, unchecked
     assert checked > 60
+
+
+def test_an_rl_config_number_written_as_yaml_reads_it_is_converted(tmp_path, capsys):
+    """YAML reads ``lr: 1e-5`` as a string; the trainer gets the number, as from the flag."""
+    import pai_zoo.cli.rl as rl
+
+    got = {}
+    (tmp_path / "rl.yaml").write_text("lr: 1e-5\nseed: 7\n")
+    args = build_parser().parse_args(["rl", "reward", "--model", M, "--data", "d", "--save", "s", "--config",
+                                      str(tmp_path / "rl.yaml")])
+    args.rl_class = lambda **settings: got.update(settings) or type("T", (), {"run": lambda self: {}})()
+    assert rl.run_trainer(args) == 0
+    assert (got["lr"], got["seed"]) == (1e-5, 7)
 
 
 def test_a_good_value_still_parses():

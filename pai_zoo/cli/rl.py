@@ -112,6 +112,12 @@ def run_trainer(args) -> int:
                 raise SettingError(f"{args.config}: {key!r} is no setting of `pai-zoo rl {args.rl_name}`; "
                                    f"the settings: {known}")
             if settings.get(action.dest) == action.default:  # not given on the command line
+                if action.type in (int, float) and isinstance(value, str):  # YAML reads 1e-5 as a string
+                    try:
+                        value = action.type(value)
+                    except ValueError:
+                        raise SettingError(f"{args.config}: {key} {value}: not a valid {action.type.__name__}") \
+                            from None
                 if action.dest in RULES:  # the flags' rules (_checks.RULES), named as the file spells the key
                     check_value(RULES[action.dest], value, f"{args.config}: {key}", action.dest)
                 settings[action.dest] = value
