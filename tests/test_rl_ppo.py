@@ -105,7 +105,7 @@ def _tensors(path) -> dict:
     return {k: v.clone() for k, v in handle.model.state_dict().items() if not k.endswith("_extra_state")}
 
 
-def test_resume_continues_exactly(tmp_path):
+def test_resume_continues_exactly(tmp_path, capsys):
     """Ctrl-C at step 2 of 4 (``pai-zoo rl ppo`` in a process of its own) saves step 2 of the actor and the critic
     and says so; the run resumed from there equals the run never interrupted."""
     kwargs = dict(actor="llama3-tiny", reward=f"rule:fraction={TARGET}", prompts=prompts(16), quiet=True, **SMALL)
@@ -123,6 +123,7 @@ def test_resume_continues_exactly(tmp_path):
         "same command to resume from step 2")
     assert "Traceback" not in interrupted.stderr
     summary = PPOTrainer(save=str(save), steps=4, **kwargs).run()
+    assert f"resuming {save} at step 2 of 4" in capsys.readouterr().err
     assert summary["resumed_from"] == 2 and summary["steps"] == 4
     straight, resumed = read_log(tmp_path / "straight"), read_log(tmp_path / "resumed")
     assert [r["step"] for r in resumed] == [1, 2, 3, 4]

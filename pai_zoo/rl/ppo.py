@@ -28,7 +28,7 @@ from ..plugin.errors import PaiZooError
 from ..util.metrics import METRICS_FILE, MetricsLog
 from .base import RLTrainer
 from .data import read_prompts
-from .stopping import stop_here, stop_request
+from .stopping import say_resuming, stop_here, stop_request
 
 DEFAULTS = {
     "critic": None, "steps": 20, "rollout_batch_size": 16, "ppo_epochs": 2, "mini_batch_size": 8,
@@ -150,6 +150,7 @@ class _PPORun:
             state = load_model_state(self.save / "actor", self.actor.model, self.actor_opt)
             self.kl.load_state_dict(state["kl"])
             self.step = state["step"]
+            say_resuming(self.save, self.step, s["steps"])
         self.pad_id = pad_id_of(self.actor)
         self.log_path = self.save / METRICS_FILE
         self.log = MetricsLog(self.log_path, None if resume_at is None else self.step,

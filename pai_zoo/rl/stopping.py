@@ -12,13 +12,21 @@ Plugins' trainers (DPO, GRPO ...) use the same two functions. Imports neither to
 """
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from ..formats.training_run import iteration_name, latest_iteration
 from ..util.dist import is_rank0
 from ..util.interrupt import Interrupted, StopRequest, saved_line
 
-__all__ = ["stop_here", "stop_request"]
+__all__ = ["say_resuming", "stop_here", "stop_request"]
+
+
+def say_resuming(folder, step: int, total: int) -> None:
+    """``resuming FOLDER at step N of M`` on stderr (rank 0), as ``pai-zoo train`` says it: a rerun after an
+    interrupt shows that it continued (stdout stays the trainer's summary)."""
+    if is_rank0():
+        print(f"resuming {folder} at step {step} of {total}", file=sys.stderr, flush=True)
 
 
 def _where(folders, iteration: int) -> str:

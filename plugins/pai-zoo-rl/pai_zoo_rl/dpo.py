@@ -25,7 +25,7 @@ from pathlib import Path
 
 from pai_zoo.errors import PaiZooError, SettingError
 from pai_zoo.rl import RLTrainer
-from pai_zoo.rl.stopping import stop_here, stop_request
+from pai_zoo.rl.stopping import say_resuming, stop_here, stop_request
 from pai_zoo.util.files import write_text_atomic
 from pai_zoo.util.metrics import METRICS_FILE, MetricsLog
 
@@ -157,6 +157,7 @@ class _DPORun:
         self.step = 0
         if resume_at is not None:
             self.step = load_model_state(self.save, self.policy.model, self.optimizer)["step"]
+            say_resuming(self.save, self.step, self.total)
         self.resumed_from = resume_at
         self.log = MetricsLog(self.save / METRICS_FILE, None if resume_at is None else self.step,
                               prefix=None if s["quiet"] else "dpo", total=self.total)

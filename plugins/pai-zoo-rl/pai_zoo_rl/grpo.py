@@ -29,7 +29,7 @@ from pathlib import Path
 
 from pai_zoo.errors import PaiZooError, SettingError
 from pai_zoo.rl import RLTrainer
-from pai_zoo.rl.stopping import stop_here, stop_request
+from pai_zoo.rl.stopping import say_resuming, stop_here, stop_request
 from pai_zoo.util.metrics import METRICS_FILE, MetricsLog
 
 from .runs import (
@@ -198,6 +198,7 @@ class _GRPORun:
         self.step = 0
         if resume_at is not None:
             self.step = load_model_state(self.save, self.policy.model, self.optimizer)["step"]
+            say_resuming(self.save, self.step, s["steps"])
         self.resumed_from = resume_at
         self.log = None  # opened with the first record: a run that fails in its first rollout writes nothing
 

@@ -153,7 +153,8 @@ def test_a_killed_run_resumes_exactly(data, tmp_path, trainer):
             "resume from step 3")
     else:
         assert saved == "2"
-    _ok(run_cli(build(data, tmp_path / "killed", *extra, "--save-every", "2")))
+    resumed = _ok(run_cli(build(data, tmp_path / "killed", *extra, "--save-every", "2")))
+    assert f"resuming {tmp_path / 'killed'} at step {saved} of 6" in resumed.stderr
     whole, resumed = _log(tmp_path / "whole"), _log(tmp_path / "killed")
     assert [r["step"] for r in resumed] == [r["step"] for r in whole]
     _same(whole, resumed, ("loss", "reward", "rewards/margins", "eval_loss", "grad_norm"))
