@@ -7,6 +7,7 @@ replaced by one that fails the test if it is called.
 from __future__ import annotations
 
 import argparse
+import sys
 
 import pytest
 
@@ -93,6 +94,18 @@ CHECKED = {  # refused by the command before anything loads
                                    "no such file or folder: {t}/nowhere (--tokenizer)"),
     "eval-missing-data": (["eval", M, "--data", "{t}/nowhere"], "no such file or folder: {t}/nowhere.bin"),
     "eval-missing-jsonl": (["eval", M, "--data", "{t}/nowhere.jsonl"], "--data {t}/nowhere.jsonl: no such file"),
+    "rl-ppo-missing-prompts": (["rl", "ppo", *RL_ARGS["ppo"]], "no such file or folder: {t}/p.jsonl (--prompts)"),
+    "rl-dpo-missing-data": (["rl", "dpo", *RL_ARGS["dpo"]], "no such file or folder: {t}/pairs.jsonl (--data)"),
+    "rl-reward-unknown-model": (["rl", "reward", "--model", "nosuch", *RL_ARGS["reward"][2:]],
+                                "--model nosuch: unknown model 'nosuch'"),
+    "rl-grpo-missing-ref-model": (["rl", "grpo", *RL_ARGS["grpo"], "--ref-model", "{t}/nowhere"],
+                                  "--ref-model {t}/nowhere: no such file or folder"),
+    "dataset-prepare-missing": (["dataset", "prepare", "{t}/x.jsonl", "--output", "{t}/o"],
+                                "no such file or folder: {t}/x.jsonl (the vision SFT data)"),
+    "plugin-new-name": (["plugin", "new", "My Arch!", "--from-config", "helium", "--output", "{t}/o"],
+                        "plugin name 'My Arch!': use lower-case letters"),
+    "plugin-new-like": (["plugin", "new", "myarch", "--from-config", "helium", "--like", "nosuch", "--output",
+                         "{t}/o"], "--like nosuch: no installed family"),
     "eval-missing-adapter": (["eval", M, "--data", "{t}/data", "--adapter", "{t}/nowhere"],
                              "no such file or folder: {t}/nowhere (--adapter)"),
 }
@@ -104,16 +117,22 @@ def _refuse(*_, **__):
 
 @pytest.fixture
 def no_loading(monkeypatch):
-    """Every way the commands load a model, replaced by one that fails the test."""
+    """Every way the commands load a model (or read a plugin's source config, or import megatron-energon), replaced
+    by one that fails the test; the checks that come after the early ones (train's and rl's --save) too."""
     import pai_zoo.cli.eval
     import pai_zoo.cli.generate
+    import pai_zoo.cli.rl
     import pai_zoo.cli.train
     import pai_zoo.models.handle
+    import pai_zoo.scaffold
 
     for module, names in ((pai_zoo.models.handle, ("load", "resolve")), (pai_zoo.cli.generate, ("load",)),
-                          (pai_zoo.cli.eval, ("load", "resolve")), (pai_zoo.cli.train, ("resolve", "check_save_dir"))):
+                          (pai_zoo.cli.eval, ("load", "resolve")), (pai_zoo.cli.train, ("resolve", "check_save_dir")),
+                          (pai_zoo.cli.rl, ("resolve", "check_save_dir")), (pai_zoo.scaffold, ("read_source",))):
         for name in names:
-            monkeypatch.setattr(module, name, _refuse)
+            if hasattr(module, name):
+                monkeypatch.setattr(module, name, _refuse)
+    monkeypatch.setitem(sys.modules, "pai_zoo.data.vision_shards", None)  # importing it fails the test
 
 
 def _run(argv, capsys) -> tuple[int, str, str]:

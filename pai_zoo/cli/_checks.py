@@ -147,3 +147,25 @@ def check_inputs(*given: tuple[str | None, str]) -> None:
     for path, what in given:
         if path is not None and not Path(path).exists():
             raise no_such_path(path, what)
+
+
+#: an RL trainer's flags (by destination) that name a model: a preset, a family or an existing folder
+#: (``rule:...`` is a rule reward, not a model)
+MODEL_DESTS = ("model", "actor", "critic", "ref_model", "reward")
+#: an RL trainer's flags that name an input file, checked when the value is a JSON Lines or JSON file name
+INPUT_DESTS = ("data", "prompts")
+JSON_SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".jsonl.zst")
+
+
+def check_trainer_inputs(settings: dict, flags: dict[str, str], registry) -> None:
+    """The models and input files an RL trainer's settings name exist (:data:`MODEL_DESTS`, :data:`INPUT_DESTS`),
+    before the trainer imports torch; ``flags``: destination -> the flag to name."""
+    for dest in MODEL_DESTS:
+        value = settings.get(dest)
+        if isinstance(value, str) and value and not value.startswith("rule:"):
+            try:
+                check_model_name(value, registry)
+            except UnknownModelError as exc:
+                raise SettingError(f"{flags.get(dest, dest)} {value}: {exc}") from None
+    check_inputs(*((settings[dest], flags.get(dest, dest)) for dest in INPUT_DESTS
+                   if isinstance(settings.get(dest), str) and settings[dest].endswith(JSON_SUFFIXES)))

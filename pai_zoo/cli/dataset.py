@@ -6,6 +6,7 @@ from ..data.prefix import resolve_prefix
 from ..plugin.errors import PaiZooError
 from ..tokenizers.names import resolve_tokenizer
 from ..util.outputs import check_dataset_outputs, check_output
+from ._checks import check_inputs
 from ._common import add_command
 
 
@@ -34,6 +35,7 @@ def add_parser(subparsers) -> None:
 
 
 def run_prepare(args) -> int:
+    check_inputs((args.source, "the vision SFT data"))  # before megatron-energon is imported
     from ..data.vision_shards import prepare_vision_dataset
 
     check_output(args.output, force=args.force, kind="folder", flag="--output")  # before energon loads

@@ -23,8 +23,8 @@ from ..rl import list_trainers
 from ..training.save_dir import check_save_dir, cleanup_on_failure
 from ..util.dist import is_rank0
 from ..util.yaml_settings import read_settings_yaml
-from ._checks import RULES, check_value
-from ._common import add_command
+from ._checks import RULES, check_trainer_inputs, check_value
+from ._common import add_command, registry
 
 RESERVED = ("list", "run")  # subcommands of ``rl`` that a trainer's name cannot shadow
 #: A trainer's settings that name a model folder: each one's tokenizer is checked against its config before it loads.
@@ -125,6 +125,8 @@ def run_trainer(args) -> int:
     if missing:  # argparse's usage error (exit 2), as before --config existed
         args.rl_parser.error(f"the following arguments are required: {', '.join(missing)} (on the command line or "
                              "in --config FILE.yaml)")
+    flags = {a.dest: a.option_strings[0] for a in args.rl_names.values() if a.option_strings}
+    check_trainer_inputs(settings, flags, registry())  # the models and files named, before anything is read
     for dest in MODEL_SETTINGS:  # a model folder holding another model's tokenizer: refused before it loads
         value = settings.get(dest)
         if isinstance(value, str) and value and Path(value).is_dir():

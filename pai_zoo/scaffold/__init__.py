@@ -26,9 +26,13 @@ __all__ = ["Draft", "ScaffoldError", "new_plugin", "write_plugin"]
 _NAME = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
 
 
-def _check_name(name: str, architecture: str, model_type: str) -> None:
+def _check_name_form(name: str) -> None:
     if not _NAME.match(name):
         raise ScaffoldError(f"plugin name {name!r}: use lower-case letters, digits and single dashes (e.g. 'helium')")
+
+
+def _check_name(name: str, architecture: str, model_type: str) -> None:
+    _check_name_form(name)
     registry = get_registry()
     if registry.is_family(name) or registry.is_preset(name):
         raise ScaffoldError(f"plugin name {name!r} is already a family or preset name of an installed plugin",
@@ -45,6 +49,10 @@ def new_plugin(name: str, source: str, output=None, like: str | None = None, for
     """Infer, measure and write the plugin ``name`` for ``source`` into ``output`` (default
     ``./pai-zoo-NAME``); returns the measured :class:`Draft` (its ``stubs`` empty when it passed)."""
 
+    _check_name_form(name)  # before the source is read (which imports transformers)
+    if like is not None and not get_registry().is_family(like):
+        raise ScaffoldError(f"--like {like}: no installed family of that name (installed: "
+                            f"{', '.join(sorted(get_registry().families)) or 'none'})")
     try:
         import pai_zoo_conformance  # noqa: F401 - the checks the draft is measured with
     except ImportError:
@@ -52,11 +60,6 @@ def new_plugin(name: str, source: str, output=None, like: str | None = None, for
                             hint="pip install pai-zoo-conformance (in this tree: pip install -e conformance)") from None
     src = read_source(source)
     _check_name(name, src.architecture, src.model_type)
-    if like is not None:
-        registry = get_registry()
-        if not registry.is_family(like):
-            raise ScaffoldError(f"--like {like}: no installed family of that name (installed: "
-                                f"{', '.join(sorted(registry.families)) or 'none'})")
     draft = infer(name, src, like)
     search(draft)
     write_plugin(draft, Path(output) if output is not None else Path.cwd() / draft.distribution, force=force)
