@@ -106,6 +106,8 @@ CHECKED = {  # refused by the command before anything loads
                         "plugin name 'My Arch!': use lower-case letters"),
     "plugin-new-like": (["plugin", "new", "myarch", "--from-config", "helium", "--like", "nosuch", "--output",
                          "{t}/o"], "--like nosuch: no installed family"),
+    "preprocess-missing-input": (["preprocess", "--input", "{t}/nowhere.jsonl", "--output-prefix", "{t}/o",
+                                  "--tokenizer", "{t}"], "no such file or folder: {t}/nowhere.jsonl (--input)"),
     "eval-missing-adapter": (["eval", M, "--data", "{t}/data", "--adapter", "{t}/nowhere"],
                              "no such file or folder: {t}/nowhere (--adapter)"),
 }
@@ -121,6 +123,7 @@ def no_loading(monkeypatch):
     by one that fails the test; the checks that come after the early ones (train's and rl's --save) too."""
     import pai_zoo.cli.eval
     import pai_zoo.cli.generate
+    import pai_zoo.cli.preprocess
     import pai_zoo.cli.rl
     import pai_zoo.cli.train
     import pai_zoo.models.handle
@@ -128,7 +131,8 @@ def no_loading(monkeypatch):
 
     for module, names in ((pai_zoo.models.handle, ("load", "resolve")), (pai_zoo.cli.generate, ("load",)),
                           (pai_zoo.cli.eval, ("load", "resolve")), (pai_zoo.cli.train, ("resolve", "check_save_dir")),
-                          (pai_zoo.cli.rl, ("resolve", "check_save_dir")), (pai_zoo.scaffold, ("read_source",))):
+                          (pai_zoo.cli.rl, ("resolve", "check_save_dir")), (pai_zoo.scaffold, ("read_source",)),
+                          (pai_zoo.cli.preprocess, ("preprocess", "preprocess_sft"))):
         for name in names:
             if hasattr(module, name):
                 monkeypatch.setattr(module, name, _refuse)

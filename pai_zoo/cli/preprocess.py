@@ -1,10 +1,12 @@
 """``pai-zoo preprocess``: tokenize text (or, with ``--sft``, chat records) into indexed datasets."""
 from __future__ import annotations
 
+import glob
 import sys
 
 from ..data.preprocess import output_prefix, preprocess, preprocess_sft
 from ..util.outputs import check_dataset_outputs
+from ._checks import check_inputs
 from ._common import add_command, defaults
 
 
@@ -39,6 +41,7 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
+    check_inputs(*((path, "--input") for path in args.input if not glob.has_magic(path)))  # before the tokenizer
     keys = ("text", "loss_mask") if args.sft else tuple(args.json_keys)
     if all(key and not any(bad in key for bad in ("/", "\\", "..", "\0")) for key in keys):  # else refused below
         # exist without --force, not writable: refused before the tokenizer loads; a killed run's temporaries go
