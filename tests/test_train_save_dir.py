@@ -188,7 +188,8 @@ def test_rl_save_follows_the_same_rule(tmp_path, capsys, trainer):
     save = tmp_path / "save"
     save.mkdir()
     (save / "notes.txt").write_text("mine\n")
-    (tmp_path / "in.jsonl").write_text("")
+    record = {"prompt": "hi"} if trainer == "ppo" else {"prompt": "a", "chosen": "b", "rejected": "c"}
+    (tmp_path / "in.jsonl").write_text(json.dumps(record) + "\n")
     flags = (["--actor", "llama3-tiny", "--reward", "rule:fraction=1-9", "--prompts"] if trainer == "ppo" else
              ["--model", "llama3-tiny", "--data"])
     start = time.perf_counter()
