@@ -28,7 +28,7 @@ from ._common import add_command, registry
 
 RESERVED = ("list", "run")  # subcommands of ``rl`` that a trainer's name cannot shadow
 #: A trainer's settings that name a model folder: each one's tokenizer is checked against its config before it loads.
-MODEL_SETTINGS = ("model", "actor", "ref_model", "reference", "reward_model", "critic")
+MODEL_SETTINGS = ("model", "actor", "critic", "ref_model", "reference", "reward", "reward_model")
 
 
 def add_parser(subparsers) -> None:
