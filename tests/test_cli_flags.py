@@ -132,7 +132,7 @@ def no_loading(monkeypatch):
     for module, names in ((pai_zoo.models.handle, ("load", "resolve")), (pai_zoo.cli.generate, ("load",)),
                           (pai_zoo.cli.eval, ("load", "resolve")), (pai_zoo.cli.train, ("resolve", "check_save_dir")),
                           (pai_zoo.cli.rl, ("resolve", "check_save_dir")), (pai_zoo.scaffold, ("read_source",)),
-                          (pai_zoo.cli.preprocess, ("preprocess", "preprocess_sft"))):
+                          (pai_zoo.cli.preprocess, ("check_dataset_outputs",))):  # before the tokenizer
         for name in names:
             if hasattr(module, name):
                 monkeypatch.setattr(module, name, _refuse)
