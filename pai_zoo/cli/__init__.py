@@ -20,7 +20,9 @@ the traceback instead.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import os
 import sys
 import traceback
 import warnings
@@ -36,7 +38,7 @@ COMMANDS = ("list", "info", "conformance", "inspect", "convert", "preprocess", "
             "rl", "plugin")
 
 #: exit codes (also in ``pai-zoo --help`` and README's CLI section)
-OK, USER_ERROR, USAGE, VERIFY_FAILED, INTERRUPTED = 0, 1, 2, 3, 130
+OK, USER_ERROR, USAGE, VERIFY_FAILED, INTERRUPTED, BROKEN_PIPE = 0, 1, 2, 3, 130, 141
 
 #: the arguments of the running command (for messages that repeat them, e.g. the torchrun command to use)
 ARGV: list[str] | None = None
@@ -46,8 +48,10 @@ EPILOG = f"""exit codes:
   {USER_ERROR}    user error: a missing file or folder, an unknown name, malformed input (one line: pai-zoo: error: ...)
   {USAGE}    usage error: unknown command or flag, missing or invalid argument (argparse)
   {VERIFY_FAILED}    failed verification: convert --verify found different logits, conformance checks failed
-  {INTERRUPTED}  interrupted (Ctrl-C, SIGINT)
-  143  terminated (SIGTERM; pai-zoo train stops at a step boundary, as for Ctrl-C)
+  {INTERRUPTED}  interrupted (Ctrl-C, SIGINT; train and rl save the step in progress first and say how to resume)
+  138  SIGUSR1 (SLURM's pre-emption signal; train and rl save as for Ctrl-C)
+  {BROKEN_PIPE}  the reader of the output went away (pai-zoo list | head -1)
+  143  terminated (SIGTERM; train and rl save as for Ctrl-C)
 --debug shows the traceback of an error."""
 
 
@@ -91,9 +95,19 @@ def _show_warning(message, category, filename, lineno, file=None, line=None, _de
         _default(message, category, filename, lineno, file, line)
 
 
-def describe(exc: BaseException) -> tuple[str, str | None]:
-    """The ``error:`` line and the hint (or None) for a user error."""
-    disk = disk_error(exc) if not isinstance(exc, PaiZooError) else None
+#: the namespace attributes that hold a command's output, in the order they are looked for (a full disk names it)
+OUTPUTS = ("dst", "save", "output", "output_prefix")
+
+
+def destination(args) -> str | None:
+    """The output a command writes (its ``--save``, ``--output`` ... as given), or None."""
+    return next((getattr(args, name) for name in OUTPUTS if getattr(args, name, None)), None)
+
+
+def describe(exc: BaseException, path=None) -> tuple[str, str | None]:
+    """The ``error:`` line and the hint (or None) for a user error; ``path`` is the command's output, named by a
+    full-disk line whose error carries no file name."""
+    disk = disk_error(exc, path) if not isinstance(exc, PaiZooError) else None
     if disk is not None:  # a full disk, a quota, a read-only mount: one line naming the mount point and the path
         return str(disk), None
     if isinstance(exc, PaiZooError):
@@ -115,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     ARGV = argv
     debug = "--debug" in argv[:next((i for i, a in enumerate(argv) if a in COMMANDS), len(argv))]
     warnings.showwarning = _show_warning
+    args = None
     try:
         args = parse(build_parser(), argv)
         with quiet_run(verbose=args.verbose):  # third-party warnings and progress bars only with --verbose
@@ -129,13 +144,17 @@ def main(argv: list[str] | None = None) -> int:
         if message:
             print(f"pai-zoo: {message}", file=sys.stderr)
         return getattr(exc, "exit_code", INTERRUPTED)
+    except BrokenPipeError:  # the reader went away (pai-zoo list | head -1): stop quietly, as SIGPIPE would
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return BROKEN_PIPE
     except BaseException as exc:  # a user error, or a full disk a library wrapped (disk_error); else re-raised
         if isinstance(exc, (SystemExit, GeneratorExit)) or not (
                 isinstance(exc, (PaiZooError, OSError)) or disk_error(exc) is not None):
             raise
         if debug:
             traceback.print_exc()
-        message, hint = describe(exc)
+        message, hint = describe(exc, destination(args))
         print(f"pai-zoo: error: {message}", file=sys.stderr)
         if hint:
             print(f"hint: {hint}", file=sys.stderr)

@@ -21,7 +21,7 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-from .outputs import temporary_name
+from .outputs import clear_stale, temporary_name
 
 __all__ = ["AtomicFiles", "atomic_folder", "atomic_path", "fsync_path", "publish", "write_text_atomic"]
 
@@ -64,11 +64,14 @@ def publish(tmp, path, *, replace: bool = False, durable: bool = False) -> Path:
 def atomic_path(path, *, tmp=None, durable: bool = False) -> Iterator[Path]:
     """A temporary path beside ``path`` (``.NAME.pai-zoo-tmp-PID``, :mod:`.outputs`' name, or ``tmp``) to write a
     file or a folder to; renamed to ``path`` when the block succeeds (replacing a file, or a folder that does not
-    exist yet), removed when it fails.
+    exist yet), removed when it fails. A temporary of ``path`` that a killed process left is removed first, and
+    named on stderr (:func:`.outputs.clear_stale`).
 
     A fixed ``tmp`` suits a single writer (rank 0): what a killed process leaves there is overwritten by the next
     write instead of staying behind under its process id."""
     path = Path(path)
+    if tmp is None:
+        clear_stale(path)  # a killed run's temporary of the same file: named and removed
     tmp = temporary_name(path) if tmp is None else Path(tmp)
     try:
         yield tmp
