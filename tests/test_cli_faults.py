@@ -25,6 +25,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import cli_faults
 import pytest
 
 from pai_zoo_conformance.cli_server import CliServer
@@ -317,7 +318,10 @@ NAMESPACE = ('mount -t tmpfs -o size=64k tmpfs "$FULL" && mount --bind "$RO" "$R
 
 
 def _snapshot(server, folder: Path) -> dict:
-    """What ``folder`` holds, as the commands see it (:func:`cli_faults.snapshot`)."""
+    """What ``folder`` holds, as the commands see it (:func:`cli_faults.snapshot`): the full disk is a tmpfs mounted
+    in the command server's namespace only, so it is looked at from there; any other folder from here."""
+    if folder.name != "full":
+        return cli_faults.snapshot(folder)
     proc = _run(server, ["--test-snapshot", str(folder)], folder)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)

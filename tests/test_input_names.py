@@ -240,3 +240,21 @@ def test_json_errors_elsewhere_are_whole(tmp_path, capsys):
     assert code == 1
     assert err.strip() == (f"pai-zoo: error: {tmp_path}/p.jsonl:1: malformed JSON: Invalid control character "
                            "(found '\\t') at column 14")
+
+
+@no_megatron
+@pytest.mark.parametrize("record, field, why", [
+    ({"prompt": "which color?", "images": ["/etc/hostname"]}, "images[0]", "is absolute"),
+    ({"prompt": "which color?", "images": ["ok.png", "../secret.png"]}, "images[1]", "holds '..'"),
+    ({"prompt": [{"role": "user", "content": [{"type": "image", "image": "../../x.png"}]}]}, "image", "holds '..'"),
+])
+def test_generate_prompt_images_stay_in_the_prompts_folder(record, field, why, tmp_path, capsys):
+    """generate --prompts: a record's image paths are read inside the prompts file's folder, checked before the
+    model loads (an unknown model would be named otherwise)."""
+    (tmp_path / "prompts.jsonl").write_text(json.dumps({"prompt": "hi"}) + "\n" + json.dumps(record) + "\n")
+    code = main(["generate", "--model", "llama3-tiny", "--prompts", tmp_path / "prompts.jsonl", "--output",
+                 tmp_path / "out.jsonl", "--chat"])
+    err = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in err
+    assert f"{tmp_path / 'prompts.jsonl'}:2: {field} " in err and why in err, err
+    assert not (tmp_path / "out.jsonl").exists()

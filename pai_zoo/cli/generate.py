@@ -93,7 +93,7 @@ def run(args, out=None) -> int:
     else:
         records = read_prompts(args.prompts, chat=args.chat)
         images = [record_images(record, Path(args.prompts).parent, where) for where, record, _ in records]
-        records = [(where, record, with_image_paths(prompt, Path(args.prompts).parent))
+        records = [(where, record, with_image_paths(prompt, Path(args.prompts).parent, where))
                    for where, record, prompt in records]
     labels = [where for where, _, _ in records]
     prompts = [prompt for _, _, prompt in records]

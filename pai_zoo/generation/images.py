@@ -41,29 +41,34 @@ def chat_images(messages) -> list:
     return found
 
 
-def _resolved(value, folder: Path):
-    if isinstance(value, str) and "://" not in value and not Path(value).is_absolute():
-        return str(folder / value)
-    return value
+def _resolved(value, folder: Path, where: str, field: str):
+    """An image path of a prompts file's record inside the file's ``folder`` (an http(s) URL as it is); a path that
+    is absolute, holds ``..`` or leads out of the folder is refused (:func:`..data.vision_sft.image_in_folder`)."""
+    from ..data.vision_sft import image_in_folder  # numpy: not for `pai-zoo list`, which imports this module
+
+    if not isinstance(value, str) or value.startswith(("http://", "https://")):
+        return value
+    return image_in_folder(value, folder, where, field)
 
 
 def record_images(record: dict, folder: Path, where: str) -> list:
-    """A prompts-file record's ``"images"`` list, paths relative to the file's ``folder``."""
+    """A prompts-file record's ``"images"`` list, paths relative to the file's ``folder`` and inside it."""
     images = record.get("images", [])
     if not isinstance(images, list):
         raise GenerationError(f'{where}: "images" must be a list of image paths')
-    return [_resolved(i, folder) for i in images]
+    return [_resolved(image, folder, where, f"images[{i}]") for i, image in enumerate(images)]
 
 
-def with_image_paths(prompt, folder: Path):
-    """A chat prompt with its content lists' image paths made relative to ``folder`` (the prompts file's)."""
+def with_image_paths(prompt, folder: Path, where: str = "--prompts"):
+    """A chat prompt with its content lists' image paths made relative to ``folder`` (the prompts file's), each
+    inside it."""
     if not isinstance(prompt, list) or not all(isinstance(m, dict) for m in prompt):
         return prompt
     out = []
     for message in prompt:
         content = message.get("content")
         if isinstance(content, list):
-            content = [{**part, **{k: _resolved(part[k], folder) for k in IMAGE_KEYS[:2] if k in part}}
+            content = [{**part, **{k: _resolved(part[k], folder, where, k) for k in IMAGE_KEYS[:2] if k in part}}
                        if isinstance(part, dict) else part for part in content]
             message = {**message, "content": content}
         out.append(message)
