@@ -15,8 +15,8 @@ def _register_megatron_lm_writers() -> None:
     """``import megatron_lm_writer`` / ``megatron_lm_mla_writer`` for the test files (``tests/`` is not on
     ``sys.path``): the generators of Megatron-LM checkpoints that test_megatron_lm_writer and
     test_megatron_lm_mla_writer prove and the reader's tests use (the MLA one imports the other), and the FP8
-    folders' writer (``fp8_reference``)."""
-    for name in ("megatron_lm_writer", "megatron_lm_mla_writer", "fp8_reference"):
+    folders' writer (``fp8_reference``), and the fault planter of test_cli_faults (``cli_faults``)."""
+    for name in ("megatron_lm_writer", "megatron_lm_mla_writer", "fp8_reference", "cli_faults"):
         if name not in sys.modules:
             spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
             module = importlib.util.module_from_spec(spec)
