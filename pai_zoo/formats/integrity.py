@@ -30,7 +30,7 @@ from .hf_folder import PICKLE, PICKLE_INDEX, SAFETENSORS, SAFETENSORS_INDEX, HFC
 from .megatron_folder import HF_DIR, LEGACY_FILE, METADATA_FILE, RANK_DIR, iteration_folder
 
 __all__ = ["INCOMPLETE", "IncompleteCheckpointError", "Verified", "deep_check", "dist_metadata_extents",
-           "safetensors_entries", "verify_checkpoint", "verify_zip"]
+           "dist_tensor_shapes", "safetensors_entries", "verify_checkpoint", "verify_zip"]
 
 #: The fix every incomplete file's message ends with.
 INCOMPLETE = "the checkpoint is incomplete (re-copy or re-save it)"
@@ -182,6 +182,14 @@ _DCP_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.chec
                 "torch.distributed.checkpoint.planner", "torch.distributed.checkpoint._extension")
 
 
+class _Name(str):
+    """A torch global (a dtype such as ``torch.bfloat16``, ``_get_layout``) kept as its name; called, the call as
+    text."""
+
+    def __call__(self, *args):
+        return f"{self}{args if args else ''}"
+
+
 class _MetadataUnpickler(pickle.Unpickler):
     """Builds a ``.metadata`` pickle from stand-ins; refuses every global but the record classes and torch's
     sizes, dtypes and layouts."""
@@ -195,7 +203,7 @@ class _MetadataUnpickler(pickle.Unpickler):
             return tuple
         if (module == "torch" and re.fullmatch(r"[a-z0-9_]+", name)) or (module, name) == (
                 "torch.serialization", "_get_layout"):
-            return lambda *args: f"{module}.{name}{args if args else ''}"  # a dtype, a layout: names only
+            return _Name(f"{module}.{name}")  # a dtype, a layout: names only
         if module == "pathlib" and name in ("Path", "PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"):
             return lambda *parts: "/".join(str(p) for p in parts)  # a checkpoint id: kept as text
         if (module, name) in (("collections", "OrderedDict"), ("builtins", "set"), ("builtins", "frozenset")):
@@ -204,22 +212,49 @@ class _MetadataUnpickler(pickle.Unpickler):
                                      "file never holds")
 
 
+def _corrupt_metadata(metadata: Path, exc: BaseException) -> IncompleteCheckpointError:
+    return IncompleteCheckpointError(f"{metadata}: truncated or corrupt torch.distributed.checkpoint metadata "
+                                     f"({type(exc).__name__}: {str(exc)[:200]}); {INCOMPLETE}")
+
+
+_METADATA_ERRORS = (pickle.UnpicklingError, EOFError, AttributeError, TypeError, ValueError, KeyError, IndexError,
+                    struct.error)
+
+
+def _read_metadata(metadata: Path):
+    with open(metadata, "rb") as f:
+        return _MetadataUnpickler(f).load()
+
+
+def dist_tensor_shapes(metadata: Path) -> dict[str, tuple[tuple[int, ...], str]]:
+    """key -> (global shape, dtype name such as ``"bfloat16"``) of every tensor of a ``.metadata`` file (byte entries
+    left out), read without torch."""
+    metadata = Path(metadata)
+    try:
+        shapes = {}
+        for key, md in _read_metadata(metadata).state_dict_metadata.items():
+            if type(md).__name__ != "TensorStorageMetadata":
+                continue
+            props = md.properties
+            dtype = props.state[0] if hasattr(props, "state") else props.dtype
+            shapes[str(key)] = (tuple(int(d) for d in md.size), str(dtype).removeprefix("torch."))
+    except _METADATA_ERRORS as exc:
+        raise _corrupt_metadata(metadata, exc) from None
+    return shapes
+
+
 def dist_metadata_extents(metadata: Path) -> dict[str, int]:
     """relative path -> the bytes its entries need (the largest ``offset + length``), from a ``.metadata`` file
     read without torch."""
     metadata = Path(metadata)
     try:
-        with open(metadata, "rb") as f:
-            record = _MetadataUnpickler(f).load()
-        storage = record.storage_data
+        storage = _read_metadata(metadata).storage_data
         extents: dict[str, int] = {}
         for info in storage.values():
             path, end = str(info.relative_path), int(info.offset) + int(info.length)
             extents[path] = max(extents.get(path, 0), end)
-    except (pickle.UnpicklingError, EOFError, AttributeError, TypeError, ValueError, KeyError, IndexError,
-            struct.error) as exc:
-        raise IncompleteCheckpointError(f"{metadata}: truncated or corrupt torch.distributed.checkpoint metadata "
-                                        f"({type(exc).__name__}: {str(exc)[:200]}); {INCOMPLETE}") from None
+    except _METADATA_ERRORS as exc:
+        raise _corrupt_metadata(metadata, exc) from None
     return extents
 
 

@@ -1,0 +1,145 @@
+"""``inspect`` of a pai-zoo Megatron-Core checkpoint answers without torch or megatron-core (issue 44, item 3: under
+2 s): :mod:`pai_zoo.models.inspection_fast` reads ``pai_zoo.json`` and the ``.metadata``'s tensor shapes. Its report
+must be the slow path's, line for line (the slow path builds the model's layout with megatron-core on the meta
+device): a dense model with tied and untied embeddings, mixtures of experts, multi-token-prediction layers with
+experts, a vision-language model, and a training run's ``iter_N`` with optimizer state."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pai_zoo.cli import main
+from pai_zoo.models import inspection_fast
+
+pytestmark = [pytest.mark.usefixtures("fresh_registry"), pytest.mark.megatron]  # the slow path builds the layout
+
+PRESETS = ("llama3-tiny", "gemma-tiny", "qwen3-moe-tiny", "qwen2-vl-tiny")
+
+
+def _mtp_folder(folder: Path) -> None:
+    """glm4-moe with one MTP layer (its decoder layer a copy of the last one, with experts) in bf16."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    import pai_zoo
+
+    handle = pai_zoo.load("glm4-moe-odd", backend="hf", seed=0, num_nextn_predict_layers=1)
+    handle.model.to(torch.bfloat16).save_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text())
+    state = load_file(folder / "model.safetensors")
+    n, hidden = config["num_hidden_layers"], config["hidden_size"]
+    last, mtp = f"model.layers.{n - 1}.", f"model.layers.{n}."
+    state.update({mtp + k[len(last):]: v.clone() for k, v in state.items() if k.startswith(last)})
+    for name in ("enorm.weight", "hnorm.weight", "shared_head.norm.weight"):
+        state[mtp + name] = torch.ones(hidden, dtype=torch.bfloat16)
+    state[mtp + "eh_proj.weight"] = torch.zeros(hidden, 2 * hidden, dtype=torch.bfloat16)
+    state[mtp + "embed_tokens.weight"] = state["model.embed_tokens.weight"].clone()
+    state[mtp + "shared_head.head.weight"] = state["lm_head.weight"].clone()
+    save_file({k: v.contiguous() for k, v in state.items()}, str(folder / "model.safetensors"),
+              metadata={"format": "pt"})
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory) -> dict[str, Path]:
+    """The tiny presets (llama3-tiny with its test tokenizer) and glm4-moe with MTP, converted; a training run."""
+    import pai_zoo
+    from pai_zoo.conversion.entry import convert
+    from pai_zoo.data import toy
+    from pai_zoo.data.preprocess import preprocess
+    from pai_zoo.tokenizers.names import bundled_tokenizer_folder
+    from pai_zoo_conformance.cli_runs import run_cli
+
+    root = tmp_path_factory.mktemp("inspect-fast")
+    out = {}
+    for preset in PRESETS:
+        handle = pai_zoo.load(preset, backend="hf", seed=0)
+        handle.model.save_pretrained(root / preset)
+        if preset == "llama3-tiny":
+            for file in bundled_tokenizer_folder(handle.family, "test").iterdir():
+                shutil.copy(file, root / preset)
+        convert(root / preset, root / f"{preset}-mcore", "mcore")
+        out[preset] = root / f"{preset}-mcore"
+    _mtp_folder(root / "glm4-moe-mtp")
+    convert(root / "glm4-moe-mtp", root / "glm4-moe-mtp-mcore", "mcore")
+    out["glm4-moe-mtp"] = root / "glm4-moe-mtp-mcore"
+    # a training run: two steps of llama3-tiny on a toy corpus, saved with its optimizer state at iter_0000002
+    toy.write_tokenizer(root / "run-hf", vocab_size=300)
+    pai_zoo.load("llama3-tiny", backend="hf", seed=3, vocab_size=300).model.save_pretrained(root / "run-hf")
+    preprocess([toy.write_corpus(root / "corpus.jsonl", documents=20)], root / "toy", str(root / "run-hf"),
+               append_eod=True, progress=False)
+    proc = run_cli(["train", "--model", root / "run-hf", "--data", root / "toy_text_document", "--save", root / "run",
+                    "--global-batch-size", "1", "--batch-size", "1", "--seq-length", "16", "--train-tokens", "32",
+                    "--warmup-tokens", "16", "--lr", "1e-3", "--save-interval", "2", "--no-progress"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out["run"] = root / "run"
+    return out
+
+
+def _inspect(path, capsys, *extra) -> str:
+    code = main(["inspect", str(path), *extra])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    return out
+
+
+@pytest.mark.parametrize("name", [*PRESETS, "glm4-moe-mtp", "run"])
+def test_the_fast_report_is_the_slow_one(checkpoints, name, capsys, monkeypatch):
+    from pai_zoo.formats import detect
+    from pai_zoo.models.inspection import _megatron
+
+    path = checkpoints[name]
+    kind = detect(path)
+    fast = inspection_fast.fast_megatron(path, kind, None, None, None)
+    assert fast is not None, f"{name}: the fast path fell back"
+    slow = _megatron(path, None, None, None)
+    assert fast[0].lines() == slow[0].lines()
+    assert fast[1] == slow[1]  # the tokenizer the report checks
+    quick = _inspect(path, capsys)
+    monkeypatch.setattr(inspection_fast, "fast_megatron", lambda *args: None)
+    assert quick == _inspect(path, capsys)  # through the CLI: the files and tokenizer lines too
+    lines = quick.splitlines()
+    if name == "glm4-moe-mtp":
+        assert any(x.startswith("MTP layers:   1 (mtp.layers.*: ") for x in lines), quick
+    if name == "qwen2-vl-tiny":
+        assert any(x.startswith("vision:       ") for x in lines), quick
+    if name == "run":
+        assert kind == "run" and any(x.startswith("files:") for x in lines), quick
+    if name == "llama3-tiny":
+        assert any(x.startswith("tokenizer:    ") and "fits the model" in x for x in lines), quick
+
+
+def test_what_the_fast_path_cannot_answer_goes_the_slow_way(checkpoints, capsys):
+    path = checkpoints["llama3-tiny"]
+    assert inspection_fast.fast_megatron(path, "mcore", None, None, "release") is None  # --iteration: Megatron-LM's way
+    assert inspection_fast.fast_megatron(path, "megatron-lm", None, None, None) is None
+    assert "format:       torch_dist (written by Megatron-LM" in _inspect(path, capsys, "--iteration", "release")
+
+
+def test_inspect_of_a_pai_zoo_checkpoint_imports_neither_torch_nor_megatron(checkpoints, tmp_path):
+    damaged = Path(shutil.copytree(checkpoints["qwen3-moe-tiny"], tmp_path / "damaged"))
+    data = next((damaged / "release").glob("*.distcp"))
+    with open(data, "r+b") as f:
+        f.truncate(100)
+    child = ("import contextlib, io, json, sys\nfrom pai_zoo.cli import main\nseen = []\n"
+             "for path in sys.argv[1:]:\n"
+             "    with contextlib.redirect_stdout(io.StringIO()) as out, \\\n"
+             "            contextlib.redirect_stderr(io.StringIO()) as err:\n"
+             "        code = main(['inspect', path])\n"
+             "    seen.append([code, out.getvalue(), err.getvalue()])\n"
+             "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'megatron', 'transformers'})\n"
+             "print(json.dumps([seen, heavy]))\n")
+    paths = [checkpoints["glm4-moe-mtp"], checkpoints["qwen2-vl-tiny"], checkpoints["run"], damaged]
+    proc = subprocess.run([sys.executable, "-c", child, *map(str, paths)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    seen, heavy = json.loads(proc.stdout.splitlines()[-1])
+    assert heavy == [], heavy
+    for (code, out, err), path in zip(seen[:3], paths):
+        assert code == 0 and out.startswith(f"checkpoint:   {path}\n") and "parameters:   " in out, (code, err)
+    code, out, err = seen[3]
+    assert code == 1 and out == "" and err.startswith(f"pai-zoo: error: {data}: truncated: 100 bytes"), err
