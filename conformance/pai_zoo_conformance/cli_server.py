@@ -29,8 +29,10 @@ import tempfile
 import time
 from pathlib import Path
 
-#: What the server imports before it forks: everything a ``pai-zoo`` command spends its start on.
-PRELOAD = ("torch", "transformers", "megatron.core", "megatron.core.models.gpt", "pai_zoo.cli",
+#: What the server imports before it forks: everything a ``pai-zoo`` command spends its start on (transformers'
+#: lazy ``models`` package and a Llama config's module take ~2 s at their first use).
+PRELOAD = ("torch", "transformers", "transformers.models", "transformers.models.llama.configuration_llama",
+           "megatron.core", "megatron.core.models.gpt", "pai_zoo.cli",
            "pai_zoo.conversion.entry", "pai_zoo.training.trainer", "pai_zoo.generation", "pai_zoo.rl",
            "pai_zoo.data.preprocess", "pai_zoo.models.inspection", "pai_zoo.models.verification")
 #: Seconds the server may take to import :data:`PRELOAD` and listen.
@@ -178,6 +180,11 @@ def _exit(run, *args) -> None:
     except BaseException:  # noqa: BLE001 - as the interpreter would: the traceback, then exit 1
         traceback.print_exc()
         code = 1
+    if code is None:  # sys.exit's meaning of what main returns: None is 0, a number the code, anything else printed
+        code = 0
+    elif not isinstance(code, int):
+        print(code, file=sys.stderr)
+        code = 1
     try:
         threading._shutdown()  # what the interpreter's exit does first: wait for the command's non-daemon threads
         atexit._run_exitfuncs()
@@ -187,7 +194,7 @@ def _exit(run, *args) -> None:
                 stream.flush()
             except (OSError, ValueError):
                 pass
-        os._exit(code if isinstance(code, int) else 1)
+        os._exit(code)
 
 
 def _status(wait_status: int) -> int:

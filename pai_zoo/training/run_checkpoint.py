@@ -33,6 +33,7 @@ from ..lora import adapters as lora
 from ..mcore.dist_ckpt import model_sharded_state
 from ..plugin.errors import PaiZooError
 from ..util.dist import is_rank0
+from ..util.helper_process import exit_with_parent
 
 #: Bumped when the content of the common state changes incompatibly.
 FORMAT = 1
@@ -122,20 +123,6 @@ def _sharded_state(model, optimizer, scheduler, common: dict, loading: bool, wit
 _manager = None
 
 
-def _exit_with_parent() -> None:
-    """Runs in megatron's writer-results manager process: die when the trainer dies (Linux)."""
-    import ctypes
-    import signal
-
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:  # pragma: no cover - not Linux
-        pass
-    # Ctrl-C reaches the whole process group: the trainer decides when to stop (util.interrupt), and a save in
-    # progress still needs this process
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
 def _results_queue_dies_with_us() -> None:
     """megatron's torch_dist writer starts a multiprocessing manager on the first save and
     never stops it; a trainer killed with SIGKILL would leave it running, holding the terminal.
@@ -146,8 +133,10 @@ def _results_queue_dies_with_us() -> None:
     from megatron.core.dist_checkpointing.strategies import filesystem_async
 
     if _manager is None and getattr(filesystem_async, "_results_queue", "absent") is None:
-        _manager = SyncManager(ctx=mp.get_context("spawn"))
-        _manager.start(initializer=_exit_with_parent)
+        # forked, as megatron's own writer processes are: it has torch already, which it needs to unpickle the
+        # write results (a spawned one imported torch at the first save: seconds for every run)
+        _manager = SyncManager(ctx=mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn"))
+        _manager.start(initializer=exit_with_parent)
         filesystem_async._results_queue = _manager.Queue()
 
 
