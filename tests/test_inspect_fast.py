@@ -1,8 +1,11 @@
-"""``inspect`` of a pai-zoo Megatron-Core checkpoint answers without torch or megatron-core (issue 44, item 3: under
-2 s): :mod:`pai_zoo.models.inspection_fast` reads ``pai_zoo.json`` and the ``.metadata``'s tensor shapes. Its report
-must be the slow path's, line for line (the slow path builds the model's layout with megatron-core on the meta
-device): a dense model with tied and untied embeddings, mixtures of experts, multi-token-prediction layers with
-experts, a vision-language model, and a training run's ``iter_N`` with optimizer state."""
+"""``inspect`` of a Megatron-Core ``torch_dist`` checkpoint answers without torch or megatron-core (issue 44, item 3:
+under 2 s): :mod:`pai_zoo.models.inspection_fast` reads ``pai_zoo.json`` or Megatron-LM's args and the
+``.metadata``'s tensor shapes. Its report must be the slow path's, line for line (the slow path builds the model's
+layout with megatron-core on the meta device): a dense model with tied and untied embeddings, mixtures of experts,
+multi-token-prediction layers with experts, a vision-language model, a training run's ``iter_N`` with optimizer
+state, and Megatron-LM's ``torch_dist`` folders (``tests/megatron_lm_writer.py``'s, with ``common.pt`` or the common
+state inside the metadata, and the real one in ``../shared/megatron-lm-fixtures``). A legacy ``torch`` folder still
+takes the slow path."""
 from __future__ import annotations
 
 import json
@@ -19,6 +22,12 @@ from pai_zoo.models import inspection_fast
 pytestmark = [pytest.mark.usefixtures("fresh_registry"), pytest.mark.megatron]  # the slow path builds the layout
 
 PRESETS = ("llama3-tiny", "gemma-tiny", "qwen3-moe-tiny", "qwen2-vl-tiny")
+FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "megatron-lm-fixtures"
+#: name -> (checkpoint, --tokenizer): pai-zoo's (PRESETS, MTP, a run) and Megatron-LM's
+CASES = {**{p: (p, None) for p in PRESETS}, "glm4-moe-mtp": ("glm4-moe-mtp", None), "run": ("run", None),
+         "lm-dense": ("lm-dense", None), "lm-moe-common-in-metadata": ("lm-moe", None),
+         "lm-moe-with-reference": ("lm-moe", "qwen3-moe-tiny"), "lm-real": ("lm-real", None),
+         "lm-real-with-tokenizer": ("lm-real", "lm-real-hf")}
 
 
 def _mtp_folder(folder: Path) -> None:
@@ -47,6 +56,8 @@ def _mtp_folder(folder: Path) -> None:
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory) -> dict[str, Path]:
     """The tiny presets (llama3-tiny with its test tokenizer) and glm4-moe with MTP, converted; a training run."""
+    import megatron_lm_writer as mlw  # registered by conftest.py
+
     import pai_zoo
     from pai_zoo.conversion.entry import convert
     from pai_zoo.data import toy
@@ -64,6 +75,16 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
                 shutil.copy(file, root / preset)
         convert(root / preset, root / f"{preset}-mcore", "mcore")
         out[preset] = root / f"{preset}-mcore"
+        out[f"{preset}-hf"] = root / preset
+        if preset in ("llama3-tiny", "qwen3-moe-tiny"):  # the same model as Megatron-LM writes it
+            name = "lm-dense" if preset == "llama3-tiny" else "lm-moe"
+            overrides = {"layernorm_epsilon": handle.config.rms_norm_eps}  # rotary_base: Megatron-LM's default (a note)
+            mlw.write_torch_dist(handle.model, handle.config, root / name, tp=1 if name == "lm-dense" else 2,
+                                 common_in_metadata=name == "lm-moe", args_overrides=overrides)
+            out[name] = root / name
+            if name == "lm-dense":
+                mlw.write_legacy(handle.model, handle.config, root / "lm-legacy", args_overrides=overrides)
+                out["lm-legacy"] = root / "lm-legacy"
     _mtp_folder(root / "glm4-moe-mtp")
     convert(root / "glm4-moe-mtp", root / "glm4-moe-mtp-mcore", "mcore")
     out["glm4-moe-mtp"] = root / "glm4-moe-mtp-mcore"
@@ -77,6 +98,8 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
                     "--warmup-tokens", "16", "--lr", "1e-3", "--save-interval", "2", "--no-progress"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     out["run"] = root / "run"
+    if FIXTURES.is_dir():
+        out["lm-real"], out["lm-real-hf"] = FIXTURES / "llama-dist-tp2", FIXTURES / "llama-hf"
     return out
 
 
@@ -87,21 +110,26 @@ def _inspect(path, capsys, *extra) -> str:
     return out
 
 
-@pytest.mark.parametrize("name", [*PRESETS, "glm4-moe-mtp", "run"])
+@pytest.mark.parametrize("name", list(CASES))
 def test_the_fast_report_is_the_slow_one(checkpoints, name, capsys, monkeypatch):
     from pai_zoo.formats import detect
     from pai_zoo.models.inspection import _megatron
 
-    path = checkpoints[name]
+    folder, reference = CASES[name]
+    if folder not in checkpoints:
+        pytest.skip(f"{FIXTURES} is absent: the real Megatron-LM checkpoints are not on this machine")
+    path = checkpoints[folder]
+    tokenizer = checkpoints[reference] if reference else None
     kind = detect(path)
-    fast = inspection_fast.fast_megatron(path, kind, None, None, None)
+    fast = inspection_fast.fast_megatron(path, kind, None, tokenizer, None)
     assert fast is not None, f"{name}: the fast path fell back"
-    slow = _megatron(path, None, None, None)
+    slow = _megatron(path, None, tokenizer, None)
     assert fast[0].lines() == slow[0].lines()
     assert fast[1] == slow[1]  # the tokenizer the report checks
-    quick = _inspect(path, capsys)
+    extra = ["--tokenizer", str(tokenizer)] if tokenizer else []
+    quick = _inspect(path, capsys, *extra)
     monkeypatch.setattr(inspection_fast, "fast_megatron", lambda *args: None)
-    assert quick == _inspect(path, capsys)  # through the CLI: the files and tokenizer lines too
+    assert quick == _inspect(path, capsys, *extra)  # through the CLI: the files and tokenizer lines too
     lines = quick.splitlines()
     if name == "glm4-moe-mtp":
         assert any(x.startswith("MTP layers:   1 (mtp.layers.*: ") for x in lines), quick
@@ -109,18 +137,28 @@ def test_the_fast_report_is_the_slow_one(checkpoints, name, capsys, monkeypatch)
         assert any(x.startswith("vision:       ") for x in lines), quick
     if name == "run":
         assert kind == "run" and any(x.startswith("files:") for x in lines), quick
-    if name == "llama3-tiny":
+    if name in ("llama3-tiny", "lm-real-with-tokenizer"):
         assert any(x.startswith("tokenizer:    ") and "fits the model" in x for x in lines), quick
+    if name.startswith("lm-"):
+        assert "(written by Megatron-LM: no pai_zoo.json, read from its args)" in quick, quick
 
 
-def test_what_the_fast_path_cannot_answer_goes_the_slow_way(checkpoints, capsys):
+def test_what_the_fast_path_cannot_answer_goes_the_slow_way(checkpoints, capsys, monkeypatch):
+    from pai_zoo.formats import detect
+
+    legacy = checkpoints["lm-legacy"]  # the parameters of a legacy folder are counted from the layout
+    assert inspection_fast.fast_megatron(legacy, detect(legacy), None, None, None) is None
+    assert "format:       torch (written by Megatron-LM" in _inspect(legacy, capsys)
+    # --iteration of a pai-zoo folder: read from its args, as Megatron-LM's
     path = checkpoints["llama3-tiny"]
-    assert inspection_fast.fast_megatron(path, "mcore", None, None, "release") is None  # --iteration: Megatron-LM's way
-    assert inspection_fast.fast_megatron(path, "megatron-lm", None, None, None) is None
-    assert "format:       torch_dist (written by Megatron-LM" in _inspect(path, capsys, "--iteration", "release")
+    fast = inspection_fast.fast_megatron(path, "mcore", None, None, "release")
+    assert fast is not None and fast[0].format.startswith("torch_dist (written by Megatron-LM")
+    quick = _inspect(path, capsys, "--iteration", "release")
+    monkeypatch.setattr(inspection_fast, "fast_megatron", lambda *args: None)
+    assert quick == _inspect(path, capsys, "--iteration", "release")
 
 
-def test_inspect_of_a_pai_zoo_checkpoint_imports_neither_torch_nor_megatron(checkpoints, tmp_path):
+def test_inspect_of_a_torch_dist_checkpoint_imports_neither_torch_nor_megatron(checkpoints, tmp_path):
     damaged = Path(shutil.copytree(checkpoints["qwen3-moe-tiny"], tmp_path / "damaged"))
     data = next((damaged / "release").glob("*.distcp"))
     with open(data, "r+b") as f:
@@ -133,13 +171,14 @@ def test_inspect_of_a_pai_zoo_checkpoint_imports_neither_torch_nor_megatron(chec
              "    seen.append([code, out.getvalue(), err.getvalue()])\n"
              "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'megatron', 'transformers'})\n"
              "print(json.dumps([seen, heavy]))\n")
-    paths = [checkpoints["glm4-moe-mtp"], checkpoints["qwen2-vl-tiny"], checkpoints["run"], damaged]
+    paths = [checkpoints["glm4-moe-mtp"], checkpoints["qwen2-vl-tiny"], checkpoints["run"], checkpoints["lm-moe"],
+             damaged]
     proc = subprocess.run([sys.executable, "-c", child, *map(str, paths)], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
     seen, heavy = json.loads(proc.stdout.splitlines()[-1])
     assert heavy == [], heavy
-    for (code, out, err), path in zip(seen[:3], paths):
+    for (code, out, err), path in zip(seen[:4], paths):
         assert code == 0 and out.startswith(f"checkpoint:   {path}\n") and "parameters:   " in out, (code, err)
-    code, out, err = seen[3]
+    code, out, err = seen[4]
     assert code == 1 and out == "" and err.startswith(f"pai-zoo: error: {data}: truncated: 100 bytes"), err

@@ -30,7 +30,8 @@ from .hf_folder import PICKLE, PICKLE_INDEX, SAFETENSORS, SAFETENSORS_INDEX, HFC
 from .megatron_folder import HF_DIR, LEGACY_FILE, METADATA_FILE, RANK_DIR, iteration_folder
 
 __all__ = ["INCOMPLETE", "IncompleteCheckpointError", "Verified", "deep_check", "dist_metadata_extents",
-           "dist_tensor_shapes", "safetensors_entries", "verify_checkpoint", "verify_zip"]
+           "dist_bytes_entry", "dist_tensor_shapes", "read_torch_pickle", "safetensors_entries", "StandIn",
+           "verify_checkpoint", "verify_zip"]
 
 #: The fix every incomplete file's message ends with.
 INCOMPLETE = "the checkpoint is incomplete (re-copy or re-save it)"
@@ -256,6 +257,76 @@ def dist_metadata_extents(metadata: Path) -> dict[str, int]:
     except _METADATA_ERRORS as exc:
         raise _corrupt_metadata(metadata, exc) from None
     return extents
+
+
+class StandIn:
+    """What a torch pickle holds that :func:`read_torch_pickle` does not build (a tensor, a storage, an enum of
+    megatron-core's): its description only."""
+
+    def __init__(self, what: str):
+        self.what = what
+
+    def __repr__(self) -> str:
+        return f"<{self.what}>"
+
+
+class _TorchPickleUnpickler(pickle.Unpickler):
+    """A ``torch.save`` pickle's plain values (dicts, lists, ``argparse.Namespace``, ``signal.Signals``): tensors,
+    storages, dtypes and megatron-core's enums become :class:`StandIn`; any other global is refused."""
+
+    def find_class(self, module, name):
+        import argparse
+        import collections
+        import signal
+
+        if (module, name) == ("argparse", "Namespace"):
+            return argparse.Namespace
+        if (module, name) == ("signal", "Signals"):
+            return signal.Signals
+        if (module, name) == ("collections", "OrderedDict"):
+            return collections.OrderedDict
+        if module == "torch" and re.fullmatch(r"[a-z0-9_]+", name):
+            return StandIn(f"torch.{name}")  # a dtype
+        if (module == "torch" and name.endswith("Storage")) or (module == "torch._utils" and name.startswith(
+                "_rebuild_")) or (module.startswith("megatron.") and re.fullmatch(r"[A-Z]\w*", name)):
+            return lambda *args: StandIn(f"{module}.{name}")
+        raise pickle.UnpicklingError(f"{module}.{name} is not read without torch")
+
+    def persistent_load(self, pid):
+        return StandIn("storage")
+
+
+def read_torch_pickle(source) -> object:
+    """The object a ``torch.save`` zip archive (a path, or its bytes) holds, read without torch: tensors and dtypes
+    as :class:`StandIn`. Raises ``ValueError`` (or ``pickle.UnpicklingError``, ``OSError``) where only torch can
+    read it."""
+    import io
+
+    with zipfile.ZipFile(io.BytesIO(source) if isinstance(source, bytes) else source) as archive:
+        names = [n for n in archive.namelist() if n.endswith("/data.pkl") and n.count("/") == 1]
+        if len(names) != 1:
+            raise ValueError("not a torch.save zip archive")
+        return _TorchPickleUnpickler(io.BytesIO(archive.read(names[0]))).load()
+
+
+def dist_bytes_entry(folder: Path, name: str) -> bytes | None:
+    """The bytes of the ``.metadata``'s first byte entry of ``name`` (a ``ShardedObject`` such as ``common_state``,
+    stored as ``common_state/shard_0_1``) in its ``.distcp`` file, read without torch; ``None`` without one."""
+    folder = Path(folder)
+    metadata = folder / METADATA_FILE
+    try:
+        storage = _read_metadata(metadata).storage_data
+        info = next((v for k, v in storage.items() if str(getattr(k, "fqn", "")).split("/")[0] == name), None)
+    except _METADATA_ERRORS as exc:
+        raise _corrupt_metadata(metadata, exc) from None
+    if info is None:
+        return None
+    with open(folder / str(info.relative_path), "rb") as f:
+        f.seek(int(info.offset))
+        data = f.read(int(info.length))
+    if len(data) != int(info.length):
+        raise ValueError(f"{folder / str(info.relative_path)}: truncated")
+    return data
 
 
 # -- whole checkpoints ---------------------------------------------------------------------------------------------

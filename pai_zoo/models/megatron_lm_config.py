@@ -14,7 +14,7 @@ from pathlib import Path
 from ..families.family import Family
 from ..families.registry import get_registry
 from ..formats.hf_folder import CONFIG, is_hf_checkpoint, read_config
-from ..hf import models as hf
+from ..hf.config_cache import full_config_dict
 from ..plugin.config_map import McoreConfig
 from ..plugin.errors import ConfigTranslationError, UnknownModelError
 from ..plugin.megatron_args import HF_WINS, MOE_SETTINGS, MULTI_LATENT_ATTENTION, arch_from_args, differences, shown
@@ -87,7 +87,7 @@ def _family_config(family: Family, arch: dict, vocab_size: int, divisor: int, wh
 def _reference_config(folder: Path) -> tuple[Family, McoreConfig]:
     raw = read_config(folder)
     family = get_registry().family_for_hf_config(raw, where=str(folder / CONFIG))
-    return family, family.to_mcore_config(hf.config_dict(hf.hf_config(family, raw)))
+    return family, family.to_mcore_config(full_config_dict(family, raw))  # cached: transformers only the first time
 
 
 def derive_config(args: dict, where: str, *, family: str | None = None, reference=None,
