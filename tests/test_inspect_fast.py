@@ -3,9 +3,9 @@ under 2 s): :mod:`pai_zoo.models.inspection_fast` reads ``pai_zoo.json`` or Mega
 ``.metadata``'s tensor shapes. Its report must be the slow path's, line for line (the slow path builds the model's
 layout with megatron-core on the meta device): a dense model with tied and untied embeddings, mixtures of experts,
 multi-token-prediction layers with experts, a vision-language model, a training run's ``iter_N`` with optimizer
-state, and Megatron-LM's ``torch_dist`` folders (``tests/megatron_lm_writer.py``'s, with ``common.pt`` or the common
-state inside the metadata, and the real one in ``../shared/megatron-lm-fixtures``). A legacy ``torch`` folder still
-takes the slow path."""
+state, and Megatron-LM's folders (``tests/megatron_lm_writer.py``'s: ``torch_dist`` with ``common.pt`` or the common
+state inside the metadata, legacy ``torch`` with random and optimizer state or two pipeline stages; and the real ones
+in ``../shared/megatron-lm-fixtures``). A legacy folder of two tensor-parallel ranks still takes the slow path."""
 from __future__ import annotations
 
 import json
@@ -27,7 +27,9 @@ FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "megatron-lm-fixture
 CASES = {**{p: (p, None) for p in PRESETS}, "glm4-moe-mtp": ("glm4-moe-mtp", None), "run": ("run", None),
          "lm-dense": ("lm-dense", None), "lm-moe-common-in-metadata": ("lm-moe", None),
          "lm-moe-with-reference": ("lm-moe", "qwen3-moe-tiny"), "lm-real": ("lm-real", None),
-         "lm-real-with-tokenizer": ("lm-real", "lm-real-hf")}
+         "lm-real-with-tokenizer": ("lm-real", "lm-real-hf"), "lm-legacy": ("lm-legacy", None),
+         "lm-legacy-moe-pp2": ("lm-legacy-moe-pp2", "qwen3-moe-tiny"), "lm-legacy-real": ("lm-legacy-real", None),
+         "lm-legacy-real-with-tokenizer": ("lm-legacy-real", "lm-real-hf")}
 
 
 def _mtp_folder(folder: Path) -> None:
@@ -82,9 +84,15 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
             mlw.write_torch_dist(handle.model, handle.config, root / name, tp=1 if name == "lm-dense" else 2,
                                  common_in_metadata=name == "lm-moe", args_overrides=overrides)
             out[name] = root / name
-            if name == "lm-dense":
-                mlw.write_legacy(handle.model, handle.config, root / "lm-legacy", args_overrides=overrides)
-                out["lm-legacy"] = root / "lm-legacy"
+            if name == "lm-dense":  # legacy: random and optimizer state; two tensor-parallel ranks
+                mlw.write_legacy(handle.model, handle.config, root / "lm-legacy", with_optimizer=True,
+                                 args_overrides=overrides)
+                mlw.write_legacy(handle.model, handle.config, root / "lm-legacy-tp2", tp=2, args_overrides=overrides)
+                out["lm-legacy"], out["lm-legacy-tp2"] = root / "lm-legacy", root / "lm-legacy-tp2"
+            else:  # two pipeline stages, the legacy GroupedMLP and Transformer Engine's names
+                mlw.write_legacy(handle.model, handle.config, root / "lm-legacy-moe-pp2", pp=2, experts="grouped",
+                                 te_names=True, args_overrides=overrides)
+                out["lm-legacy-moe-pp2"] = root / "lm-legacy-moe-pp2"
     _mtp_folder(root / "glm4-moe-mtp")
     convert(root / "glm4-moe-mtp", root / "glm4-moe-mtp-mcore", "mcore")
     out["glm4-moe-mtp"] = root / "glm4-moe-mtp-mcore"
@@ -100,6 +108,7 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
     out["run"] = root / "run"
     if FIXTURES.is_dir():
         out["lm-real"], out["lm-real-hf"] = FIXTURES / "llama-dist-tp2", FIXTURES / "llama-hf"
+        out["lm-legacy-real"], out["lm-legacy-real-tp2"] = FIXTURES / "llama-legacy-tp1", FIXTURES / "llama-legacy-tp2"
     return out
 
 
@@ -137,7 +146,7 @@ def test_the_fast_report_is_the_slow_one(checkpoints, name, capsys, monkeypatch)
         assert any(x.startswith("vision:       ") for x in lines), quick
     if name == "run":
         assert kind == "run" and any(x.startswith("files:") for x in lines), quick
-    if name in ("llama3-tiny", "lm-real-with-tokenizer"):
+    if name in ("llama3-tiny", "lm-real-with-tokenizer", "lm-legacy-real-with-tokenizer"):
         assert any(x.startswith("tokenizer:    ") and "fits the model" in x for x in lines), quick
     if name.startswith("lm-"):
         assert "(written by Megatron-LM: no pai_zoo.json, read from its args)" in quick, quick
@@ -146,9 +155,12 @@ def test_the_fast_report_is_the_slow_one(checkpoints, name, capsys, monkeypatch)
 def test_what_the_fast_path_cannot_answer_goes_the_slow_way(checkpoints, capsys, monkeypatch):
     from pai_zoo.formats import detect
 
-    legacy = checkpoints["lm-legacy"]  # the parameters of a legacy folder are counted from the layout
-    assert inspection_fast.fast_megatron(legacy, detect(legacy), None, None, None) is None
-    assert "format:       torch (written by Megatron-LM" in _inspect(legacy, capsys)
+    for name in ("lm-legacy-tp2", "lm-legacy-real-tp2"):  # only the layout tells a shard from a copy
+        if name not in checkpoints:
+            continue
+        legacy = checkpoints[name]
+        assert inspection_fast.fast_megatron(legacy, detect(legacy), None, None, None) is None
+        assert "format:       torch (written by Megatron-LM" in _inspect(legacy, capsys)
     # --iteration of a pai-zoo folder: read from its args, as Megatron-LM's
     path = checkpoints["llama3-tiny"]
     fast = inspection_fast.fast_megatron(path, "mcore", None, None, "release")
@@ -172,13 +184,13 @@ def test_inspect_of_a_torch_dist_checkpoint_imports_neither_torch_nor_megatron(c
              "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'megatron', 'transformers'})\n"
              "print(json.dumps([seen, heavy]))\n")
     paths = [checkpoints["glm4-moe-mtp"], checkpoints["qwen2-vl-tiny"], checkpoints["run"], checkpoints["lm-moe"],
-             damaged]
+             checkpoints["lm-legacy"], damaged]
     proc = subprocess.run([sys.executable, "-c", child, *map(str, paths)], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
     seen, heavy = json.loads(proc.stdout.splitlines()[-1])
     assert heavy == [], heavy
-    for (code, out, err), path in zip(seen[:4], paths):
+    for (code, out, err), path in zip(seen[:5], paths):
         assert code == 0 and out.startswith(f"checkpoint:   {path}\n") and "parameters:   " in out, (code, err)
-    code, out, err = seen[4]
+    code, out, err = seen[5]
     assert code == 1 and out == "" and err.startswith(f"pai-zoo: error: {data}: truncated: 100 bytes"), err

@@ -260,19 +260,37 @@ def dist_metadata_extents(metadata: Path) -> dict[str, int]:
 
 
 class StandIn:
-    """What a torch pickle holds that :func:`read_torch_pickle` does not build (a tensor, a storage, an enum of
-    megatron-core's): its description only."""
+    """What a torch pickle holds that :func:`read_torch_pickle` does not build (a tensor, a storage, a dtype, an enum
+    of megatron-core's, numpy's random state): its description, and a tensor's ``shape`` and ``dtype`` (a name such
+    as ``"bfloat16"``)."""
 
-    def __init__(self, what: str):
-        self.what = what
+    def __init__(self, what: str, shape: tuple | None = None, dtype: str | None = None):
+        self.what, self.shape, self.dtype = what, shape, dtype
+
+    def __setstate__(self, state):  # numpy's reconstructed arrays and dtypes: their state is not kept
+        pass
 
     def __repr__(self) -> str:
         return f"<{self.what}>"
 
 
+#: torch's typed storages -> their dtype's name.
+_STORAGE_DTYPES = {"FloatStorage": "float32", "BFloat16Storage": "bfloat16", "HalfStorage": "float16",
+                   "DoubleStorage": "float64", "LongStorage": "int64", "IntStorage": "int32", "ShortStorage": "int16",
+                   "CharStorage": "int8", "ByteStorage": "uint8", "BoolStorage": "bool"}
+#: numpy's globals in a saved random state (what pai_zoo.formats.safe_pickle allows).
+_NUMPY = re.compile(r"numpy(\._core|\.core)?\.multiarray\._reconstruct|numpy\.ndarray|numpy\.dtype|"
+                    r"numpy\.dtypes\.\w+DType")
+
+
+def _rebuild_tensor(storage, offset, size, *args):
+    return StandIn("tensor", tuple(int(d) for d in size), getattr(storage, "dtype", None))
+
+
 class _TorchPickleUnpickler(pickle.Unpickler):
     """A ``torch.save`` pickle's plain values (dicts, lists, ``argparse.Namespace``, ``signal.Signals``): tensors,
-    storages, dtypes and megatron-core's enums become :class:`StandIn`; any other global is refused."""
+    storages, dtypes, megatron-core's enums and numpy's random state become :class:`StandIn`; any other global is
+    refused (and so is all that :func:`pai_zoo.formats.safe_pickle.safe_load` refuses)."""
 
     def find_class(self, module, name):
         import argparse
@@ -285,14 +303,26 @@ class _TorchPickleUnpickler(pickle.Unpickler):
             return signal.Signals
         if (module, name) == ("collections", "OrderedDict"):
             return collections.OrderedDict
+        if (module, name) == ("_codecs", "encode"):  # a protocol-2 pickle's bytes (numpy's random state)
+            import codecs
+
+            return codecs.encode
         if module == "torch" and re.fullmatch(r"[a-z0-9_]+", name):
             return StandIn(f"torch.{name}")  # a dtype
-        if (module == "torch" and name.endswith("Storage")) or (module == "torch._utils" and name.startswith(
-                "_rebuild_")) or (module.startswith("megatron.") and re.fullmatch(r"[A-Z]\w*", name)):
+        if module == "torch" and name in _STORAGE_DTYPES:
+            return StandIn(f"torch.{name}", dtype=_STORAGE_DTYPES[name])
+        if (module, name) in (("torch._utils", "_rebuild_tensor_v2"), ("torch._utils", "_rebuild_tensor")):
+            return _rebuild_tensor
+        if (module, name) == ("torch._utils", "_rebuild_parameter"):
+            return lambda data, *args: data
+        if (module.startswith("megatron.") and module.endswith(".enums") and re.fullmatch(r"[A-Z]\w*", name)) or (
+                _NUMPY.fullmatch(f"{module}.{name}")):
             return lambda *args: StandIn(f"{module}.{name}")
         raise pickle.UnpicklingError(f"{module}.{name} is not read without torch")
 
     def persistent_load(self, pid):
+        if isinstance(pid, tuple) and len(pid) >= 2 and isinstance(pid[1], StandIn):
+            return StandIn("storage", dtype=pid[1].dtype)
         return StandIn("storage")
 
 
