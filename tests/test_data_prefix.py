@@ -7,12 +7,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pai_zoo.cli import main
 from pai_zoo.data.indexed import IndexedDatasetWriter
 from pai_zoo.data.prefix import resolve_prefix, resolve_sft_prefix
 from pai_zoo.plugin.errors import DataError, NoSuchPathError
 from pai_zoo.training.config import TrainConfig
 from pai_zoo.training.data import check_data, resolved_prefixes
+from pai_zoo_conformance.cli_runs import main_result as _cli
 
 pytestmark = [pytest.mark.usefixtures("fresh_registry"), pytest.mark.no_megatron]  # tests/conftest.py
 
@@ -102,13 +102,6 @@ def test_train_missing_data_lists_the_pairs(data):
     assert str(data / "austen_text_document") in info.value.hint and str(data / "chat_text_document") in info.value.hint
 
 
-def _cli(argv, capsys) -> tuple[int, str, str]:
-    try:
-        code = main([str(a) for a in argv])
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_dataset_inspect_and_merge_take_the_short_form(data, capsys):

@@ -20,23 +20,16 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from pai_zoo.cli import main
 from pai_zoo.data.indexed import IndexedDatasetWriter
 from pai_zoo.formats.integrity import deep_check, safetensors_entries, verify_checkpoint
 from pai_zoo.plugin.errors import PaiZooError
+from pai_zoo_conformance.cli_runs import main_result as run
 
 pytestmark = [pytest.mark.usefixtures("fresh_registry"), pytest.mark.no_megatron]  # tests/conftest.py
 
 INCOMPLETE = "the checkpoint is incomplete (re-copy or re-save it)"
 
 
-def run(argv, capsys) -> tuple[int, str, str]:
-    try:
-        code = main([str(a) for a in argv])
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def one_line(code, out, err) -> str:

@@ -22,6 +22,7 @@ from pai_zoo.util.outputs import (
     stale_temporaries,
     temporary_name,
 )
+from pai_zoo_conformance.cli_runs import main_result as cli
 
 pytestmark = pytest.mark.no_megatron
 
@@ -195,16 +196,6 @@ def test_output_class_for_a_writer_that_is_no_block(tmp_path, dead_pid, capsys):
 
 # -- the commands: an existing output refused (and replaced with --force), a killed run's temporary removed and
 #    named, a read-only folder refused before anything loads, a full disk as one line leaving nothing ---------------
-def cli(argv, capsys) -> tuple[int, str, str]:
-    """``main(argv)``: its exit code, stdout, stderr (an exception escaping is a failure)."""
-    from pai_zoo.cli import main
-
-    try:
-        code = main([str(a) for a in argv])
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def one_error_line(err: str) -> str:

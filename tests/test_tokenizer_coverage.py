@@ -17,11 +17,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pai_zoo.cli import main
 from pai_zoo.data.indexed import IndexedDatasetReader
 from pai_zoo.testing.tokenizers import ByteLevelBPE, SentencePieceBPE, TiktokenBPE, write_json
 from pai_zoo.tokenizers import load_tokenizer
 from pai_zoo.tokenizers.tiktoken import CL100K_PAT_STR, OPENAI_ENCODINGS
+from pai_zoo_conformance.cli_runs import main_result as run
 
 pytestmark = [pytest.mark.usefixtures("fresh_registry"), pytest.mark.no_megatron]
 
@@ -65,13 +65,6 @@ def inputs(tmp_path_factory) -> Path:
     return root
 
 
-def run(argv, capsys) -> tuple[int, str, str]:
-    try:
-        code = main([str(a) for a in argv])
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 WITH_EOD = ["hf-folder", "tokenizer.json", "sentencepiece", "tiktoken", "cl100k_base.tiktoken", "o200k_base.tiktoken",

@@ -15,9 +15,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from pai_zoo.cli import main
 from pai_zoo.data.indexed import IndexedDatasetWriter
 from pai_zoo.tokenizers.fit import ModelIds, id_notes, misfit, model_ids
+from pai_zoo_conformance.cli_runs import main_result as run
 
 pytestmark = [pytest.mark.usefixtures("fresh_registry"), pytest.mark.no_megatron]  # tests/conftest.py
 
@@ -70,13 +70,6 @@ def folders(tmp_path_factory) -> Path:
     return root
 
 
-def run(argv, capsys) -> tuple[int, str, str]:
-    try:
-        code = main([str(a) for a in argv])
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def _refused(code, out, err, where: Path, how: str) -> None:

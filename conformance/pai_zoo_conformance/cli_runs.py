@@ -40,6 +40,20 @@ def run_cli(argv: list[str], threads: int = THREADS) -> subprocess.CompletedProc
     return subprocess.CompletedProcess(["pai-zoo", *argv], code, out.getvalue(), err.getvalue())
 
 
+def main_result(argv, capsys) -> tuple[int, str, str]:
+    """``pai-zoo ARGV`` in this process, its output captured by pytest's ``capsys``: the exit code (argparse's
+    ``SystemExit`` included), stdout, stderr. Unlike :func:`run_cli` it imports nothing but the CLI, so a test of a
+    command that answers before loading anything can check that nothing heavy was imported."""
+    from pai_zoo.cli import main
+
+    try:
+        code = main([str(a) for a in argv])
+    except SystemExit as exc:
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
 def run_cli_on_ranks(argv: list[str], workers=None, timeout: float | None = None) -> subprocess.CompletedProcess:
     """``pai-zoo ARGV`` on every rank of ``workers`` (default: the session's group): the first non-zero exit code
     (else 0) and the ranks' output one after the other, as ``torchrun`` would merge it."""
