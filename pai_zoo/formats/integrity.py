@@ -27,7 +27,7 @@ from pathlib import Path
 
 from ..plugin.errors import PaiZooError
 from .hf_folder import PICKLE, PICKLE_INDEX, SAFETENSORS, SAFETENSORS_INDEX, HFCheckpoint
-from .megatron_folder import HF_DIR, LEGACY_FILE, METADATA_FILE, RANK_DIR, iteration_folder
+from .megatron_folder import COMMON_FILE, HF_DIR, LEGACY_FILE, METADATA_FILE, RANK_DIR, iteration_folder
 
 __all__ = ["INCOMPLETE", "IncompleteCheckpointError", "Verified", "deep_check", "dist_metadata_extents",
            "dist_bytes_entry", "dist_tensor_shapes", "read_torch_pickle", "safetensors_entries", "StandIn",
@@ -38,7 +38,6 @@ INCOMPLETE = "the checkpoint is incomplete (re-copy or re-save it)"
 #: Bytes per element of each safetensors dtype.
 _ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
              "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2, "U32": 4, "U64": 8, "C64": 8, "F8_E8M0": 1}
-_COMMON_FILE = "common.pt"
 
 
 class IncompleteCheckpointError(PaiZooError):
@@ -416,8 +415,8 @@ def _verify_dist(folder: Path) -> Verified:
         if size < need:
             raise _truncated(file, size, need, "the metadata")
     count = len(extents) + 1
-    if (folder / _COMMON_FILE).is_file():
-        verify_zip(folder / _COMMON_FILE)
+    if (folder / COMMON_FILE).is_file():
+        verify_zip(folder / COMMON_FILE)
         count += 1
     return Verified(count, "torch_dist files", "the .metadata")
 

@@ -44,6 +44,8 @@ from ..util.files import write_text_atomic
 from ..util.json_errors import json_msg
 from .base import CheckpointReader, FolderWriter, weight_files_in
 from .megatron_folder import (
+    COMMON_FILE,
+    COMMON_STATE_KEY,
     HF_DIR,
     METADATA_FILE,
     PAI_ZOO_CONFIG,
@@ -58,8 +60,6 @@ from .megatron_folder import (
 from .safe_pickle import safe_load
 
 DATA_FILE = "__0_0.distcp"
-COMMON_FILE = "common.pt"
-COMMON_STATE_KEY = "common_state"  # the ShardedObject that holds the common state (newer Megatron-LM)
 #: In a checkpoint's ``hf/`` folder: the scales of its FP8 block-scaled source, under their HF names.
 SCALES_FILE = "fp8_scales.safetensors"
 _BACKEND_METADATA = {"sharded_backend": "torch_dist", "sharded_backend_version": 1,

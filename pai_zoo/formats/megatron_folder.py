@@ -22,6 +22,8 @@ TRACKER = "latest_checkpointed_iteration.txt"
 RELEASE = "release"
 LEGACY_FILE = "model_optim_rng.pt"
 METADATA_FILE = ".metadata"  # a torch_dist iteration folder's index of its tensors
+COMMON_FILE = "common.pt"  # a torch_dist iteration folder's non-tensor state (args, iteration ...)
+COMMON_STATE_KEY = "common_state"  # the ShardedObject that holds the common state instead (newer Megatron-LM)
 #: A legacy iteration's folder of one model-parallel rank: ``mp_rank_TT[_PPP][_EEE]``.
 RANK_DIR = re.compile(r"^mp_rank_(\d{2})(?:_(\d{3}))?(?:_(\d{3}))?$")
 #: pai-zoo's description of the model beside the iterations (what ``convert`` and training write).

@@ -24,6 +24,8 @@ from ..formats import PAI_ZOO_MCORE
 from ..formats.hf_folder import tokenizer_files
 from ..formats.integrity import StandIn, dist_bytes_entry, dist_tensor_shapes, read_torch_pickle
 from ..formats.megatron_folder import (
+    COMMON_FILE,
+    COMMON_STATE_KEY,
     HF_DIR,
     LEGACY_FILE,
     METADATA_FILE,
@@ -40,7 +42,6 @@ from .megatron_lm_config import derive_config
 MODEL_KEYS = ("embedding.", "decoder.", "output_layer.", "mtp.", "vision_model.")
 EMBEDDING = "embedding.word_embeddings.weight"
 _EXPERTS = ".experts.experts."  # a stored key of all experts of a layer: one local tensor per expert
-_COMMON_FILE, _COMMON_STATE = "common.pt", "common_state"
 
 
 def _model_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
@@ -69,10 +70,10 @@ def _mtp_line(config, shapes: dict) -> str | None:
 
 def _common_args(it) -> dict | None:
     """A Megatron-LM ``torch_dist`` iteration's args, read without torch (``None``: only torch can tell)."""
-    if (it.folder / _COMMON_FILE).is_file():
-        common = read_torch_pickle(it.folder / _COMMON_FILE)
+    if (it.folder / COMMON_FILE).is_file():
+        common = read_torch_pickle(it.folder / COMMON_FILE)
     else:
-        data = dist_bytes_entry(it.folder, _COMMON_STATE)
+        data = dist_bytes_entry(it.folder, COMMON_STATE_KEY)
         if data is None:
             return None
         common = read_torch_pickle(data)
