@@ -73,14 +73,14 @@ PARSED = {  # refused as argparse reads the flag: the command never starts
     "rl-run-epochs": (["rl", "run", "reward", *RL_ARGS["reward"], "--epochs", "0"], "--epochs 0:"),
 }
 CHECKED = {  # refused by the command before anything loads
-    "train-lr": ([*TRAIN, "--lr", "-1"], "--lr -1.0: the learning rate must be positive"),
+    "train-lr": ([*TRAIN, "--lr", "-1"], "--lr -1.0: the learning rate must not be negative"),
     "train-learning-rate": ([*TRAIN, "--learning-rate", "0"], "--learning-rate 0.0: the learning rate must be"),
     "train-min-lr": ([*TRAIN, "--lr", "1e-4", "--min-lr", "1e-3"], "--min-lr 0.001 must be between 0 and --lr 0.0001"),
     "train-micro-batch-size": ([*TRAIN, "--micro-batch-size", "0"], "batch_size must be positive, not 0 "
                                                                      "(--micro-batch-size 0)"),
     "train-seed": ([*TRAIN, "--seed", "-1"], "--seed -1: must be a seed"),
     "train-adam-beta": ([*TRAIN, "--adam-beta1", "1.5"], "--adam-beta1 1.5: must be at least 0 and below 1"),
-    "train-yaml-lr": (["train", "{t}/run.yaml"], "lr: -2.0 ({t}/run.yaml): the learning rate must be positive"),
+    "train-yaml-lr": (["train", "{t}/run.yaml"], "lr: -2.0 ({t}/run.yaml): the learning rate must not be negative"),
     "train-missing-data": ([*TRAIN[:4], "{t}/nowhere", *TRAIN[5:]], "no such file or folder: {t}/nowhere.bin"),
     "train-missing-model": (["train", "--model", "{t}/nowhere", *TRAIN[3:]], "--model {t}/nowhere: no such file"),
     "rl-config-seed": (["rl", "reward", *RL_ARGS["reward"], "--config", "{t}/rl.yaml"],

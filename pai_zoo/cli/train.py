@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..data.prefix import resolve_prefix, resolve_sft_prefix
 from ..hf.models import config_dict, hf_config
-from ..mcore.parallel_sizes import check_layout, check_world
+from ..mcore.parallel_sizes import check_layout
 from ..models.handle import resolve
 from ..plugin.errors import PaiZooError
 from ..training.config import SETTINGS, TrainConfig, TrainConfigError
@@ -83,12 +83,14 @@ def run(args) -> int:
 
 def _check_before_loading(cfg) -> None:
     """What can be refused without torch, megatron-core or the model, each setting named as given (``--lr -1.0``,
-    ``lr: -1 (run.yaml)``): the process count for the layout, the settings' ranges and arithmetic, that ``--model``
-    names a preset, a family or an existing path, and that the ``--data`` files exist (their token ids against the
-    model's vocabulary are checked once it is read)."""
-    world = world_size()
-    check_world(cfg.tensor_parallel_size, cfg.pipeline_parallel_size, world)  # one process: the torchrun command
-    cfg.check_settings(world)
+    ``lr: -1 (run.yaml)``): context parallelism and Transformer Engine where they cannot run, the settings' ranges
+    and arithmetic, that ``--model`` names a preset, a family or an existing path, and that the ``--data`` files
+    exist (their token ids against the model's vocabulary are checked once it is read)."""
+    cfg.check_implementation()  # context parallelism or Transformer Engine where they cannot run: the real reason
+    # the settings under this world, or under the smallest one the layout needs: whether the model's heads and
+    # layers divide by the layout comes first, once its config is read, then the torchrun command to use
+    need = cfg.tensor_parallel_size * cfg.pipeline_parallel_size * cfg.context_parallel_size
+    cfg.check_settings(max(world_size(), need))
     try:
         check_model_name(cfg.model, registry())
     except PaiZooError as e:

@@ -267,8 +267,8 @@ class TrainConfig:
         if self.lr_decay_style not in DECAY_STYLES:
             raise TrainConfigError(f"{self.given('lr_decay_style')}: unknown decay style; "
                                    f"expected {', '.join(DECAY_STYLES)}")
-        if not self.learning_rate > 0:  # not >: NaN too
-            raise TrainConfigError(f"{self.given('learning_rate')}: the learning rate must be positive")
+        if not self.learning_rate >= 0:  # not >=: NaN too (0 is a run that must not move the weights)
+            raise TrainConfigError(f"{self.given('learning_rate')}: the learning rate must not be negative")
         if not 0 <= self.min_learning_rate <= self.learning_rate:
             raise TrainConfigError(f"{self.given('min_learning_rate')} must be between 0 and "
                                    f"{self.given('learning_rate')}")
@@ -353,8 +353,10 @@ class TrainConfig:
         """Context parallelism and Transformer Engine, refused where they cannot run (the CPU, the local spec)
         before anything else is checked; ``gpu`` as in :meth:`_check_scale`."""
         g = self.given
-        has_gpu = _has_gpu() if gpu is None else gpu
         te = self.transformer_impl == "transformer_engine"
+        if self.context_parallel_size <= 1 and not te:
+            return  # nothing to refuse, and no torch imported to look for a GPU
+        has_gpu = _has_gpu() if gpu is None else gpu
         if self.context_parallel_size > 1 and not (te and has_gpu):
             why = "this machine has no GPU" if te else "the local layer spec's attention cannot split a sequence"
             raise TrainConfigError(f"{g('context_parallel_size')}: megatron-core's context parallelism needs "
