@@ -210,10 +210,11 @@ def test_generate_refuses_bad_images_in_one_line(models, pictures, tmp_path):
     out = tmp_path / "out.jsonl"
     two = [{"role": "user", "content": [{"type": "image", "image": "a.png"}, {"type": "image"}]}]
     (tmp_path / "two.jsonl").write_text(json.dumps({"messages": two}) + "\n")
-    (tmp_path / "text.jsonl").write_text(json.dumps({"prompt": "no placeholder", "images": [str(pictures / "a.png")]})
-                                         + "\n")
+    shutil.copy(pictures / "a.png", tmp_path / "a.png")  # a record's images are read inside its file's folder
+    (tmp_path / "text.jsonl").write_text(json.dumps({"prompt": "no placeholder", "images": ["a.png"]}) + "\n")
     cases = [
-        (["--prompt", "x", "--image", tmp_path / "missing.png", "--chat"], "missing.png: no such image file"),
+        (["--prompt", "x", "--image", tmp_path / "missing.png", "--chat"],
+         f"no such file or folder: {tmp_path / 'missing.png'} (--image)"),
         (["--prompt", "x", "--image", tmp_path / "not-an-image.png", "--chat"], "is not an image PIL can read"),
         (["--prompts", tmp_path / "two.jsonl", "--output", out, "--chat"], 'names no file: give {"type": "image"'),
         (["--prompts", tmp_path / "text.jsonl", "--output", out],

@@ -207,7 +207,7 @@ def test_energon_shards_train_as_the_jsonl_does(setup, one, tmp_path):
     _ok(run_cli(_argv(hf_folder, shards, tmp_path / "energon", "--save-interval", "2", iters=6)))
     assert _losses(tmp_path / "energon") == one[1]
     proc = run_cli(["dataset", "prepare", data, "--output", shards])
-    assert proc.returncode != 0 and "exists; give a new --output" in proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode != 0 and "exists; pass --force to replace it" in proc.stderr.strip().splitlines()[-1]
     (data.parent / "missing.jsonl").write_text(json.dumps({"image": "none.png", "conversations": [
         {"from": "human", "value": "<image>x"}, {"from": "gpt", "value": "y"}]}) + "\n")
     proc = run_cli(["dataset", "prepare", data.parent / "missing.jsonl", "--output", tmp_path / "bad"])
