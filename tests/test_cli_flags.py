@@ -74,7 +74,11 @@ PARSED = {  # refused as argparse reads the flag: the command never starts
 }
 CHECKED = {  # refused by the command before anything loads
     "train-lr": ([*TRAIN, "--lr", "-1"], "--lr -1.0: the learning rate must not be negative"),
-    "train-learning-rate": ([*TRAIN, "--learning-rate", "0"], "--learning-rate 0.0: the learning rate must be"),
+    "train-learning-rate": ([*TRAIN, "--learning-rate", "-0.5"],
+                            "--learning-rate -0.5: the learning rate must not be negative"),
+    # 0 is a run that must not move the weights: then the default minimum learning rate is what does not fit
+    "train-learning-rate-zero": ([*TRAIN, "--learning-rate", "0"],
+                                 "min_learning_rate 5e-06 (the default) must be between 0 and --learning-rate 0.0"),
     "train-min-lr": ([*TRAIN, "--lr", "1e-4", "--min-lr", "1e-3"], "--min-lr 0.001 must be between 0 and --lr 0.0001"),
     "train-micro-batch-size": ([*TRAIN, "--micro-batch-size", "0"], "batch_size must be positive, not 0 "
                                                                      "(--micro-batch-size 0)"),
