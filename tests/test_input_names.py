@@ -142,7 +142,6 @@ def test_image_paths_inside_the_folder_are_read(vision_folder):
 
 
 def test_dataset_prepare_refuses_an_image_outside(vision_folder, capsys):
-    pytest.importorskip("megatron.energon")
     data = vision_folder / "chats.jsonl"
     data.write_text(json.dumps(_chat("ok.png")) + "\n" + json.dumps(_chat("../secret.png")) + "\n")
     code, err = run(["dataset", "prepare", data, "--output", vision_folder.parent / "shards"], capsys)

@@ -196,7 +196,6 @@ def unloadable(kinds, tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("verbose", [False, True])
 def test_fast_engine_fallback_is_a_verbose_note(verbose, unloadable, inputs, tmp_path, capsys):
-    pytest.importorskip("gigatoken")
     argv = ["preprocess", "--input", inputs / "text.jsonl", "--output-prefix", tmp_path / "d", "--tokenizer",
             unloadable, "--append-eod"]
     code, out, err = run(["--verbose", *argv] if verbose else argv, capsys)
@@ -210,7 +209,6 @@ def test_fast_engine_fallback_is_a_verbose_note(verbose, unloadable, inputs, tmp
 
 
 def test_eval_fallback_is_silent(unloadable, inputs, capsys):
-    pytest.importorskip("gigatoken")
     code, out, err = run(["eval", "llama3-tiny", "--backend", "hf", "--packing", "document", "--seq-length", "8",
                           "--data", inputs / "text.jsonl", "--tokenizer", unloadable, "--no-progress"], capsys)
     assert code == 0, err
