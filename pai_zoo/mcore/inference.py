@@ -73,6 +73,9 @@ class KVCache(StaticInferenceContext):
         super().__init__(max_batch_size, max_sequence_length)
         self._rotary = None  # (freqs, start, end, dtype, cos, sin) of the current step
         self._mask = None  # (mask given, mask for SDPA)
+        #: the recurrent layers' state (Gated DeltaNet, Mamba-2: conv and SSM / delta-rule states), layer number ->
+        #: whatever the layer keeps; filled by the prompt's forward, updated by every decode step
+        self.recurrent: dict = {}
 
     def store(self, layer: int, key, value):
         """Append ``key``/``value`` ``[s, b, groups, head_dim]`` at the current offset; return the
