@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from ..families.registry import get_registry
 from ..lora.targets import lora_targets, select
+from .layer_kinds import layer_parameter_counts, layer_parts, recurrent_state_bytes
 
 GIB = 1024**3
 
@@ -43,24 +44,9 @@ class StageParams:
 
 def layer_parameters(config, tp: int = 1) -> int:
     """One transformer layer's parameters on one tensor-parallel rank, as megatron-core's local/TE GPT layer
-    builds them (dense MLP; column-parallel biases split, row-parallel biases and norms replicated)."""
-    a = config.arch
-    h = a["hidden_size"]
-    heads, groups, kv = config.num_attention_heads, config.num_query_groups, config.kv_channels
-    ffn = a.get("ffn_hidden_size") or 4 * h
-    norm = h * (2 if a.get("normalization", "LayerNorm") == "LayerNorm" else 1)
-    bias = bool(a.get("add_bias_linear", True))
-    qkv_bias = bool(a.get("add_qkv_bias", bias))
-    qkv_rows = kv * (heads + 2 * groups)
-    glu = 2 if a.get("gated_linear_unit") else 1
-    count = 2 * norm  # input_layernorm, pre_mlp_layernorm
-    count += (h * qkv_rows + (qkv_rows if qkv_bias else 0)) // tp
-    count += heads * kv * h // tp + (h if bias else 0)
-    if a.get("qk_layernorm"):
-        count += 2 * kv * (2 if a.get("normalization", "LayerNorm") == "LayerNorm" else 1)
-    count += (h * ffn * glu + (ffn * glu if bias else 0)) // tp
-    count += ffn * h // tp + (h if bias else 0)
-    return count
+    builds them (dense MLP; column-parallel biases split, row-parallel biases and norms replicated); the first
+    layer's of a hybrid model (:func:`pai_zoo.training.layer_kinds.layer_parameter_counts` gives every layer's)."""
+    return layer_parameter_counts(config, tp)[0]
 
 
 def stage_parameters(config, tp: int = 1, pp: int = 1, vpp: int = 1) -> list[StageParams]:
@@ -70,10 +56,10 @@ def stage_parameters(config, tp: int = 1, pp: int = 1, vpp: int = 1) -> list[Sta
     h, layers = a["hidden_size"], config.num_layers
     vocab = config.padded_vocab_size(tp) // tp * h
     norm = h * (2 if a.get("normalization", "LayerNorm") == "LayerNorm" else 1)
-    per_layer = layer_parameters(config, tp)
+    per_layer = layer_parameter_counts(config, tp)  # each layer's, by its kind (hybrid models mix kinds)
     out = []
     for rank in range(pp):
-        count = layers // pp * per_layer
+        count = sum(per_layer[rank * (layers // pp):(rank + 1) * (layers // pp)])
         if rank == 0:
             count += vocab
             if a.get("position_embedding_type", "learned_absolute") == "learned_absolute":
@@ -140,6 +126,9 @@ class Plan:
     recompute: str | None
     trainable_per_rank: int | None = None  # a LoRA run: the adapters' parameters (the rest is frozen)
     vision: tuple[int, int] | None = None  # a vision-language model's (tower, projector) parameters per TP rank
+    #: a hybrid model's recurrent layers (Gated DeltaNet, Mamba-2): (count, state bytes a generation keeps per sequence
+    #: on one TP rank, chunk-state bytes of a training step's micro-batch, counted in the activations)
+    recurrent: tuple[int, float, float] | None = None
 
     @property
     def total(self) -> float:
@@ -163,7 +152,14 @@ def activation_bytes(config, cfg, recompute: str | None, dp: int = 1) -> float:
     micro = cfg.global_batch_size // (cfg.batch_size * dp)
     in_flight = min(pp, max(micro, 1)) * (1 + (pp - 1) / (pp * vpp) if vpp > 1 else 1)
     logits = s * b * config.padded_vocab_size(t) / t * 4 if pp == 1 else 0
-    return layers // pp * per_layer * in_flight + logits
+    # a recurrent layer (Gated DeltaNet, Mamba-2) has no s x s attention scores; its chunked kernel keeps one state per
+    # chunk for the backward pass instead (pai_zoo.training.layer_kinds); the first stage's share of such layers
+    recurrent = sum(1 for parts in layer_parts(config) if {"linear_attention", "mamba"} & set(parts))
+    stage = layers // pp
+    share = recurrent * stage / max(layers, 1)
+    scores = 0 if recompute in ("full", "selective") else s * b * h * attention / t
+    chunks = 0 if recompute == "full" else recurrent_state_bytes(config, t, s, b)[1] / max(recurrent, 1)
+    return (stage * per_layer + share * (chunks - scores)) * in_flight + logits
 
 
 def make_plan(config, cfg, world: int) -> Plan:
@@ -188,7 +184,16 @@ def make_plan(config, cfg, world: int) -> Plan:
         layout += f" (virtual pipeline {cfg.virtual_pipeline_model_parallel_size})"
     return Plan(layout, n + (trainable or 0), width * (n + (trainable or 0)), 4 * learned, adam, adam / dp,
                 activation_bytes(config, cfg, cfg.recompute, dp), activation_bytes(config, cfg, None, dp),
-                cfg.use_distributed_optimizer, cfg.recompute, trainable, vision)
+                cfg.use_distributed_optimizer, cfg.recompute, trainable, vision, _recurrent(config, cfg))
+
+
+def _recurrent(config, cfg) -> tuple[int, float, float] | None:
+    count = sum(1 for parts in layer_parts(config) if {"linear_attention", "mamba"} & set(parts))
+    if not count:
+        return None
+    inference, training = recurrent_state_bytes(config, cfg.tensor_parallel_size,
+                                                cfg.sequence_length // cfg.context_parallel_size, cfg.batch_size)
+    return count, inference, training
 
 
 def vision_parameters(config, tp: int = 1) -> tuple[int, int] | None:
@@ -222,6 +227,11 @@ def plan_lines(plan: Plan, gpu_memory_gb: float | None = None) -> list[str]:
     if plan.vision is not None:
         lines.insert(2, f"  vision tower (first stage, counted above): {plan.vision[0]:,}, its projector "
                         f"{plan.vision[1]:,}")
+    if plan.recurrent is not None:
+        count, inference, training = plan.recurrent
+        lines.insert(-1, f"  recurrent layers (Gated DeltaNet / Mamba-2): {count}; their state is "
+                         f"{inference / 2**20:,.2f} MiB per sequence in generation, {gib(training)} of chunk states "
+                         "per micro-batch in training (counted in the activations)")
     if gpu_memory_gb is not None:
         budget = gpu_memory_gb * 1e9
         verdict = "fits" if plan.total <= budget else "does NOT fit"
