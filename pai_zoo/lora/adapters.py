@@ -159,7 +159,7 @@ def attach(model, chosen: dict[Target, tuple[int, ...]], settings: LoraSettings,
     for layer in _layers(model):
         g = layer.layer_number - 1
         for target, which in chosen.items():
-            if target.row.layer_kind is not None and ctx.is_moe_layer(g) != (target.row.layer_kind == "moe"):
+            if not ctx.is_layer_of(g, target.row.layer_kind):
                 continue
             try:
                 linear = layer.get_submodule(target.in_module)

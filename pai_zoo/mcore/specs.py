@@ -6,6 +6,7 @@ import warnings
 
 from ..plugin.config_map import NORM_PLACEMENT, NORM_PLACEMENTS, QK_NORM, QK_NORMS
 from ..plugin.errors import PaiZooError
+from .linear_attention_spec import with_linear_attention
 
 __all__ = ["block_spec", "default_layer_spec", "layer_spec_for", "layer_specs", "stage_spec", "submodules_of",
            "te_layer_spec", "with_norm", "with_norm_placement", "with_sequence_parallel_norms"]
@@ -44,8 +45,8 @@ def layer_spec_for(family, config, transformer_impl: str = "local"):
     if transformer_impl not in family.backends:
         raise PaiZooError(f"family {family.name!r} supports transformer_impl {', '.join(family.backends)}, not "
                           f"{transformer_impl} (its own modules are local ones); use --transformer-impl local")
-    if transformer_impl == "local":
-        return (family.layer_spec or default_layer_spec)(config)
+    if transformer_impl == "local":  # Gated DeltaNet layers where the config has them (linear_attention_spec)
+        return with_linear_attention((family.layer_spec or default_layer_spec)(config), config)
     for key, default in ((NORM_PLACEMENT, "pre"), (QK_NORM, "head")):
         if (config.get(key) or default) != default:
             raise PaiZooError(f"family {family.name!r}: {key}={config.get(key)!r} cannot use transformer_impl "
@@ -56,6 +57,9 @@ def layer_spec_for(family, config, transformer_impl: str = "local"):
         if value and (option != "position_embedding_type" or value == "alibi"):  # pai_zoo.mcore.alibi.ALIBI
             raise PaiZooError(f"family {family.name!r}: {option}={value!r} cannot use transformer_impl "
                               f"transformer_engine ({reason}); use --transformer-impl local")
+    if config.get("experimental_attention_variant") == "gated_delta_net":
+        raise PaiZooError(f"family {family.name!r}: Gated DeltaNet layers are pai-zoo modules of the local spec and "
+                          "cannot use transformer_impl transformer_engine; use --transformer-impl local")
     if family.layer_spec is not None:
         raise PaiZooError(f"family {family.name!r} has its own layer spec, which has no Transformer Engine form; use "
                           "--transformer-impl local")

@@ -21,6 +21,8 @@ import importlib
 import torch
 import torch.nn.functional as F
 
+from . import causal_conv
+
 __all__ = ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "install", "l2norm"]
 
 CHUNK = 64
@@ -138,8 +140,6 @@ MODULES = ("megatron.core.ssm.gated_delta_net", "megatron.core.ssm.gated_delta_n
 
 def install() -> None:
     """Bind the torch paths where megatron-core's Gated DeltaNet modules found no ``fla`` / ``causal_conv1d``."""
-    from . import causal_conv
-
     for name in MODULES:
         try:
             module = importlib.import_module(name)

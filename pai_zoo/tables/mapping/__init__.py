@@ -42,6 +42,7 @@ from __future__ import annotations
 
 from ...plugin.errors import MappingError
 from .context import DIRECTIONS, LAYER_KINDS, MTP_INNER_NAMES, TO_HF, TO_MCORE, MappingContext, moe_layer_indices
+from .gated_rows import GatedDeltaInProj, GatedQKV
 from .mtp import MTP_LAYOUT, MtpLayout
 from .rows import (  # noqa: F401 - _expand, _expand_exactly: private, importable from here as before the split
     QKV,
@@ -72,6 +73,8 @@ __all__ = [
     "Dropped",
     "FusedQKV",
     "GateUp",
+    "GatedDeltaInProj",
+    "GatedQKV",
     "MappingContext",
     "MappingError",
     "MtpLayout",

@@ -29,6 +29,8 @@ class MappingContext:
     dropped_mtp_layers: int = 0  # MTP layers an HF folder holds that the model leaves out (--no-mtp)
     # an MTP layer's transformer layer: mtp.layers.{i}.transformer_layer (megatron-core 0.16), mtp_model_layer (0.19)
     mtp_inner: str = "transformer_layer"
+    # the Gated DeltaNet layers' indices (megatron's linear_attention_freq); the rest are full-attention layers
+    linear_attention_layers: tuple[int, ...] = ()
 
     def named_as(self, mcore_names: Iterable[str]) -> "MappingContext":
         """This context with the MTP layers' inner name that ``mcore_names`` (a megatron-core model's or
@@ -43,13 +45,23 @@ class MappingContext:
     def is_moe_layer(self, layer: int) -> bool:
         return self.num_experts > 0 and (self.moe_layers is None or layer in self.moe_layers)
 
+    def is_layer_of(self, layer: int, kind: str | None) -> bool:
+        """Whether layer ``layer`` is of :attr:`Row.layer_kind` ``kind`` (``None``: every layer is)."""
+        if kind is None:
+            return True
+        if isinstance(kind, tuple):  # explicit layers
+            return layer in kind
+        if kind in ATTENTION_KINDS:
+            return (layer in self.linear_attention_layers) == (kind == "linear_attention")
+        return self.is_moe_layer(layer) == (kind == "moe")
+
     def layers_of(self, kind: str | None) -> list[int]:
         """The layers a row of ``layer_kind`` ``kind`` expands for (``None``: all)."""
         if kind is None:
             return list(range(self.num_layers))
         if kind not in LAYER_KINDS:
             raise MappingError(f"table error: layer_kind {kind!r} is not one of {LAYER_KINDS}")
-        return [i for i in range(self.num_layers) if self.is_moe_layer(i) == (kind == "moe")]
+        return [i for i in range(self.num_layers) if self.is_layer_of(i, kind)]
 
     @classmethod
     def from_config(
@@ -72,6 +84,7 @@ class MappingContext:
             moe_layers=moe_layer_indices(config.get("moe_layer_freq", 1), config.num_layers),
             mtp_layers=layers if mtp else 0,
             dropped_mtp_layers=0 if mtp else layers,
+            linear_attention_layers=linear_attention_indices(config),
         )
 
     @property
@@ -81,8 +94,25 @@ class MappingContext:
         return "moe" if self.is_moe_layer(self.num_layers - 1) else "dense"
 
 
-#: :attr:`Row.layer_kind` values: rows of the mixture-of-experts layers only, or of the dense layers only.
-LAYER_KINDS = ("moe", "dense")
+#: :attr:`Row.layer_kind` values of the token mixer: rows of the Gated DeltaNet layers only, or of the full-attention
+#: layers only (megatron's ``linear_attention_freq``; :data:`MappingContext.linear_attention_layers`).
+ATTENTION_KINDS = ("linear_attention", "full_attention")
+#: :attr:`Row.layer_kind` values: rows of the mixture-of-experts layers only, or of the dense layers only; or
+#: :data:`ATTENTION_KINDS`.
+LAYER_KINDS = ("moe", "dense", *ATTENTION_KINDS)
+
+
+def linear_attention_indices(config) -> tuple[int, ...]:
+    """The Gated DeltaNet layers of a config (``experimental_attention_variant`` ``gated_delta_net`` with
+    ``linear_attention_freq``: an int ``f``, every ``f``-th layer full attention; a list, 1 per linear layer)."""
+    if config.get("experimental_attention_variant") != "gated_delta_net":
+        return ()
+    layers, freq = int(config.get("num_layers")), config.get("linear_attention_freq")
+    if isinstance(freq, (list, tuple)):
+        if len(freq) != layers:
+            raise MappingError(f"linear_attention_freq has {len(freq)} entries for {layers} layers")
+        return tuple(i for i, v in enumerate(freq) if v)
+    return tuple(i for i in range(layers) if (i + 1) % int(freq or 1))
 
 
 def moe_layer_indices(freq, num_layers: int) -> tuple[int, ...] | None:
