@@ -58,14 +58,15 @@ def _module(weight_name: str) -> str | None:
 def lora_targets(table) -> list[Target]:
     """Every linear of a decoder layer that a row of ``table`` (a :class:`~pai_zoo.tables.mapping.WeightMap`) fills from
     HF projection weights, routed experts left out (transformers fuses them into one tensor, which PEFT's LoRA does
-    not adapt)."""
+    not adapt), and so the sparse-attention indexer (its top-k indices take no gradient from the loss)."""
     found = []
     for row in table.rows:
         if not row.per_layer or row.per_expert or len(row.mcore) != 1 or not row.hf:
             continue
         mcore = _module(row.mcore[0])
         hf = tuple(_module(h) for h in row.hf)
-        if mcore is None or not mcore.startswith(MCORE_LAYER) or None in hf or ".experts." in mcore:
+        if mcore is None or not mcore.startswith(MCORE_LAYER) or None in hf or ".experts." in mcore \
+                or ".indexer." in mcore:
             continue
         if not mcore.rsplit(".", 1)[-1].startswith("linear_"):
             continue

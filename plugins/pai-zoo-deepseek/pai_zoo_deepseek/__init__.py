@@ -365,9 +365,12 @@ KIMI_K2 = Family(
 )
 
 
+from .dsa import DEEPSEEK_V32  # noqa: E402 (DeepSeek-V3's rules and table, defined above)
+
+
 @hookimpl
 def pai_zoo_families():
-    return [DEEPSEEK_V2, DEEPSEEK_V3, KIMI_K2]
+    return [DEEPSEEK_V2, DEEPSEEK_V3, KIMI_K2, DEEPSEEK_V32]
 
 
 @hookimpl

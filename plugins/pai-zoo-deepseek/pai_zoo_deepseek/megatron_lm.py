@@ -80,3 +80,31 @@ def claims(score: str) -> tuple[dict, ...]:
     """The Megatron-LM args a DeepSeek family claims: multi-latent attention (with its q/kv norms) and experts
     with ``score`` router scores."""
     return moe_megatron_args(score, multi_latent_attention=True, qk_layernorm=True)
+
+
+#: megatron-core's DSA fields that Megatron-LM's args carry (``--dsa-indexer-n-heads`` ...).
+DSA_FIELDS = ("dsa_indexer_n_heads", "dsa_indexer_head_dim", "dsa_indexer_topk")
+
+
+class MegatronLmIndexer(Rule):
+    """``--experimental-attention-variant dsa`` and ``--dsa-indexer-{n-heads,head-dim,topk}`` <-> the indexer's
+    ``dsa_indexer_*`` keys (see :mod:`pai_zoo.plugin.sparse_attention`)."""
+
+    hf_keys = ("experimental_attention_variant", *DSA_FIELDS)
+
+    def to_mcore(self, args: dict, arch: dict) -> None:
+        if args.get("experimental_attention_variant") != "dsa":
+            raise ConfigTranslationError(f"args.experimental_attention_variant="
+                                         f"{args.get('experimental_attention_variant')!r}: this family's attention "
+                                         "is DeepSeek sparse attention ('dsa')")
+        for name in DSA_FIELDS:
+            if not args.get(name):
+                raise ConfigTranslationError(f"args.{name} is not set: DeepSeek sparse attention needs it")
+            arch[name] = int(args[name])
+        arch.pop("experimental_attention_variant", None)
+
+    def to_hf(self, arch: dict, args: dict) -> None:
+        args.update(experimental_attention_variant="dsa", **{name: arch[name] for name in DSA_FIELDS})
+
+    def describe(self) -> str:
+        return "experimental_attention_variant dsa, dsa_indexer_n_heads/head_dim/topk"

@@ -1,0 +1,76 @@
+"""DeepSeek-V3.2's sparse attention where the suite's standard check does not look: sequences several times longer
+than the indexer's top-k (odd preset: top-5 of 48 keys, left padding too), the suite failing when the top-k is
+ignored, the indexer's config keys both ways and the refusals."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pai_zoo import ConfigTranslationError
+from pai_zoo.registry import get_registry
+from pai_zoo_conformance import checks
+
+FAMILY = "deepseek-v32"
+
+
+def _family():
+    return get_registry().family(FAMILY)
+
+
+def test_logits_match_transformers_far_beyond_the_top_k():
+    """48 tokens with top-5 (odd preset): most keys of most queries are dropped; batch 2, the second row
+    left-padded by 7, as transformers' model computes it."""
+    from pai_zoo.mcore.forward import mcore_forward
+
+    case = checks.shared_case(_family(), "deepseek-v32-odd")
+    assert case.hf_model.config.index_topk == 5
+    vocab = case.mcore_config["vocab_size"]
+    ids = torch.randint(2, vocab, (2, 48), generator=torch.Generator().manual_seed(11))
+    keep = torch.ones(2, 48, dtype=torch.long)
+    keep[1, :7] = 0
+    positions = (keep.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        expected = case.hf_model(input_ids=ids, attention_mask=keep, position_ids=positions).logits
+        got = mcore_forward(case.mcore_model, ids, attention_mask=keep)[..., :vocab]
+    delta = (expected - got)[keep.bool()].abs().max().item()
+    assert delta < 1e-4, delta
+
+
+def test_the_suite_fails_when_the_top_k_is_ignored(monkeypatch):
+    """Every key attended (the indexer's selection dropped): the forward check fails on the odd preset."""
+    from pai_zoo.mcore import sparse_attention
+
+    case = checks.shared_case(_family(), "deepseek-v32-odd")
+    checks.check_forward_equivalence(case)
+    real = sparse_attention.index_mask
+    monkeypatch.setattr(sparse_attention, "index_mask", lambda topk, keys: torch.zeros_like(real(topk, keys)))
+    with pytest.raises(checks.ConformanceFailure, match=r"\[forward\]"):
+        checks.check_forward_equivalence(case)
+
+
+def _translate(preset, **changes):
+    fam = _family()
+    return fam.to_mcore_config({**fam.presets[preset], **changes})
+
+
+def test_indexer_keys_are_megatron_cores_dsa_fields_and_come_back():
+    fam = _family()
+    config = _translate("deepseek-v32-671b")
+    arch = config.arch
+    assert (arch["dsa_indexer_n_heads"], arch["dsa_indexer_head_dim"], arch["dsa_indexer_topk"]) == (64, 128, 2048)
+    assert arch["pai_zoo.dsa_indexer_rope_interleaved"] is False and "pai_zoo.dsa_indexer_layers" not in arch
+    back = fam.to_hf_config_dict(config)
+    assert {k: back[k] for k in ("index_n_heads", "index_head_dim", "index_topk")} == {
+        "index_n_heads": 64, "index_head_dim": 128, "index_topk": 2048}
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"q_lora_rank": None}, "q_lora_rank is null"),
+    ({"index_head_dim": 4}, "index_head_dim=4 < qk_rope_head_dim=6"),
+    ({"index_topk": 0}, "index_topk=0"),
+    ({"layer_types": ["full_attention", "indexed_attention"]}, "layer_types="),
+    ({"mlp_layer_types": ["sparse", "dense"]}, "mlp_layer_types="),
+])
+def test_unsupported_values_are_refused(changes, message):
+    with pytest.raises(ConfigTranslationError, match=message):
+        _translate("deepseek-v32-odd", **changes)
