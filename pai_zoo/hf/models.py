@@ -25,7 +25,9 @@ def hf_config(family: Family, config: Mapping[str, Any]):
     """A transformers config object from a config dict (its ``model_type`` picks the class)."""
     data = dict(config)
     model_type = data.pop("model_type", None) or family.default_model_type
-    return config_class(family, model_type).from_dict(data)
+    cls = config_class(family, model_type)
+    decode = getattr(cls, "_decode_special_floats", None)  # config.json's {"__float__": "Infinity"}, as transformers
+    return cls.from_dict(decode(data) if decode else data)
 
 
 def config_dict(config) -> dict[str, Any]:

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from ..families.family import Family
 from ..plugin.config_map import CORE_KEY_PREFIX, FAMILY_KEY_PREFIX, GPT_MODEL_ARGS, McoreConfig
+from ..plugin.hybrid import ARCH_ONLY_KEYS as HYBRID_ARCH_KEYS
 from . import import_megatron, quiet_megatron
 from .alibi import ALIBI, with_alibi
 from .biased_experts import expert_tensor_parallel_size
@@ -33,6 +34,7 @@ ACTIVATIONS = {
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "relu": F.relu,
     "quick_gelu": lambda x: x * torch.sigmoid(1.702 * x),  # transformers' QuickGELUActivation (CLIP, Qwen2-VL)
+    "relu2": lambda x: torch.square(F.relu(x)),  # squared ReLU (Nemotron-H's non-gated MLP)
 }
 
 #: megatron-core defaults that differ from Hugging Face models': no dropout unless the config says so.
@@ -52,8 +54,8 @@ def transformer_config(config: McoreConfig, dtype: torch.dtype = torch.float32, 
     from megatron.core.transformer import TransformerConfig
 
     kwargs: dict[str, Any] = dict(_HF_LIKE_DEFAULTS)
-    kwargs.update({k: v for k, v in config.arch.items()
-                   if k not in GPT_MODEL_ARGS and not k.startswith((FAMILY_KEY_PREFIX, CORE_KEY_PREFIX))})
+    kwargs.update({k: v for k, v in config.arch.items() if k not in GPT_MODEL_ARGS and k not in HYBRID_ARCH_KEYS
+                   and not k.startswith((FAMILY_KEY_PREFIX, CORE_KEY_PREFIX))})
     scale = softmax_scale(config)
     if scale is not None:
         kwargs["softmax_scale"] = scale

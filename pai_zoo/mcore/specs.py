@@ -6,6 +6,7 @@ import warnings
 
 from ..plugin.config_map import NORM_PLACEMENT, NORM_PLACEMENTS, QK_NORM, QK_NORMS
 from ..plugin.errors import PaiZooError
+from ..plugin.hybrid import HYBRID_PATTERN
 from .linear_attention_spec import with_linear_attention
 
 __all__ = ["block_spec", "default_layer_spec", "layer_spec_for", "layer_specs", "stage_spec", "submodules_of",
@@ -93,6 +94,10 @@ def default_layer_spec(config):
         return with_norm_placement(spec, config)
 
     experts = config.get("num_moe_experts") or None
+    if config.get(HYBRID_PATTERN):  # a Mamba hybrid: one layer per pattern character (pai_zoo.mcore.hybrid)
+        from .hybrid import hybrid_layer_specs
+
+        return block_spec(config, hybrid_layer_specs(config, one(None), one(experts) if experts else None))
     freq = config.get("moe_layer_freq", 1)
     if experts and isinstance(freq, (list, tuple)) and 0 in freq:  # dense layers among the MoE layers
         moe, dense = one(experts), one(None)

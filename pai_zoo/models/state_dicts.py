@@ -63,11 +63,13 @@ def hf_state_dict(hf_model, config: McoreConfig | None = None, family: Family | 
     them per expert when it saves (``mlp.experts.{e}.gate_proj.weight``; Mixtral's
     ``block_sparse_moe.experts.{e}.w1.weight``); for a MoE config (``num_moe_experts``) this applies that
     saving conversion, and so for a vision-language ``family`` (``Family.vision``), whose saving renames
-    its parts. Other models: their ``state_dict()``."""
+    its parts, and a family whose checkpoint names differ from its modules' (``Family.hf_module_prefixes``: Nemotron-H
+    saves ``model.*`` as ``backbone.*``). Other models: their ``state_dict()``."""
     state = dict(hf_model.state_dict())
     # a vision-language model holds its parts under new names in memory (model.language_model.*, model.visual.*)
     # and saves them under the published ones (model.*, visual.*)
-    if not ((config is not None and config.get("num_moe_experts")) or (family is not None and family.vision)):
+    renamed = family is not None and (family.vision or family.hf_module_prefixes)  # saved under other names
+    if not ((config is not None and config.get("num_moe_experts")) or renamed):
         return state
     from transformers.core_model_loading import revert_weight_conversion
 

@@ -59,6 +59,8 @@ class MappingContext:
         """The layers a row of ``layer_kind`` ``kind`` expands for (``None``: all)."""
         if kind is None:
             return list(range(self.num_layers))
+        if isinstance(kind, tuple):  # explicit layers (a Mamba hybrid pattern's kind: pai_zoo.plugin.hybrid)
+            return [i for i in kind if i < self.num_layers]
         if kind not in LAYER_KINDS:
             raise MappingError(f"table error: layer_kind {kind!r} is not one of {LAYER_KINDS}")
         return [i for i in range(self.num_layers) if self.is_layer_of(i, kind)]
