@@ -120,6 +120,9 @@ MIXTURE_OF_EXPERTS = "mixture_of_experts"
 #: The args' ``multi_latent_attention``, kept in the architecture for claims only (:func:`matches`): a family
 #: reads MLA's fields through its :attr:`Family.megatron_lm_rules` into keys of its own.
 MULTI_LATENT_ATTENTION = "multi_latent_attention"
+#: The args' ``experimental_attention_variant`` (``dsa``, ``gated_delta_net``), kept in the architecture for claims
+#: only, as :data:`MULTI_LATENT_ATTENTION`: a family reads the variant's fields through its own rules.
+ATTENTION_VARIANT = "experimental_attention_variant"
 
 #: Megatron-LM's MoE args, each a TransformerConfig field of the same name (``num_experts`` is
 #: ``num_moe_experts``), with the value its absence (or ``None``) means.
@@ -298,6 +301,8 @@ def arch_from_args(args: Any, where: str = "args", rules: tuple[Rule, ...] = ())
             arch.pop(key, None)
     if args.get("multi_latent_attention"):
         arch[MULTI_LATENT_ATTENTION] = True
+    if args.get(ATTENTION_VARIANT):
+        arch[ATTENTION_VARIANT] = args[ATTENTION_VARIANT]
     try:
         for rule in rules:
             rule.to_mcore(args, arch)
@@ -351,7 +356,7 @@ def shown(arch: Mapping[str, Any], key: str) -> Any:
 
 def differences(ours: Mapping[str, Any], theirs: Mapping[str, Any], keys=None) -> list[str]:
     """The architecture keys (of ``keys``, default: those of ``ours``) on which two architectures disagree."""
-    skip = (*MOE_SETTINGS, MULTI_LATENT_ATTENTION,
+    skip = (*MOE_SETTINGS, MULTI_LATENT_ATTENTION, ATTENTION_VARIANT,
             *(_ROTARY_ONLY if effective(ours, "position_embedding_type") != "rope" else ()))
     keys = [k for k in (keys if keys is not None else ours) if k not in skip]
     return [k for k in keys if effective(ours, k) != effective(theirs, k)]

@@ -45,9 +45,8 @@ def topk_schedule(layers: list[int]) -> tuple[int, int] | None:
     ``n``, 1-based, reuses the top-k when ``max(n - max(offset, 1), 0) % freq != 0``), or None if none does."""
     n = len(layers)
     for freq in range(1, n + 1):
-        for offset in range(0, n + 1):
-            start = max(offset, 1)
-            if all(layers[i] == int(max(i + 1 - start, 0) % freq == 0) for i in range(n)):
+        for offset in range(1, n + 1):  # megatron-core reads 0 as 1; transformers' index_skip_topk_offset agrees
+            if all(layers[i] == int(max(i + 1 - offset, 0) % freq == 0) for i in range(n)):
                 return freq, offset
     return None
 

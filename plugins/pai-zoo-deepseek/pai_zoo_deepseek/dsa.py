@@ -120,6 +120,6 @@ DEEPSEEK_V32 = Family(
     test_tokenizer=write_deepseek_tokenizer,
     description="DeepSeek-V3.2 (DeepseekV32ForCausalLM): DeepSeek-V3 with DeepSeek Sparse Attention (a lightning "
                 "indexer keeps each query's index_topk keys)",
-    megatron_args=megatron_lm.claims("sigmoid"),
-    megatron_lm_rules=(megatron_lm.MegatronLmMla(), megatron_lm.MegatronLmIndexer()),
+    megatron_args=megatron_lm.claims("sigmoid", "dsa"),
+    megatron_lm_rules=(megatron_lm.MegatronLmMla("dsa"), megatron_lm.MegatronLmIndexer()),
 )

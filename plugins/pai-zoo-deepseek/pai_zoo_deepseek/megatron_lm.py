@@ -15,6 +15,8 @@ from __future__ import annotations
 from pai_zoo import ConfigTranslationError, Rule
 from pai_zoo.config_map import FAMILY_KEY_PREFIX
 from pai_zoo.layouts import moe_megatron_args
+from pai_zoo.plugin.megatron_args import ATTENTION_VARIANT
+from pai_zoo.plugin.sparse_attention import INDEXER_LAYERS, ROPE_INTERLEAVED, indexer_layers, topk_schedule
 
 #: megatron-core's MLA fields, kept under ``family.`` (see ``MLA_FIELDS`` in the package).
 SHAPE = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
@@ -30,7 +32,13 @@ class MegatronLmMla(Rule):
     hf_keys = ("multi_latent_attention", *SHAPE, "rope_type", "rotary_scaling_factor", "mscale", "mscale_all_dim",
                "qk_layernorm", "rotary_interleaved")
 
+    def __init__(self, variant: str | None = None):
+        self.variant = variant
+
     def to_mcore(self, args: dict, arch: dict) -> None:
+        if args.get(ATTENTION_VARIANT) != self.variant:
+            raise ConfigTranslationError(f"args.experimental_attention_variant={args.get(ATTENTION_VARIANT)!r}: this "
+                                         f"family's multi-latent attention is {self.variant or 'dense'}")
         if not args.get("multi_latent_attention"):
             raise ConfigTranslationError("args.multi_latent_attention is not set: DeepSeek's attention is "
                                          "multi-latent attention")
@@ -76,21 +84,30 @@ class MegatronLmMla(Rule):
         return "multi_latent_attention, q_lora_rank ... v_head_dim, rope_type, rotary_scaling_factor, mscale"
 
 
-def claims(score: str) -> tuple[dict, ...]:
-    """The Megatron-LM args a DeepSeek family claims: multi-latent attention (with its q/kv norms) and experts
-    with ``score`` router scores."""
-    return moe_megatron_args(score, multi_latent_attention=True, qk_layernorm=True)
+def claims(score: str, variant: str | None = None) -> tuple[dict, ...]:
+    """The Megatron-LM args a DeepSeek family claims: multi-latent attention (with its q/kv norms), experts
+    with ``score`` router scores and the attention variant ``variant`` (``dsa``: sparse attention; None: dense)."""
+    return moe_megatron_args(score, multi_latent_attention=True, qk_layernorm=True,
+                             **{ATTENTION_VARIANT: variant})
 
 
-#: megatron-core's DSA fields that Megatron-LM's args carry (``--dsa-indexer-n-heads`` ...).
+#: megatron-core's DSA fields that Megatron-LM's args carry (``--dsa-indexer-n-heads`` ...), in 0.16 and 0.19.
 DSA_FIELDS = ("dsa_indexer_n_heads", "dsa_indexer_head_dim", "dsa_indexer_topk")
 
 
 class MegatronLmIndexer(Rule):
-    """``--experimental-attention-variant dsa`` and ``--dsa-indexer-{n-heads,head-dim,topk}`` <-> the indexer's
-    ``dsa_indexer_*`` keys (see :mod:`pai_zoo.plugin.sparse_attention`)."""
+    """``--experimental-attention-variant dsa``, ``--dsa-indexer-{n-heads,head-dim,topk}`` <-> the indexer's
+    ``dsa_indexer_*`` keys (:mod:`pai_zoo.plugin.sparse_attention`); megatron-core 0.19's
+    ``--dsa-indexer-rope-interleaved`` (written when set: GLM-5) and ``--dsa-indexer-topk-freq`` /
+    ``--dsa-indexer-skip-topk-offset`` (GLM-5's shared layers, when periodic) too. transformers' indexer scores
+    with a ReLU (``dsa_indexer_scoring_relu`` off is refused) and a key norm of eps 1e-6; the Hadamard rotation
+    (``dsa_indexer_rotate_activation``) leaves the scores as they are, so either value reads the same model.
+    megatron-core 0.16's own ``DSAIndexer`` rotates the last ``qk_pos_emb_head_dim`` channels of the indexer's
+    heads, transformers the first: a Megatron-LM 0.16 run computes another indexer from the same weights."""
 
-    hf_keys = ("experimental_attention_variant", *DSA_FIELDS)
+    hf_keys = ("experimental_attention_variant", *DSA_FIELDS, "dsa_indexer_rope_interleaved",
+               "dsa_indexer_topk_freq", "dsa_indexer_skip_topk_offset", "dsa_indexer_scoring_relu",
+               "dsa_indexer_k_norm_epsilon")
 
     def to_mcore(self, args: dict, arch: dict) -> None:
         if args.get("experimental_attention_variant") != "dsa":
@@ -101,10 +118,31 @@ class MegatronLmIndexer(Rule):
             if not args.get(name):
                 raise ConfigTranslationError(f"args.{name} is not set: DeepSeek sparse attention needs it")
             arch[name] = int(args[name])
-        arch.pop("experimental_attention_variant", None)
+        if args.get("dsa_indexer_scoring_relu") is False:
+            raise ConfigTranslationError("args.dsa_indexer_scoring_relu=False: transformers' indexer scores each "
+                                         "head with a ReLU")
+        if args.get("dsa_indexer_k_norm_epsilon") not in (None, 1e-6):
+            raise ConfigTranslationError(f"args.dsa_indexer_k_norm_epsilon={args['dsa_indexer_k_norm_epsilon']}: "
+                                         "transformers' indexer key norm has eps 1e-6")
+        arch[ROPE_INTERLEAVED] = bool(args.get("dsa_indexer_rope_interleaved"))
+        freq, offset = int(args.get("dsa_indexer_topk_freq") or 1), int(args.get("dsa_indexer_skip_topk_offset") or 0)
+        arch.pop(INDEXER_LAYERS, None)
+        if freq > 1:
+            start = max(offset, 1)
+            arch[INDEXER_LAYERS] = [int(max(n - start, 0) % freq == 0) for n in range(1, int(args["num_layers"]) + 1)]
+        arch.pop(ATTENTION_VARIANT, None)
 
     def to_hf(self, arch: dict, args: dict) -> None:
         args.update(experimental_attention_variant="dsa", **{name: arch[name] for name in DSA_FIELDS})
+        if arch.get(ROPE_INTERLEAVED):
+            args["dsa_indexer_rope_interleaved"] = True
+        layers = indexer_layers(arch)
+        if not all(layers):
+            schedule = topk_schedule(layers)
+            if schedule is None:
+                raise ConfigTranslationError(f"{INDEXER_LAYERS}={layers}: no --dsa-indexer-topk-freq / "
+                                             "--dsa-indexer-skip-topk-offset gives these shared layers")
+            args["dsa_indexer_topk_freq"], args["dsa_indexer_skip_topk_offset"] = schedule
 
     def describe(self) -> str:
-        return "experimental_attention_variant dsa, dsa_indexer_n_heads/head_dim/topk"
+        return "experimental_attention_variant dsa, dsa_indexer_n_heads/head_dim/topk (rope_interleaved, topk_freq)"

@@ -74,3 +74,29 @@ def test_indexer_keys_are_megatron_cores_dsa_fields_and_come_back():
 def test_unsupported_values_are_refused(changes, message):
     with pytest.raises(ConfigTranslationError, match=message):
         _translate("deepseek-v32-odd", **changes)
+
+
+def test_megatron_lm_args_carry_the_indexer_both_ways():
+    """pai-zoo's args and flags for a V3.2 checkpoint name the indexer as Megatron-LM does; read back, the args
+    pick deepseek-v32 alone (not deepseek-v3) and give every indexer value back; deepseek-v3 refuses them."""
+    from pai_zoo import hf, megatron_args
+    from pai_zoo.mcore import megatron_lm_args as mla
+    from pai_zoo.models.megatron_lm_config import derive_config
+
+    fam = _family()
+    config = fam.to_mcore_config(hf.config_dict(hf.hf_config(fam, fam.presets["deepseek-v32-671b"])))
+    args = vars(mla.megatron_lm_args(config))
+    assert (args["experimental_attention_variant"], args["dsa_indexer_n_heads"], args["dsa_indexer_head_dim"],
+            args["dsa_indexer_topk"]) == ("dsa", 64, 128, 2048)
+    flags = " ".join(mla.megatron_lm_flags(config))
+    assert "--experimental-attention-variant dsa --dsa-indexer-n-heads 64 --dsa-indexer-head-dim 128 " \
+           "--dsa-indexer-topk 2048" in flags
+    derived = derive_config(args, "ckpt")
+    assert derived.family is fam
+    keys = ["dsa_indexer_n_heads", "dsa_indexer_head_dim", "dsa_indexer_topk", "pai_zoo.dsa_indexer_rope_interleaved"]
+    assert megatron_args.differences(config.arch, derived.config.arch, keys=keys) == []
+    assert not [c for c in mla.megatron_lm_caveats(config) if "dsa" in c]
+    with pytest.raises(ConfigTranslationError, match="experimental_attention_variant='dsa'"):
+        derive_config(args, "ckpt", family="deepseek-v3")
+    with pytest.raises(ConfigTranslationError, match="dsa_indexer_scoring_relu=False"):
+        derive_config({**args, "dsa_indexer_scoring_relu": False}, "ckpt")

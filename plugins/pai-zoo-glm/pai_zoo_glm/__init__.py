@@ -156,4 +156,6 @@ GLM4_MOE = Family(
 
 @hookimpl
 def pai_zoo_families():
-    return [GLM, GLM4_MOE]
+    from .glm5 import GLM5  # pai-zoo-deepseek's MLA and sparse attention
+
+    return [GLM, GLM4_MOE, GLM5]
