@@ -34,7 +34,7 @@ ACTIVATIONS = {
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "relu": F.relu,
     "quick_gelu": lambda x: x * torch.sigmoid(1.702 * x),  # transformers' QuickGELUActivation (CLIP, Qwen2-VL)
-    "relu2": lambda x: torch.square(F.relu(x)),  # squared ReLU (Nemotron-H's non-gated MLP)
+    "squared_relu": lambda x: torch.square(F.relu(x)),  # Megatron-LM's --squared-relu (Nemotron-H's relu2 MLP)
 }
 
 #: megatron-core defaults that differ from Hugging Face models': no dropout unless the config says so.

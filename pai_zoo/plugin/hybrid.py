@@ -18,11 +18,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from .config_map import CORE_KEY_PREFIX, Field, Rule
+from .config_map import CORE_KEY_PREFIX, FAMILY_KEY_PREFIX, Field, Rule
 from .errors import ConfigTranslationError
 
-__all__ = ["ARCH_ONLY_KEYS", "CHUNK_SIZE", "CONV_BIAS", "CONV_KERNEL", "HYBRID_PATTERN", "KINDS", "HybridPattern",
-           "MambaFixed", "hybrid_kinds", "mamba_config_rules"]
+__all__ = ["ARCH_ONLY_KEYS", "CHUNK_SIZE", "CONV_BIAS", "CONV_KERNEL", "HYBRID_PATTERN", "KINDS",
+           "PER_LAYER_CHECKPOINT", "HybridPattern", "MambaFixed", "MegatronLmHybrid", "hybrid_kinds",
+           "mamba_config_rules"]
 
 #: arch key of the per-layer pattern (Megatron-LM's ``--hybrid-override-pattern``).
 HYBRID_PATTERN = "hybrid_override_pattern"
@@ -41,8 +42,8 @@ KINDS = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
 HF_NAMES = {"linear_attention": "M", "full_attention": "*", "mlp": "-", "moe": "E", "mamba": "M", "attention": "*"}
 CURRENT = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe"}
 
-_SOURCE = CORE_KEY_PREFIX + "hybrid_source"  # which HF key held the pattern, and a list's own spelling
-_LAYERS = CORE_KEY_PREFIX + "hybrid_num_hidden_layers"  # num_hidden_layers was given (written back)
+_SOURCE = FAMILY_KEY_PREFIX + "hybrid_source"  # which HF key held the pattern, and a list's own spelling
+_LAYERS = FAMILY_KEY_PREFIX + "hybrid_num_hidden_layers"  # num_hidden_layers was given (written back)
 
 
 def hybrid_kinds(arch: dict) -> list[str] | None:
@@ -120,7 +121,8 @@ class HybridPattern(Rule):
 class MambaFixed(Rule):
     """Values of the Mamba-2 mixer that megatron-core's ``MambaMixer`` has built in: ``silu`` after the conv, a conv
     with a bias, no linear biases, the time step unclamped (``time_step_limit`` ``(0, inf)``). Each HF key may be
-    absent or hold that value (kept as given); any other value is refused naming the field."""
+    absent or hold that value, and is written back with it (the config class has every one of them); any other value
+    is refused naming the field."""
 
     def __init__(self, act: str = "mamba_hidden_act", conv_bias: str = "use_conv_bias", bias: str = "use_bias",
                  limit: str = "time_step_limit"):
@@ -143,12 +145,9 @@ class MambaFixed(Rule):
             if not same:
                 raise ConfigTranslationError(f"config.json has {key}={value!r}; megatron-core's Mamba mixer supports "
                                              f"only {key}={expected!r}")
-            arch[CORE_KEY_PREFIX + "mamba." + key] = value
 
     def to_hf(self, arch: dict, hf: dict) -> None:
-        for key in self.keys:
-            if CORE_KEY_PREFIX + "mamba." + key in arch:
-                hf[key] = arch[CORE_KEY_PREFIX + "mamba." + key]
+        hf.update({k: list(v) if isinstance(v, tuple) else v for k, v in self.keys.items()})
 
 
 _TAGGED = {"Infinity": float("inf"), "-Infinity": float("-inf"), "NaN": float("nan")}
@@ -178,3 +177,42 @@ def mamba_config_rules(heads: str = "mamba_num_heads", head_dim: str = "mamba_he
 
     return [field(heads, "mamba_num_heads"), field(head_dim, "mamba_head_dim"), field(state, "mamba_state_dim"),
             field(groups, "mamba_num_groups"), field(conv, CONV_KERNEL), field(chunk, CHUNK_SIZE), MambaFixed(**fixed)]
+
+
+#: Megatron-LM's Mamba mixer: a conv of width 4 and chunks of 128 (MambaMixer's defaults; no args field sets them).
+MEGATRON_LM_MAMBA = {CONV_KERNEL: 4, CHUNK_SIZE: 128}
+_MAMBA_ARGS = ("mamba_state_dim", "mamba_head_dim", "mamba_num_groups", "mamba_num_heads")
+
+
+class MegatronLmHybrid(Rule):
+    """A :attr:`~pai_zoo.Family.megatron_lm_rules` rule: Megatron-LM's ``--hybrid-override-pattern`` and
+    ``--mamba-state-dim`` / ``--mamba-head-dim`` / ``--mamba-num-groups`` / ``--mamba-num-heads`` (``args`` fields of
+    the same names) <-> the arch keys; the conv width and chunk size read back as Megatron-LM's fixed ones
+    (:data:`MEGATRON_LM_MAMBA`: another value is a caveat)."""
+
+    hf_keys = (HYBRID_PATTERN, *_MAMBA_ARGS)
+
+    def describe(self) -> str:
+        return "args hybrid_override_pattern, mamba_* <-> the hybrid pattern and the Mamba-2 sizes"
+
+    def to_mcore(self, args: dict, arch: dict) -> None:
+        pattern = args.get(HYBRID_PATTERN)
+        if not pattern:
+            return
+        arch[HYBRID_PATTERN] = str(pattern)
+        arch[PER_LAYER_CHECKPOINT] = True
+        arch.setdefault(_SOURCE, ["hybrid_override_pattern"])  # Megatron-LM's spelling
+        for key in _MAMBA_ARGS:
+            if args.get(key) is not None:
+                arch[key] = args[key]
+        for key, value in MEGATRON_LM_MAMBA.items():
+            arch.setdefault(key, value)
+
+    def to_hf(self, arch: dict, args: dict) -> None:
+        if not arch.get(HYBRID_PATTERN):
+            return
+        args[HYBRID_PATTERN] = arch[HYBRID_PATTERN]
+        args["is_hybrid_model"] = True
+        for key in _MAMBA_ARGS:
+            if arch.get(key) is not None:
+                args[key] = arch[key]
