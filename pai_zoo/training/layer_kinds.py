@@ -7,19 +7,18 @@ A layer of a GPT model is attention + MLP. Hybrid models mix other kinds:
   the depthwise causal ``conv1d`` over q, k and v, ``dt_bias`` and ``A_log`` per value head, the gated ``out_norm``
   (one value head wide, replicated) and ``out_proj``; everything but ``out_norm`` split over TP by heads. Its state
   is a ``[value heads, key dim, value dim]`` matrix per sequence and the conv's last ``kernel - 1`` inputs.
-* **Mamba-2** mixers (:data:`HYBRID_PATTERN` ``M``): ``in_proj`` (z, x, B, C, dt), ``conv1d`` over x, B and C,
-  ``A_log``, ``D`` and ``dt_bias`` per head, the gated norm over the inner width and ``out_proj``; split over TP by
-  heads and groups. Its state is ``[heads, head dim, state dim]`` per sequence plus the conv's last inputs.
+* **Mamba-2** mixers (``M`` in :data:`pai_zoo.plugin.hybrid.HYBRID_PATTERN`): ``in_proj`` (z, x, B, C, dt),
+  ``conv1d`` over x, B and C, ``A_log``, ``D`` and ``dt_bias`` per head, the gated norm over the inner width and
+  ``out_proj``; split over TP by heads and groups. Its state is ``[heads, head dim, state dim]`` per sequence plus
+  the conv's last inputs.
 * attention-only (``*``) and MLP-only (``-``) layers of a hybrid pattern, and the gated full attention
   (``attention_output_gate``: the query projection also gives one gate per query channel).
 """
 from __future__ import annotations
 
-__all__ = ["HYBRID_PATTERN", "layer_parts", "layer_parameter_counts", "recurrent_state_bytes"]
+from ..plugin.hybrid import CHUNK_SIZE, CONV_BIAS, CONV_KERNEL, HYBRID_PATTERN
 
-#: arch key of a Mamba hybrid's per-layer pattern (``M`` Mamba, ``*`` attention, ``-`` MLP, ``E`` MoE), as
-#: Megatron-LM's ``--hybrid-override-pattern`` writes it.
-HYBRID_PATTERN = "hybrid_override_pattern"
+__all__ = ["layer_parts", "layer_parameter_counts", "recurrent_state_bytes"]
 
 
 def _norm(a: dict, width: int) -> int:
@@ -84,8 +83,8 @@ def _mamba(config, tp: int) -> int:
     h = a["hidden_size"]
     heads, _, groups, state, inner = _mamba_dims(a)
     conv_dim = inner + 2 * groups * state
-    kernel = a.get("mamba_conv_kernel", a.get("linear_conv_kernel_dim", 4)) or 4
-    conv_bias = conv_dim if a.get("mamba_conv_bias", True) else 0
+    kernel = a.get(CONV_KERNEL) or 4
+    conv_bias = conv_dim if a.get(CONV_BIAS, True) else 0
     in_proj = h * (2 * inner + 2 * groups * state + heads)
     return _norm(a, h) + (in_proj + conv_dim * kernel + conv_bias + 3 * heads + inner + inner * h) // tp
 
@@ -105,7 +104,7 @@ def recurrent_state_bytes(config, tp: int = 1, sequence_length: int = 0, batch: 
     (one state per chunk of 64 tokens, every recurrent layer). ``(0, 0)`` for a model without recurrent layers."""
     a = config.arch
     inference = chunks = 0
-    per_chunk = max(1, -(-sequence_length // int(a.get("pai_zoo.chunk_size") or 64))) if sequence_length else 0
+    per_chunk = max(1, -(-sequence_length // int(a.get(CHUNK_SIZE) or 64))) if sequence_length else 0
     for parts in layer_parts(config):
         if "linear_attention" in parts:
             dk, dv = a.get("linear_key_head_dim", 128), a.get("linear_value_head_dim", 128)
@@ -115,7 +114,7 @@ def recurrent_state_bytes(config, tp: int = 1, sequence_length: int = 0, batch: 
         elif "mamba" in parts:
             heads, head_dim, groups, dstate, inner = _mamba_dims(a)
             state = heads * head_dim * dstate
-            conv = (inner + 2 * groups * dstate) * ((a.get("mamba_conv_kernel") or 4) - 1)
+            conv = (inner + 2 * groups * dstate) * ((a.get(CONV_KERNEL) or 4) - 1)
         else:
             continue
         inference += 4 * (state + conv) / tp
