@@ -15,6 +15,7 @@ from ..formats.integrity import deep_check, verify_checkpoint
 from ..formats.megatron_folder import HF_DIR, TRACKER
 from ..hf.config_cache import full_config_dict
 from ..plugin.errors import PaiZooError, no_such_path
+from ..tables.layer_kinds import layers_line
 from ..tables.mapping import MappingContext
 from ..tokenizers.fit import TokenizerMismatchError, tokenizer_side
 from ..tokenizers.names import TokenizerRef
@@ -109,7 +110,7 @@ def _hf(path: Path, family_name: str | None) -> tuple[Inspection, tuple | None]:
     fit = (path, family, config["vocab_size"], path, False) if tokenizer_files(path) else None
     return Inspection(path, f"Hugging Face ({weights.storage})", family.name, sum(m.numel() for m in metas),
                       "/".join(dtypes), architecture=_architecture(config.arch), needs=needs,
-                      quantization=quantization, mtp=mtp, vision=tower), fit
+                      quantization=quantization, mtp=mtp, vision=tower, layers=layers_line(config.arch)), fit
 
 
 def _hf_mtp(family, config, names, needs: list[str]) -> str | None:
@@ -169,4 +170,5 @@ def _megatron(path: Path, family: str | None, tokenizer, iteration) -> tuple[Ins
                    description is not None)
         return Inspection(path, fmt, checkpoint.family.name, parameters,
                           str(checkpoint.stored_dtype).removeprefix("torch."), it, shape,
-                          _architecture(checkpoint.config.arch), needs, mtp=mtp, vision=vision), fit
+                          _architecture(checkpoint.config.arch), needs, mtp=mtp, vision=vision,
+                          layers=layers_line(checkpoint.config.arch)), fit

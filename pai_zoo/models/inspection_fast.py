@@ -35,6 +35,7 @@ from ..formats.megatron_folder import (
     iteration_folder,
 )
 from ..plugin.config_map import McoreConfig
+from ..tables.layer_kinds import layers_line
 from .inspection_report import Inspection, _architecture, _vision_line
 from .megatron_lm_config import derive_config
 
@@ -113,7 +114,7 @@ def _pai_zoo(path: Path, family: str | None, tokenizer):
     shape = {"tensor_parallel": record.get("tensor_parallel"), "pipeline_parallel": record.get("pipeline_parallel")}
     return Inspection(path, "torch_dist (written by pai-zoo)", fam.name, sum(math.prod(s) for s in shapes.values()),
                       str(record.get("dtype", "float32")), None, shape, _architecture(config.arch), [], mtp=mtp,
-                      vision=_vision(fam, shapes)), fit
+                      vision=_vision(fam, shapes), layers=layers_line(config.arch)), fit
 
 
 def _megatron_lm(path: Path, family: str | None, tokenizer, iteration):
@@ -164,7 +165,7 @@ def _megatron_lm(path: Path, family: str | None, tokenizer, iteration):
     fmt = f"{it.format} (written by Megatron-LM: no pai_zoo.json, read from its args)"
     return Inspection(path, fmt, derived.family.name, sum(math.prod(s) for s in model.values()), dtype,
                       it.iteration, shape, _architecture(config.arch), needs, mtp=mtp,
-                      vision=_vision(derived.family, model)), fit
+                      vision=_vision(derived.family, model), layers=layers_line(config.arch)), fit
 
 
 def _legacy(it):

@@ -18,7 +18,14 @@ SHOWN = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", 
          "moe_router_enable_expert_bias", "moe_shared_expert_intermediate_size", "moe_shared_expert_gate",
          "moe_layer_freq",
          # multi-token prediction
-         "mtp_num_layers")
+         "mtp_num_layers",
+         # Gated DeltaNet linear attention and the gated full attention (Qwen3-Next, Qwen3.5)
+         "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
+         "linear_conv_kernel_dim", "attention_output_gate",
+         # Mamba-2 mixers (Nemotron-H)
+         "mamba_num_heads", "mamba_head_dim", "mamba_state_dim", "mamba_num_groups",
+         # DeepSeek sparse attention's indexer (DeepSeek-V3.2, GLM-5)
+         "dsa_indexer_n_heads", "dsa_indexer_head_dim", "dsa_indexer_topk")
 
 
 @dataclass
@@ -39,6 +46,7 @@ class Inspection:
     vision: str | None = None  # a vision-language model's tower: its parameters and what it reads
     verified: str | None = None  # what the file checks found (integrity.Verified.line)
     tokenizer: str | None = None  # the tokenizer and whether it fits the config
+    layers: str | None = None  # the layer kinds of a hybrid model (pai_zoo.tables.layer_kinds.layers_line)
 
     def lines(self) -> list[str]:
         out = [f"checkpoint:   {self.path}", f"format:       {self.format}"]
@@ -58,6 +66,8 @@ class Inspection:
             out.append(f"files:        {self.verified}")
         if self.tokenizer:
             out.append(f"tokenizer:    {self.tokenizer}")
+        if self.layers:
+            out.append(f"layers:       {self.layers}")
         out.append("architecture:")
         out += [f"  {k:<36} {v}" for k, v in self.architecture.items()]
         out += ["conversion:"] + [f"  {n}" for n in (self.needs or ["needs nothing more"])]

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from ..families.registry import get_registry
 from ..lora.targets import lora_targets, select
-from .layer_kinds import layer_parameter_counts, layer_parts, recurrent_state_bytes
+from ..tables.layer_kinds import layer_parameter_counts, layer_parts, recurrent_state_bytes
 
 GIB = 1024**3
 

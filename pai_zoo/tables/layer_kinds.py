@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from ..plugin.hybrid import CHUNK_SIZE, CONV_BIAS, CONV_KERNEL, HYBRID_PATTERN
 
-__all__ = ["layer_parts", "layer_parameter_counts", "recurrent_state_bytes"]
+__all__ = ["layer_parts", "layer_parameter_counts", "layers_line", "recurrent_state_bytes"]
 
 
 def _norm(a: dict, width: int) -> int:
@@ -27,8 +27,10 @@ def _norm(a: dict, width: int) -> int:
 
 def layer_parts(config) -> list[tuple[str, ...]]:
     """Each layer's parts: ``("attention", "mlp")`` for a GPT layer, ``("linear_attention", "mlp")`` for a Gated
-    DeltaNet one, ``("mamba",)``, ``("attention",)``, ``("mlp",)`` or ``("moe",)`` for a hybrid pattern's."""
-    a, n = config.arch, config.num_layers
+    DeltaNet one, ``("mamba",)``, ``("attention",)``, ``("mlp",)`` or ``("moe",)`` for a hybrid pattern's.
+    ``config``: an :class:`~pai_zoo.plugin.config_map.McoreConfig` or its ``arch`` dict."""
+    a = getattr(config, "arch", config)
+    n = int(a["num_layers"])
     pattern = a.get(HYBRID_PATTERN)
     if pattern:
         kinds = {"M": ("mamba",), "*": ("attention",), "-": ("mlp",), "E": ("moe",)}
@@ -120,3 +122,27 @@ def recurrent_state_bytes(config, tp: int = 1, sequence_length: int = 0, batch: 
         inference += 4 * (state + conv) / tp
         chunks += 4 * state * per_chunk * batch / tp
     return inference, chunks
+
+
+#: how :func:`layers_line` names each kind of layer
+_NAMES = {("attention", "mlp"): "attention", ("linear_attention", "mlp"): "Gated DeltaNet", ("mamba",): "Mamba-2",
+          ("attention",): "attention only", ("mlp",): "MLP only", ("moe",): "MoE only"}
+
+
+def layers_line(arch: dict) -> str | None:
+    """``inspect``'s line for a model whose layers are not all alike: each kind and how many, and the order
+    (``"Gated DeltaNet x3, attention x1: LLLA"``); ``None`` when every layer is a GPT layer. Sparse attention
+    (``dsa``) says so on every attention layer."""
+    parts = layer_parts(arch)
+    if all(p == ("attention", "mlp") for p in parts) and arch.get("experimental_attention_variant") != "dsa":
+        return None
+    counts: dict[str, int] = {}
+    for p in parts:
+        counts[_NAMES[p]] = counts.get(_NAMES[p], 0) + 1
+    line = ", ".join(f"{name} x{n}" for name, n in counts.items())
+    if arch.get(HYBRID_PATTERN):
+        return f"{line}: pattern {arch[HYBRID_PATTERN]} (M Mamba-2, * attention, - MLP, E MoE)"
+    if arch.get("experimental_attention_variant") == "dsa":
+        return f"{line}, with DeepSeek sparse attention (an indexer picks {arch.get('dsa_indexer_topk')} keys)"
+    order = "".join("L" if p[0] == "linear_attention" else "A" for p in parts)
+    return f"{line}: {order} (L Gated DeltaNet, A attention{', gated' if arch.get('attention_output_gate') else ''})"
