@@ -118,8 +118,8 @@ def fused_rows_of(target: Target, config: McoreConfig) -> int:
     heads, groups, d = config.num_attention_heads, config.num_query_groups, config.kv_channels
     gated = 2 if config.get("gated_linear_unit") else 1
     inside = target.in_module
-    if inside == "self_attention.linear_qkv":
-        return (heads + 2 * groups) * d
+    if inside == "self_attention.linear_qkv":  # with an output gate, every query head has its gate head too
+        return (heads * (2 if config.get("attention_output_gate") else 1) + 2 * groups) * d
     if inside in ("self_attention.linear_proj", "mlp.linear_fc2", "mlp.shared_experts.linear_fc2"):
         return int(config["hidden_size"])
     if inside == "mlp.linear_fc1":

@@ -11,8 +11,8 @@ the core attention becomes a subclass (:func:`chunked`) of the one the spec has,
 scores outside the chunk megatron-core's masked value (-10000, as its ``attention_mask_func``), on the layers the key
 names (global layer number). The queries are the last ``sq`` of the ``sk`` keys (pai-zoo's KV cache hands this
 core attention the cached keys: :mod:`pai_zoo.mcore.inference`), and a row's left padding is the leading hidden
-keys of its last query's mask row (megatron-core's boolean mask, True = hidden), so prefill, decode steps and plain
-forwards agree. A packed batch (a document mask) counts chunks from the last document's start.
+keys of each query's mask row (megatron-core's boolean mask, True = hidden), so prefill, decode steps and plain
+forwards agree; in a packed batch (a document mask) that is where the query's record starts.
 """
 from __future__ import annotations
 
@@ -29,19 +29,20 @@ MASKED = -10000.0
 
 def chunk_hidden(mask, batch: int, sq: int, sk: int, chunk: int, device):
     """Boolean ``[b or 1, 1, sq, sk]``: True where key j lies in another chunk than query i (queries: the last
-    ``sq`` of ``sk`` positions), chunks counted from each row's first key that ``mask`` does not hide."""
+    ``sq`` of ``sk`` positions), chunks counted from each query's first key that ``mask`` does not hide."""
     import torch
 
     keys = torch.arange(sk, device=device)
     queries = keys[sk - sq:]
     if mask is None:
-        pad = torch.zeros(1, dtype=torch.long, device=device)
+        start = torch.zeros(1, 1, dtype=torch.long, device=device)
     else:
-        last = mask[..., -1, :].reshape(mask.shape[0], -1)[:, -sk:]  # [b or 1, sk], True = hidden
-        pad = torch.cumprod(last.long(), dim=-1).sum(-1)  # leading hidden keys: the left padding
-    q = torch.div(queries[None, :] - pad[:, None], chunk, rounding_mode="floor")  # [b, sq]
-    k = torch.div(keys[None, :] - pad[:, None], chunk, rounding_mode="floor")  # [b, sk]
-    return (q[:, :, None] != k[:, None, :])[:, None]
+        rows = mask.reshape(mask.shape[0], -1, mask.shape[-2], mask.shape[-1]).any(1)[:, -sq:, -sk:]  # True = hidden
+        # each query's leading hidden keys: its row's left padding, or where its packed record starts
+        start = torch.cumprod(rows.long(), dim=-1).sum(-1)  # [b or 1, sq] (or [.., 1]: one row for every query)
+    q = torch.div(queries[None, :] - start, chunk, rounding_mode="floor")  # [b, sq]
+    k = torch.div(keys[None, None, :] - start[..., None], chunk, rounding_mode="floor")  # [b, sq, sk]
+    return (q[:, :, None] != k)[:, None]
 
 
 @functools.cache

@@ -91,7 +91,8 @@ def layout_of(family: Family, config: McoreConfig, dtype: torch.dtype, padded_vo
     from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor, apply_factories
 
     model = meta_model(family, config, dtype, padded_vocab_size, head)
-    local_shapes = {n: tuple(t.shape) for n, t in model.state_dict().items() if not n.endswith("._extra_state")}
+    state = model.state_dict(keep_vars=True)
+    local_shapes = {n: tuple(t.shape) for n, t in state.items() if not n.endswith("._extra_state")}
     sharded = model.sharded_state_dict()
     apply_factories(sharded)
     chunks, objects = [], {}
@@ -103,13 +104,36 @@ def layout_of(family: Family, config: McoreConfig, dtype: torch.dtype, padded_vo
                 if local_name not in local_shapes:
                     raise PaiZooError(f"sharded state dict entry {local_name} has no tensor in the model")
                 prepend = item.prepend_axis_num
-                local_slice = tuple(slice(o, o + s) for o, s in zip(item.global_offset[prepend:], item.data.shape))
+                local_slice = _view_slice(item.data, state.get(local_name))
+                if local_slice is None:
+                    local_slice = tuple(slice(o, o + s) for o, s in zip(item.global_offset[prepend:], item.data.shape))
                 sizes = (1,) * prepend + tuple(item.data.shape)
                 chunks.append(Chunk(local_name, local_slice, item.key, tuple(item.global_offset), sizes,
                                     tuple(item.global_shape)))
             else:
                 raise PaiZooError(f"unexpected entry {type(item).__name__} for {local_name} in the sharded state dict")
     return Layout(chunks, objects, local_shapes, dtype)
+
+
+def _view_slice(part, whole) -> tuple | None:
+    """Where ``part`` (a narrowed view that a sharded-state-dict factory split off, e.g. the ``key`` rows of a Gated
+    DeltaNet's ``in_proj.weight.key``) lies in the local tensor ``whole``, from its storage offset; ``None`` when it
+    is not a proper view of ``whole`` (the global offsets then say where it lies)."""
+    if whole is None or part.shape == whole.shape or part.dim() != whole.dim() or not whole.is_contiguous():
+        return None
+    try:
+        offset = part.storage_offset() - whole.storage_offset()
+    except (NotImplementedError, RuntimeError):
+        return None
+    if part.stride() != whole.stride() or offset < 0:
+        return None
+    starts = []
+    for stride in whole.stride():
+        starts.append(offset // stride if stride else 0)
+        offset -= starts[-1] * stride
+    if any(s + n > w for s, n, w in zip(starts, part.shape, whole.shape)):
+        return None
+    return tuple(slice(s, s + n) for s, n in zip(starts, part.shape))
 
 
 def megatron_lm_args(

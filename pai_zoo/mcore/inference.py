@@ -17,8 +17,9 @@ same model and weights and changes only how a generation step runs:
   ``torch.nn.functional.scaled_dot_product_attention`` (``enable_gqa``: no copies per head).
   Core attentions other than megatron's own ``DotProductAttention`` (ALiBi's and Falcon's
   subclasses) receive the cached keys in megatron's layout instead, so their biases apply as in
-  training. Anything else (training, megatron's own inference context, packed sequences, output
-  gates, sliding windows, YaRN, attention sinks) runs megatron-core's ``forward`` unchanged.
+  training; an output gate (``attention_output_gate``) applies as megatron-core's. Anything else (training,
+  megatron's own inference context, packed sequences, sliding windows, YaRN, attention sinks) runs megatron-core's
+  ``forward`` unchanged.
 * :class:`InferenceColumnParallelLinear` and :class:`InferenceRowParallelLinear` -- megatron-core's
   local tensor-parallel linear layers; under ``torch.inference_mode()`` they run the same
   operations (``matmul``, bias, the tensor-parallel gather or all-reduce) without megatron's
@@ -149,7 +150,6 @@ class CachedSelfAttention(SelfAttention):
             isinstance(core, DotProductAttention)
             and window is None
             and not config.flash_decode
-            and not getattr(config, "attention_output_gate", False)
             and not getattr(config, "multi_latent_attention", False)
             and not hasattr(config, "yarn_rotary_scaling_factor")
             and getattr(core, "softmax_offset", None) is None  # attention sinks: megatron's softmax
@@ -159,6 +159,11 @@ class CachedSelfAttention(SelfAttention):
         self._scale = getattr(core, "softmax_scale", None)
         no_rope = getattr(config, "no_rope_freq", None)
         self._no_rope = bool(no_rope and no_rope[self.layer_number - 1])
+
+    def _apply_output_gate(self, x, gate):
+        """megatron-core's ``x * sigmoid(gate)`` (float32 gate), without its ``jit_fuser`` (``torch.compile``: seconds
+        on a CPU's first call)."""
+        return (x * torch.sigmoid(gate.contiguous().view(*x.shape).float())).to(x.dtype)
 
     def forward(self, hidden_states, attention_mask=None, *args, **kwargs):
         cache = kwargs.get("inference_context") or kwargs.get("inference_params")
@@ -174,7 +179,11 @@ class CachedSelfAttention(SelfAttention):
             raise ValueError(
                 "CachedSelfAttention: several new tokens after a filled cache need an explicit attention mask"
             )
-        query, key, value = self.get_query_key_value_tensors(hidden_states, None)  # [s, b, heads, head_dim]
+        gated = bool(getattr(self.config, "attention_output_gate", False))  # Qwen3-Next's sigmoid output gate
+        if gated:
+            query, key, value, gate = self.get_query_key_value_tensors(hidden_states, None, output_gate=True)
+        else:
+            query, key, value = self.get_query_key_value_tensors(hidden_states, None)  # [s, b, heads, head_dim]
         batch = query.shape[1]
         if rotary_pos_emb is not None and not self._no_rope:
             freqs = rotary_pos_emb[0] if isinstance(rotary_pos_emb, tuple) else rotary_pos_emb
@@ -201,6 +210,8 @@ class CachedSelfAttention(SelfAttention):
                 attention_bias=attention_bias,
                 packed_seq_params=None,
             )
+        if gated:
+            out = self._apply_output_gate(out, gate)
         return self.linear_proj(out)
 
 

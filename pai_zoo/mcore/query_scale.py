@@ -11,7 +11,8 @@ number, so pipeline stages agree). Positions:
 
 * ``"slots"`` (Llama 4): the token's index in the sequence; the queries are the last ``sq`` of the ``sk`` keys,
   so a KV-cache step (:mod:`pai_zoo.mcore.inference` hands the cached keys to such a core attention) counts on
-  from the cache;
+  from the cache; in a packed row (a block-diagonal mask) the index counts from the token's record start (left
+  padding still counts, as transformers' ``cache_position`` does);
 * ``"ids"`` (Ministral 3): the position ids given to ``GPTModel.forward`` (every pipeline stage gets them, and
   pai-zoo's generation loop passes each step's), which :func:`attach_position_ids` hands to the layers by a
   forward pre-hook on the model.
@@ -90,15 +91,19 @@ def query_scaled(base: type) -> type:
 
         def forward(self, query, key, value, *args, **kwargs):
             if self.query_scale is not None:
-                query = query * self._factors(query, key).to(query.dtype)
+                mask = args[0] if args else kwargs.get("attention_mask")
+                query = query * self._factors(query, key, mask).to(query.dtype)
             return super().forward(query, key, value, *args, **kwargs)
 
-        def _factors(self, query, key):
+        def _factors(self, query, key, mask=None):
             import torch
 
             sq, sk = query.shape[0], key.shape[0]
-            if self.query_scale["positions"] == "slots":  # [sq, 1, 1, 1]
+            if self.query_scale["positions"] == "slots":  # [sq, 1, 1, 1], or [sq, b, 1, 1] in packed records
                 positions = torch.arange(sk - sq, sk, device=query.device)[:, None, None, None]
+                before = _earlier_records(mask, sq, sk)
+                if before is not None:
+                    positions = positions - before.transpose(0, 1)[:, :, None, None]
             else:  # the model's position ids [b, sq] -> [sq, b, 1, 1]
                 ids = self.position_ids
                 if ids is None:
@@ -113,6 +118,21 @@ def query_scaled(base: type) -> type:
 
     QueryScaledAttention.__name__ = QueryScaledAttention.__qualname__ = f"QueryScaled{base.__name__}"
     return QueryScaledAttention
+
+
+def _earlier_records(mask, sq: int, sk: int):
+    """``[b, sq]``: the tokens of earlier packed records before each query (real tokens it cannot see before its
+    first visible key; left padding does not count: transformers counts slots over it), from a square boolean mask
+    (True = hidden); ``None`` for any other mask."""
+    import torch
+
+    if mask is None or mask.dtype != torch.bool or mask.dim() != 4 or sq != sk or tuple(mask.shape[-2:]) != (sq, sk):
+        return None
+    rows = mask.any(1)  # [b, s, s]
+    leading = torch.cumprod(rows.long(), dim=-1).sum(-1)  # [b, s] hidden keys before each query's first visible one
+    padding = torch.diagonal(rows, dim1=-2, dim2=-1).long().cumsum(-1)  # [b, s] padding tokens up to each slot
+    pad_before = torch.where(leading > 0, padding.gather(-1, (leading - 1).clamp(min=0)), torch.zeros_like(leading))
+    return (leading - pad_before).clamp(min=0)
 
 
 def with_query_scale(spec, config):

@@ -355,7 +355,9 @@ QWEN3_MOE = Family(
 
 @hookimpl
 def pai_zoo_families():
-    return [QWEN, QWEN2, QWEN3, QWEN2_MOE, QWEN3_MOE]
+    from .qwen3_next import QWEN3_NEXT
+
+    return [QWEN, QWEN2, QWEN3, QWEN2_MOE, QWEN3_MOE, QWEN3_NEXT]
 
 
 @hookimpl
