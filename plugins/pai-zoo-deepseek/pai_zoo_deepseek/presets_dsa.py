@@ -12,12 +12,14 @@ def _v32(config: dict, heads: int, dim: int, topk: int) -> dict:
 
 
 V32_PRESETS = {
-    # Tiny V3.2: V3-tiny's shape, 2 indexer heads of 16 channels (8 rotated), top-8 keys.
+    # Tiny V3.2: V3-tiny's shape, 8 indexer heads of 16 channels (8 rotated), top-8 keys. Many heads: a key that
+    # every head scores <= 0 scores exactly 0 (ReLU), and torch.topk orders such ties by the row's length (a
+    # packed row's record and the record alone may keep different ones, as transformers would).
     "deepseek-v32-tiny": _v32(_deepseek(
         3, vocab=512, hidden=64, inter=96, moe_inter=32, layers=2, heads=4, q_lora=24, kv_lora=16, nope=16,
         rope=8, v=12, experts=4, topk=2, shared=1, first_dense=1, groups=2, topk_group=1, scaling=2.5,
         norm_topk=True, max_pos=256, rope_parameters=_yarn(4.0, 64, 1.0, 1.0), bos=TOY_BOS, eos=TOY_EOS),
-        heads=2, dim=16, topk=8),
+        heads=8, dim=16, topk=8),
     # Odd V3.2: 6 heads, hidden 48, vocab 997, 6 experts in 3 groups top-4, YaRN from 32 positions with an
     # attention factor != 1; 3 indexer heads of 10 channels (6 rotated), top-5 keys (the 16-token forward check
     # drops keys from the sixth query on).

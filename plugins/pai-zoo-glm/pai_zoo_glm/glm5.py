@@ -41,9 +41,9 @@ def _default(theta: float) -> dict:
 
 
 GLM5_PRESETS = {
-    # Tiny GLM-5: 2 layers (the first dense), q LoRA, 4 experts top-2 in one group, an indexer of 2 heads x 16
-    # channels (8 rotated, interleaved) keeping the top-8 keys in both layers.
-    "glm5-tiny": {**_glm5((2, 16, 8), 1e-5, vocab=512, hidden=64, inter=96, moe_inter=32, layers=2, heads=4,
+    # Tiny GLM-5: 2 layers (the first dense), q LoRA, 4 experts top-2 in one group, an indexer of 8 heads x 16
+    # channels (8 rotated, interleaved) keeping the top-8 keys in both layers (many heads: few exact ties at 0).
+    "glm5-tiny": {**_glm5((8, 16, 8), 1e-5, vocab=512, hidden=64, inter=96, moe_inter=32, layers=2, heads=4,
                           q_lora=24, kv_lora=16, nope=16, rope=8, v=12, experts=4, topk=2, shared=1, first_dense=1,
                           groups=1, topk_group=1, scaling=2.5, norm_topk=True, max_pos=512,
                           rope_parameters=_default(1000000.0), bos=None, eos=TOY_EOS),
