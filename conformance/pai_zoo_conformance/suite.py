@@ -116,6 +116,11 @@ class ConformanceSuite:
     def test_training_lowers_loss(self, case):
         checks.check_training(case)
 
+    def test_packed_records_stay_apart(self, case, request):
+        from .packing_checks import check_packed_records
+
+        _record(request, {"packing": check_packed_records(case)})
+
     def test_disk_round_trip(self, case, tmp_path, request):
         _record(request, {"disk round trip": checks.check_disk_round_trip(case, tmp_path)})
 
