@@ -36,7 +36,8 @@ def expert_logits(checkpoint, ids, ep: int = 2, swap: bool = False, save=None):
     family = get_registry().family(config.family)
     model = build_gpt_model(family, config, padded_vocab_size=meta.get("padded_vocab_size"),
                             expert_model_parallel_size=ep).eval()
-    local = next(layer.mlp.experts.local_experts for layer in model.decoder.layers if hasattr(layer.mlp, "experts"))
+    local = next(layer.mlp.experts.local_experts for layer in model.decoder.layers
+                 if hasattr(getattr(layer, "mlp", None), "experts"))  # a hybrid's Mamba layers have none
     assert len(local) * ep == config["num_moe_experts"], (len(local), config["num_moe_experts"])
     dist_ckpt.load_model_weights(model, iteration_dir(checkpoint))
     if save:
