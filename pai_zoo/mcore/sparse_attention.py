@@ -29,7 +29,9 @@ k_norm, linear_weights_proj}``) and computes transformers' way:
   indexer's inputs (``x``, ``qr``) and the inference context.
 
 Like transformers' (``@torch.no_grad``), the indexer takes no gradient from the language-model loss: the top-k
-indices are integers. megatron-core's KL loss that trains the indexer (``dsa_indexer_loss_coeff``) is not computed.
+indices are integers. Its parameters are frozen (``requires_grad`` False: an optimizer's weight decay would
+otherwise shrink them in training); megatron-core's KL loss that trains the indexer (``dsa_indexer_loss_coeff``)
+is not computed.
 """
 from __future__ import annotations
 
@@ -96,6 +98,8 @@ class SparseIndexer(DSAIndexer):
         del self.rotary_pos_emb  # megatron-core's own; the MLA's (transformers' frequencies) is used instead
         self.interleaved, self.relu, self.layer_number = interleaved, relu, layer_number
         self.__dict__["_rotary"] = None
+        for param in self.parameters():  # no gradient reaches them: frozen, so no optimizer decays them either
+            param.requires_grad_(False)
 
     def _cos_sin(self, start: int, length: int, device):
         rotary = self.__dict__["_rotary"]
