@@ -170,6 +170,9 @@ class SparseCoreAttention(DotProductAttention):
     def __init__(self, config, layer_number, attn_mask_type, attention_type, attention_dropout=None,
                  softmax_scale=None, k_channels=None, v_channels=None, interleaved=False, relu=True, source=None,
                  **kwargs):
+        if config.context_parallel_size > 1:
+            raise NotImplementedError("DeepSeek sparse attention: context parallelism is not supported (the indexer "
+                                      "scores every key of the sequence); use context_parallel_size 1")
         super().__init__(config, layer_number, attn_mask_type, attention_type, attention_dropout=attention_dropout,
                          softmax_scale=softmax_scale, **kwargs)
         if v_channels is not None:
