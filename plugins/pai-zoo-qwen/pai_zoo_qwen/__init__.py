@@ -5,6 +5,8 @@
 * ``qwen3`` - Qwen3 dense, transformers' ``Qwen3ForCausalLM``.
 * ``qwen2-moe`` - Qwen1.5-MoE and Qwen2-MoE, ``Qwen2MoeForCausalLM``: routed experts plus a gated shared expert.
 * ``qwen3-moe`` - Qwen3-MoE, ``Qwen3MoeForCausalLM``: routed experts, per-head q/k norms.
+* ``qwen3_5`` / ``qwen3_5_moe`` - the Qwen3.5 language models, ``Qwen3_5ForCausalLM`` / ``Qwen3_5MoeForCausalLM``:
+  Gated DeltaNet and gated attention layers (:mod:`.qwen3_5`).
 """
 from __future__ import annotations
 
@@ -355,9 +357,10 @@ QWEN3_MOE = Family(
 
 @hookimpl
 def pai_zoo_families():
+    from .qwen3_5 import QWEN3_5, QWEN3_5_MOE
     from .qwen3_next import QWEN3_NEXT
 
-    return [QWEN, QWEN2, QWEN3, QWEN2_MOE, QWEN3_MOE, QWEN3_NEXT]
+    return [QWEN, QWEN2, QWEN3, QWEN2_MOE, QWEN3_MOE, QWEN3_NEXT, QWEN3_5, QWEN3_5_MOE]
 
 
 @hookimpl

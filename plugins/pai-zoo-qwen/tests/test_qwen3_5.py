@@ -1,0 +1,97 @@
+"""Qwen3.5 and Qwen3.5-MoE beyond the conformance suite: logits past the Gated DeltaNet's chunk size (64 tokens,
+which the suite's sequences do not reach), how the families are found, M-RoPE's keys, and the Gated DeltaNet's
+separate input projections (the suite fails when two of them trade places)."""
+import dataclasses
+
+import pytest
+import torch
+
+from pai_zoo import ConfigTranslationError, WeightMap
+from pai_zoo.families.registry import get_registry
+from pai_zoo.tables.linear_layouts import gated_attention_rows, gated_delta_net_rows
+from pai_zoo.tables.mapping import GatedDeltaInProj
+from pai_zoo_conformance import ConformanceFailure, checks
+from pai_zoo_conformance.forward_checks import LOGITS_ATOL
+
+REGISTRY = get_registry()
+QWEN3_5, QWEN3_5_MOE = REGISTRY.family("qwen3_5"), REGISTRY.family("qwen3_5_moe")
+
+
+@pytest.mark.parametrize("family", [QWEN3_5, QWEN3_5_MOE], ids=lambda f: f.name)
+def test_logits_past_the_chunk_size_equal_transformers(family):
+    """100 tokens from positions 0 and 200: the chunked gated delta rule (chunks of 64) carries its state into a
+    second chunk; then 80 tokens with one row left-padded (the padding read as nothing by the recurrent layers)."""
+    from pai_zoo.mcore.forward import mcore_forward
+
+    case = checks.shared_case(family, family.odd)
+    vocab, length = case.mcore_config["vocab_size"], 100
+    ids = torch.randint(0, vocab, (2, length), generator=torch.Generator().manual_seed(5))
+    for offset in (0, 200):
+        positions = torch.arange(offset, offset + length).expand(2, length)
+        with torch.no_grad():
+            expected = case.hf_model(input_ids=ids, position_ids=positions).logits.float()
+            got = mcore_forward(case.mcore_model, ids, position_ids=positions)[..., :vocab].float()
+        assert (got - expected).abs().max().item() < LOGITS_ATOL
+    keep = torch.ones(2, 80, dtype=torch.long)
+    keep[1, :17] = 0
+    with torch.no_grad():
+        expected = case.hf_model(input_ids=ids[:, :80], attention_mask=keep).logits.float()
+        got = mcore_forward(case.mcore_model, ids[:, :80], attention_mask=keep)[..., :vocab].float()
+    assert (got - expected)[keep.bool()].abs().max().item() < LOGITS_ATOL
+
+
+@pytest.mark.parametrize("family, architecture, model_type", [
+    (QWEN3_5, "Qwen3_5ForCausalLM", "qwen3_5_text"),
+    (QWEN3_5_MOE, "Qwen3_5MoeForCausalLM", "qwen3_5_moe_text"),
+])
+def test_found_from_architectures_and_model_type(family, architecture, model_type):
+    assert REGISTRY.family_for_hf_config({"architectures": [architecture], "model_type": model_type}) is family
+    assert REGISTRY.family_for_hf_config({"model_type": model_type}) is family
+    assert REGISTRY.family("qwen3.5" if family is QWEN3_5 else "qwen3.5-moe") is family
+
+
+def test_mrope_keys_travel_and_bad_sections_are_refused():
+    """Text positions are equal in M-RoPE's three sections (plain RoPE): the keys only travel, checked for shape."""
+    hf = checks._hf_dict(QWEN3_5, "qwen3_5-27b")
+    config = QWEN3_5.to_mcore_config(hf)
+    assert config["rotary_percent"] == 0.25 and config["rotary_base"] == 10000000.0
+    assert QWEN3_5.config_map.to_hf(config)["rope_parameters"] == hf["rope_parameters"]
+    for section, match in (([11, 11], "three non-negative"), ([20, 20, 20], "covers 60 frequencies")):
+        bad = {**hf, "rope_parameters": {**hf["rope_parameters"], "mrope_section": section}}
+        with pytest.raises(ConfigTranslationError, match=match):
+            QWEN3_5.to_mcore_config(bad)
+
+
+def test_moe_config_has_no_dense_width():
+    hf = checks._hf_dict(QWEN3_5_MOE, QWEN3_5_MOE.odd)
+    assert "intermediate_size" not in hf
+    config = QWEN3_5_MOE.to_mcore_config(hf)
+    assert config["moe_layer_freq"] == 1 and config["moe_router_pre_softmax"] is False
+    assert config["moe_shared_expert_gate"] is True
+    assert "intermediate_size" not in QWEN3_5_MOE.config_map.to_hf(config)
+
+
+def test_swapped_beta_and_alpha_projections_fail_forward_equivalence():
+    """Qwen3.5's ``in_proj_b`` and ``in_proj_a`` read as each other's: the suite's forward check fails."""
+    def swapped(config):
+        rows = [r for r in QWEN3_5.weight_map_for(config).rows if not isinstance(r, GatedDeltaInProj)]
+        proper = next(r for r in gated_delta_net_rows(config, separate=True) if isinstance(r, GatedDeltaInProj))
+        wrong = GatedDeltaInProj("model.layers.{layer}.linear_attn.in_proj_{qkv,z,a,b}.weight", proper.mcore[0],
+                                 proper.heads, separate=True)
+        wrong.layer_kind = proper.layer_kind
+        return WeightMap(*rows, wrong)
+
+    assert gated_attention_rows()  # the full-attention rows stay as they are
+    broken = dataclasses.replace(QWEN3_5, name="qwen3_5-swapped-ba", weight_map=swapped)
+    with pytest.raises(ConformanceFailure, match=r"\[forward\]"):
+        checks.check_forward_equivalence(checks.build_case(broken, QWEN3_5.tiny))
+
+
+@pytest.mark.parametrize("family", [QWEN3_5, QWEN3_5_MOE], ids=lambda f: f.name)
+@pytest.mark.parametrize("lengths", [(9,), (4, 12, 7)], ids=["batch1", "batch3-left-padded"])
+def test_generation_with_the_recurrent_state_equals_transformers(family, lengths):
+    """Greedy generation (conv and delta-rule state cached per Gated DeltaNet layer, KV cache per attention layer)
+    equals transformers' ``generate`` at batch 1 and at batch 3 with left padding."""
+    from pai_zoo_conformance.generation_checks import check_generation
+
+    check_generation(checks.shared_case(family, family.odd), new_tokens=8, lengths=lengths)
