@@ -11,11 +11,11 @@ pattern (:data:`~pai_zoo.plugin.hybrid.HYBRID_PATTERN`).
 So generation, training, TP/PP and conversion take a hybrid as any GPT model.
 
 The mixer reads the records and the padding from the attention mask (:mod:`pai_zoo.mcore.segments`): padding tokens'
-inputs are zeroed (before ``in_proj`` and after the conv, as transformers' ``apply_mask_to_padding_states``), and the
-conv and the scan restart at each record start (``seq_idx``: ``causal_conv1d`` and ``mamba_ssm`` kernels, or the torch
-paths of :mod:`pai_zoo.mcore.kernels`). In generation (a :class:`~pai_zoo.mcore.inference.KVCache`) it keeps
-``(conv_state, ssm_state)`` in ``KVCache.recurrent[layer_number]``: the prompt's forward fills them, each decode step
-advances them by one token.
+inputs are zeroed (``in_proj``'s outputs, the same without a bias, and after the conv, as transformers'
+``apply_mask_to_padding_states``), and the conv and the scan restart at each record start (``seq_idx``:
+``causal_conv1d`` and ``mamba_ssm`` kernels, or the torch paths of :mod:`pai_zoo.mcore.kernels`). In generation (a
+:class:`~pai_zoo.mcore.inference.KVCache`) it keeps ``(conv_state, ssm_state)`` in ``KVCache.recurrent[layer_number]``:
+the prompt's forward fills them, each decode step advances them by one token.
 
 Tensor parallelism splits as megatron-core's ``MambaMixer`` does: ``in_proj`` is column-parallel with each rank's rows
 ``[z, x, B, C, dt]`` of its own heads and groups (its ``sharded_state_dict`` stores the five parts as separate global
@@ -97,15 +97,15 @@ class HybridMambaMixer(MambaMixer):
         return weight.squeeze(1), bias
 
     def forward(self, hidden_states, inference_context=None, attention_mask=None, **_):
-        length, batch, _ = hidden_states.shape
         cache = inference_context if inference_context is not None and hasattr(inference_context, "recurrent") \
             else None
         if cache is not None and cache.sequence_len_offset > 0:
             return self._step(hidden_states, *cache.recurrent[self.layer_number])
+        zxbcdt, _ = self.in_proj(hidden_states)  # the whole sequence (gathered under sequence parallelism)
+        length, batch, _ = zxbcdt.shape
         pad = padding_of(attention_mask, length)
-        if pad is not None:
-            hidden_states = hidden_states * (~pad).t()[..., None].to(hidden_states.dtype)
-        zxbcdt, _ = self.in_proj(hidden_states)
+        if pad is not None:  # zero inputs of padding: in_proj has no bias, so its outputs there are zero
+            zxbcdt = zxbcdt * (~pad).t()[..., None].to(zxbcdt.dtype)
         zxbcdt = zxbcdt.transpose(0, 1)  # [b, l, d]
         inner, groups, heads = self.d_inner_local_tp, self.ngroups_local_tp, self.nheads_local_tp
         z, xbc, dt = torch.split(zxbcdt, [inner, inner + 2 * groups * self.d_state, heads], dim=-1)
