@@ -53,6 +53,22 @@ def check_layout(config, tp: int = 1, pp: int = 1, *, flags=("--tp", "--pp"), er
     """:func:`check_tp` and :func:`check_pp` for a :class:`~pai_zoo.plugin.config_map.McoreConfig`."""
     check_pp(pp, config.num_layers, flag=flags[1], error=error)
     check_tp(tp, config.num_attention_heads, config.num_query_groups, flag=flags[0], error=error)
+    check_linear_heads(config, tp, flag=flags[0], error=error)
+
+
+def check_linear_heads(config, tp: int, *, flag: str = "--tp", error=PaiZooError) -> None:
+    """Gated DeltaNet layers (``experimental_attention_variant`` ``gated_delta_net``): megatron-core splits their key
+    heads and value heads evenly over the TP ranks, so ``tp`` must divide both; the message lists the sizes that fit
+    the attention heads too."""
+    if config.get("experimental_attention_variant") != "gated_delta_net":
+        return
+    keys, values = int(config.get("linear_num_key_heads") or 1), int(config.get("linear_num_value_heads") or 1)
+    if keys % tp or values % tp:
+        valid = [t for t in valid_tp_sizes(config.num_attention_heads, config.num_query_groups)
+                 if keys % t == 0 and values % t == 0]
+        raise error(f"{flag} {tp} does not divide the Gated DeltaNet's {keys} key heads and {values} value heads "
+                    f"(linear_num_key_heads, linear_num_value_heads: split over the TP ranks); valid {flag}: "
+                    f"{_sizes(valid)}")
 
 
 def cli_arguments() -> list[str] | None:

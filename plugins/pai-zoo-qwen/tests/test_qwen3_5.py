@@ -95,3 +95,15 @@ def test_generation_with_the_recurrent_state_equals_transformers(family, lengths
     from pai_zoo_conformance.generation_checks import check_generation
 
     check_generation(checks.shared_case(family, family.odd), new_tokens=8, lengths=lengths)
+
+
+def test_a_tp_size_that_does_not_split_the_linear_heads_is_refused_in_one_line():
+    """qwen3_5-odd: 6 attention heads in 2 groups take --tp 6, its 2 Gated DeltaNet key heads do not."""
+    from pai_zoo.mcore.parallel_sizes import check_layout
+    from pai_zoo.plugin.errors import PaiZooError
+
+    config = QWEN3_5.to_mcore_config(checks._hf_dict(QWEN3_5, QWEN3_5.odd))
+    check_layout(config, 2, 1)
+    with pytest.raises(PaiZooError, match=r"--tp 6 does not divide the Gated DeltaNet's 2 key heads and 6 value "
+                                          r"heads .*valid --tp: 1, 2$"):
+        check_layout(config, 6, 1)
