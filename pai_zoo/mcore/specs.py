@@ -164,7 +164,8 @@ def with_sequence_parallel_norms(spec, config):
             setattr(parent, name, SequenceParallelNorm)
 
     for layer in {id(s): s for s in spec.layer_specs}.values():
-        for name in ("input_layernorm", "pre_mlp_layernorm", "post_self_attn_layernorm", "post_mlp_layernorm"):
+        for name in ("input_layernorm", "pre_mlp_layernorm", "post_self_attn_layernorm", "post_mlp_layernorm",
+                     "norm"):  # norm: a Mamba layer's (pai_zoo.mcore.hybrid)
             swap(layer.submodules, name)
     swap(spec, "layer_norm")
     return spec
