@@ -65,3 +65,16 @@ def test_config_rule_round_trip(given):
 def test_config_rule_refuses_bad_heads():
     with pytest.raises(ConfigTranslationError, match="linear_num_value_heads"):
         LinearAttentionLayers().to_mcore(_hf(linear_num_value_heads=5), {"num_layers": 4})
+
+
+def test_megatron_lm_args_round_trip():
+    from pai_zoo.plugin.linear_attention import MegatronLmGatedDeltaNet
+
+    arch = {"num_layers": 4}
+    LinearAttentionLayers().to_mcore(_hf(full_attention_interval=2), arch)
+    arch["attention_output_gate"] = True
+    args = {"num_layers": 4}
+    MegatronLmGatedDeltaNet().to_hf(arch, args)
+    back = {}
+    MegatronLmGatedDeltaNet().to_mcore({**args, "linear_attention_freq": 2}, back)  # Megatron-LM's int form
+    assert {k: arch[k] for k in back} == back

@@ -13,7 +13,7 @@ from __future__ import annotations
 from .config_map import CORE_KEY_PREFIX, Rule
 from .errors import ConfigTranslationError
 
-__all__ = ["GATED_DELTA_NET", "LINEAR_DIMS", "LinearAttentionLayers"]
+__all__ = ["GATED_DELTA_NET", "LINEAR_DIMS", "LinearAttentionLayers", "MegatronLmGatedDeltaNet"]
 
 GATED_DELTA_NET = "gated_delta_net"
 #: transformers' and megatron-core's names of the Gated DeltaNet sizes (the same on both sides)
@@ -93,3 +93,42 @@ class LinearAttentionLayers(Rule):
     def describe(self) -> str:
         return ("layer_types (full_attention_interval), linear_* -> experimental_attention_variant gated_delta_net, "
                 "linear_attention_freq (per layer), linear_*")
+
+
+class MegatronLmGatedDeltaNet(Rule):
+    """A Megatron-LM checkpoint's args (``--experimental-attention-variant gated_delta_net``,
+    ``--linear-attention-freq`` (an int or a per-layer list), ``--linear-{num-key-heads,num-value-heads,key-head-dim,
+    value-head-dim,conv-kernel-dim}``, ``--attention-output-gate``) <-> the same megatron-core fields, for a family's
+    ``megatron_lm_rules`` (the args dict in the place of the HF config)."""
+
+    hf_keys = ("experimental_attention_variant", "linear_attention_freq", *LINEAR_DIMS, "attention_output_gate")
+
+    def to_mcore(self, args: dict, arch: dict) -> None:
+        if args.get("experimental_attention_variant") != GATED_DELTA_NET:
+            raise ConfigTranslationError(f"args.experimental_attention_variant="
+                                         f"{args.get('experimental_attention_variant')!r}: this family's linear "
+                                         f"attention is {GATED_DELTA_NET!r}")
+        layers, freq = int(args["num_layers"]), args.get("linear_attention_freq")
+        if isinstance(freq, int) and freq > 0:
+            freq = _interval_pattern(freq, layers)
+        if not isinstance(freq, (list, tuple)) or len(freq) != layers:
+            raise ConfigTranslationError(f"args.linear_attention_freq={freq!r}: an int or one 1/0 per layer "
+                                         f"({layers} layers)")
+        arch["experimental_attention_variant"] = GATED_DELTA_NET
+        arch["linear_attention_freq"] = [int(bool(v)) for v in freq]
+        for key in LINEAR_DIMS:
+            if args.get(key) is None:
+                raise ConfigTranslationError(f"args.{key} is missing: Gated DeltaNet layers need it")
+            arch[key] = int(args[key])
+        arch["attention_output_gate"] = bool(args.get("attention_output_gate"))
+
+    def to_hf(self, arch: dict, args: dict) -> None:
+        args["experimental_attention_variant"] = GATED_DELTA_NET
+        freq = arch.get("linear_attention_freq")
+        args["linear_attention_freq"] = list(freq) if isinstance(freq, (list, tuple)) else freq
+        args.update({key: arch[key] for key in LINEAR_DIMS})
+        args["attention_output_gate"] = bool(arch.get("attention_output_gate"))
+
+    def describe(self) -> str:
+        return ("experimental_attention_variant gated_delta_net, linear_attention_freq, linear_*, "
+                "attention_output_gate")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pai_zoo import ConfigMap, Family, Field, Rope, WeightMap
 from pai_zoo.layouts import SparseStep, llama_config_rules, moe_config_rules, moe_layout, moe_megatron_args
-from pai_zoo.plugin.linear_attention import LinearAttentionLayers
+from pai_zoo.plugin.linear_attention import LinearAttentionLayers, MegatronLmGatedDeltaNet
 from pai_zoo.tables.linear_layouts import hybrid_layout
 
 from .presets_qwen3_next import QWEN3_NEXT_PRESETS
@@ -52,6 +52,7 @@ QWEN3_NEXT = Family(
     weight_map=qwen3_next_weights,
     megatron_args=moe_megatron_args(qk_layernorm=True, layernorm_zero_centered_gamma=True,
                                     attention_output_gate=True, experimental_attention_variant="gated_delta_net"),
+    megatron_lm_rules=(MegatronLmGatedDeltaNet(),),
     test_tokenizer=write_qwen2_tokenizer,
     description="Qwen3-Next (Qwen3NextForCausalLM): Gated DeltaNet and gated attention layers, MoE with a gated "
                 "shared expert",
