@@ -134,7 +134,8 @@ def layers_line(arch: dict) -> str | None:
     (``"Gated DeltaNet x3, attention x1: LLLA"``); ``None`` when every layer is a GPT layer. Sparse attention
     (``dsa``) says so on every attention layer."""
     parts = layer_parts(arch)
-    if all(p == ("attention", "mlp") for p in parts) and arch.get("experimental_attention_variant") != "dsa":
+    sparse = arch.get("experimental_attention_variant") == "dsa" or bool(arch.get("dsa_indexer_topk"))
+    if all(p == ("attention", "mlp") for p in parts) and not sparse:
         return None
     counts: dict[str, int] = {}
     for p in parts:
@@ -142,7 +143,7 @@ def layers_line(arch: dict) -> str | None:
     line = ", ".join(f"{name} x{n}" for name, n in counts.items())
     if arch.get(HYBRID_PATTERN):
         return f"{line}: pattern {arch[HYBRID_PATTERN]} (M Mamba-2, * attention, - MLP, E MoE)"
-    if arch.get("experimental_attention_variant") == "dsa":
+    if sparse:  # pai-zoo's DSA families keep megatron-core's dsa_indexer_* without the variant (their own modules)
         return f"{line}, with DeepSeek sparse attention (an indexer picks {arch.get('dsa_indexer_topk')} keys)"
     order = "".join("L" if p[0] == "linear_attention" else "A" for p in parts)
     return f"{line}: {order} (L Gated DeltaNet, A attention{', gated' if arch.get('attention_output_gate') else ''})"
