@@ -99,6 +99,11 @@ class IndexerRule(Rule):
                                          f"{SHARED!r}, the first {FULL!r} (a shared layer reuses an earlier top-k)")
         layers = [int(k == FULL) for k in kinds]
         if not all(layers):
+            if hf.get("num_nextn_predict_layers"):
+                raise ConfigTranslationError(
+                    f"indexer_types={kinds!r} with num_nextn_predict_layers={hf['num_nextn_predict_layers']}: a "
+                    "multi-token-prediction layer beside shared indexer layers is not supported (which top-k it "
+                    "would use is not defined); set num_nextn_predict_layers 0 or every layer 'full'")
             arch[INDEXER_LAYERS] = layers
         schedule = {k: hf[k] for k in SCHEDULE_KEYS if k in hf}
         if schedule:

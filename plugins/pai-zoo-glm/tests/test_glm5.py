@@ -99,6 +99,12 @@ def test_bad_indexer_types_are_refused(kinds, message):
         fam.to_mcore_config({**fam.presets[ODD], "indexer_types": kinds})
 
 
+def test_shared_layers_beside_an_mtp_layer_are_refused():
+    fam = _family()
+    with pytest.raises(ConfigTranslationError, match="multi-token-prediction layer beside shared indexer layers"):
+        fam.to_mcore_config({**fam.presets[ODD], "num_nextn_predict_layers": 1})
+
+
 def test_megatron_lm_args_carry_interleaving_and_the_shared_layers():
     """megatron-core 0.19's --dsa-indexer-rope-interleaved and --dsa-indexer-topk-freq 3 / --skip-topk-offset 1
     give the odd preset's indexer back; the args pick glm5 (not deepseek-v32, whose indexer is half-split)."""
