@@ -299,6 +299,22 @@ class Dropped(Row):
         return self.hf if direction == TO_MCORE else ()
 
 
+class Ignored(Row):
+    """Checkpoint tensors that the HF model itself does not load (transformers' ``_keys_to_ignore_on_load_unexpected``:
+    Qwen3-Next's multi-token-prediction module ``mtp.*``): names for which ``match(name)`` is true are accepted and
+    dropped on the way to megatron-core, never produced on the way back."""
+
+    def __init__(self, match: Callable[[str], bool], reason: str):
+        self.hf, self.mcore = (), ()
+        self.match, self.reason = match, reason
+
+    def active(self, ctx):
+        return False
+
+    def __repr__(self) -> str:
+        return f"Ignored({self.reason})"
+
+
 class Refused(Row):
     """Checkpoint tensors that no model of the family holds and that must not be dropped silently (GLM-4.5's
     multi-token-prediction layers after the decoder layers): a source tensor no row consumes for which

@@ -9,7 +9,7 @@ from typing import Callable, Iterable, Iterator, Mapping
 from ...plugin.errors import MappingError
 from .context import DIRECTIONS, TO_HF, TO_MCORE, MappingContext
 from .mtp import MTP_LAYOUT, MtpLayout
-from .rows import Copy, Output, Refused, Row, Vocab
+from .rows import Copy, Ignored, Output, Refused, Row, Vocab
 
 _COPY = Copy("", "")  # the transform of an MTP module's own tensors (names come from MtpLayout)
 
@@ -189,6 +189,8 @@ class WeightMap:
                                    f"(num_nextn_predict_layers), but the checkpoint holds no {first}* tensors "
                                    "(transformers does not save them); convert with --no-mtp to leave them out")
         missing, unexpected = sorted(needed - given), sorted(given - needed - optional)
+        if direction == TO_MCORE:  # tensors the HF model does not load either (Ignored rows)
+            unexpected = [n for n in unexpected if not any(isinstance(r, Ignored) and r.match(n) for r in self.rows)]
         if direction == TO_MCORE and self.mtp is not None:
             self._check_mtp_count(ctx, unexpected)
         for row in self.rows:

@@ -11,11 +11,16 @@ from __future__ import annotations
 
 from pai_zoo import ConfigMap, Family, Field, Rope, WeightMap
 from pai_zoo.layouts import SparseStep, llama_config_rules, moe_config_rules, moe_layout, moe_megatron_args
+from pai_zoo.mapping import Ignored
 from pai_zoo.plugin.linear_attention import LinearAttentionLayers, MegatronLmGatedDeltaNet
 from pai_zoo.tables.linear_layouts import hybrid_layout
 
 from .presets_qwen3_next import QWEN3_NEXT_PRESETS
 from .tokenizer_files import write_qwen2_tokenizer
+
+#: The published checkpoints' multi-token-prediction module, which transformers does not load (``mtp.*``).
+MTP_IGNORED = Ignored(lambda name: name.startswith("mtp."), "Qwen3-Next's multi-token-prediction module (mtp.*), "
+                      "which transformers does not load either")
 
 QWEN3_NEXT_CONFIG = ConfigMap(
     *llama_config_rules(
@@ -37,7 +42,7 @@ def qwen3_next_weights(config) -> WeightMap:
     """Qwen3-Next: gated attention and Gated DeltaNet rows on their layers, Qwen-MoE experts with the shared expert
     and its gate (dense ``mlp.{gate,up,down}_proj`` on ``mlp_only_layers``)."""
     mlp = moe_layout(shared="shared_expert.", shared_gate="shared_expert_gate.weight")
-    return WeightMap(*hybrid_layout(config, mlp=mlp))
+    return WeightMap(*hybrid_layout(config, mlp=mlp), MTP_IGNORED)
 
 
 QWEN3_NEXT = Family(

@@ -84,3 +84,17 @@ def test_conv_one_tap_off_fails_forward(tiny, monkeypatch):
     monkeypatch.setattr(causal_conv, "causal_conv1d_fn", one_tap_off)
     with pytest.raises(ConformanceFailure, match=r"\[forward\]"):
         check_forward_equivalence(tiny)
+
+
+def test_published_mtp_tensors_are_ignored_as_transformers_ignores_them(tiny):
+    """The published checkpoints' mtp.* tensors (transformers' _keys_to_ignore_on_load_unexpected) are accepted and
+    dropped; any other stray tensor is still refused."""
+    from pai_zoo.plugin.errors import MappingError
+    from pai_zoo.tables.mapping import TO_MCORE, MappingContext
+
+    table = FAMILY.weight_map(tiny.mcore_config)
+    ctx = MappingContext.from_config(tiny.mcore_config)
+    names = table.source_names(TO_MCORE, ctx)
+    table.check_coverage(TO_MCORE, ctx, names + ["mtp.fc.weight", "mtp.layers.0.mlp.experts.3.up_proj.weight"])
+    with pytest.raises(MappingError, match="model.bogus.weight"):
+        table.check_coverage(TO_MCORE, ctx, names + ["model.bogus.weight"])
