@@ -86,3 +86,25 @@ def test_gated_norm_equals_transformers():
         ours.weight.copy_(ref.weight)
     _close(ours(x, z), ref(x, z))
     _close(ours(x), ref(x))
+
+
+def test_pick_uses_a_real_kernel_for_gpu_tensors_only(monkeypatch):
+    """CPU tensors always take the torch path; elsewhere the package's kernel, but not megatron-core 0.19's Triton conv
+    update (other arguments)."""
+    mm = mamba2.mixer_module()
+
+    def real():
+        pass
+
+    real.__module__ = "mamba_ssm.ops.triton.ssd_combined"
+
+    def triton_conv():
+        pass
+
+    triton_conv.__module__ = "megatron.core.ssm.ops.causal_conv1d_triton"
+    monkeypatch.setattr(mm, "mamba_chunk_scan_combined", real, raising=False)
+    monkeypatch.setattr(mm, "causal_conv1d_update", triton_conv, raising=False)
+    gpu_like = torch.empty(1, device="meta")
+    assert mamba2.pick("mamba_chunk_scan_combined", gpu_like) is real
+    assert mamba2.pick("mamba_chunk_scan_combined", torch.empty(1)) is mamba2.mamba_chunk_scan_combined
+    assert mamba2.pick("causal_conv1d_update", gpu_like) is mamba2.causal_conv1d_update

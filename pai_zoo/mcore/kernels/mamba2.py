@@ -12,7 +12,7 @@ and :mod:`.causal_conv`'s depthwise causal convolution (with ``seq_idx``) and it
 The scan is transformers' torch fallback (``modeling_nemotron_h.mamba2_chunk_scan``: ``segment_sum`` and the four
 SSD terms) computed the same way, so the two agree to float32 rounding. :func:`install` puts them into
 ``megatron.core.ssm.mamba_mixer`` where the packages are missing (megatron-core 0.16.1 and 0.19.2); :func:`pick` gives
-a caller the torch version for CPU tensors and the module's (real kernel) otherwise.
+a caller the real kernel for GPU tensors where there is one, else the torch version.
 """
 from __future__ import annotations
 
@@ -221,11 +221,19 @@ def mixer_module():
     return importlib.import_module("megatron.core.ssm.mamba_mixer")
 
 
+#: Where a kernel's real version comes from: the packages (and megatron-core 0.19's own Triton state update, which
+#: takes the same arguments; its Triton conv update does not).
+_REAL = {"mamba_chunk_scan_combined": ("mamba_ssm",),
+         "selective_state_update": ("mamba_ssm", "megatron.core.ssm.ops.mamba_ssm"),
+         "causal_conv1d_fn": ("causal_conv1d",), "causal_conv1d_update": ("causal_conv1d",)}
+
+
 def pick(name: str, tensor):
-    """The kernel ``name`` for ``tensor``: the torch one on a CPU or where megatron-core's module has none, else
-    megatron-core's (``mamba_ssm`` / ``causal_conv1d``, or megatron's own Triton ops)."""
+    """The kernel ``name`` for ``tensor``: megatron-core's module's where it is the real kernel (:data:`_REAL`) and
+    the tensor is on a GPU, else the torch one."""
     found = getattr(mixer_module(), name, None)
-    if tensor.device.type == "cpu" or found is None or getattr(found, "__module__", "") == __name__:
+    module = getattr(found, "__module__", "") or ""
+    if tensor.device.type == "cpu" or not module.startswith(_REAL[name]):
         return _TORCH[name]
     return found
 
