@@ -144,7 +144,8 @@ class SparseIndexer(DSAIndexer):
         scores = torch.matmul(q.float(), k.transpose(-1, -2).float().unsqueeze(1)) * self.softmax_scale
         if self.relu:
             scores = F.relu(scores)
-        weights = self.linear_weights_proj(x)[0].float() * (heads ** -0.5)
+        # transformers keeps weights_proj in float32 (_keep_in_fp32_modules) and feeds it float32 inputs
+        weights = F.linear(x.float(), self.linear_weights_proj.weight.float()) * (heads ** -0.5)
         index = torch.matmul(weights.unsqueeze(-2), scores).squeeze(-2)  # [b, s, T]
         if hidden is None:
             hidden = causal_hidden(length, k.shape[1], x.device)[None]
