@@ -20,6 +20,7 @@ from pai_zoo import (
     Fixed,
     FixedIfPresent,
     Output,
+    Require,
     Rule,
     Vocab,
     WeightMap,
@@ -106,6 +107,9 @@ CONFIG = ConfigMap(
     *mamba_config_rules(defaults=MAMBA_DEFAULTS),
     HybridMoe(),
     FixedIfPresent("mlp_bias", False, "pai-zoo's Nemotron-H MLP has no biases"),
+    # older (remote-code) configs' name of head_dim, which transformers' class does not read: it must agree
+    Require(lambda hf: hf.get("attention_head_dim", hf.get("head_dim", 128)) == hf.get("head_dim", 128),
+            "attention_head_dim differs from head_dim (transformers' Nemotron-H reads head_dim); make them agree"),
     FixedIfPresent("sliding_window", None, "transformers' Nemotron-H attends to every earlier token"),
     FixedIfPresent("num_nextn_predict_layers", 0, "Nemotron-H's multi-token-prediction layers are not supported"),
     Fixed(hf={"mlp_hidden_act": "relu2"},
@@ -117,7 +121,7 @@ CONFIG = ConfigMap(
     # refused), the attention bias transformers never builds, dropout it never applies.
     passthrough=("expand", "time_step_min", "time_step_max", "time_step_floor", "use_mamba_kernels",
                  "mamba_ssm_cache_dtype", "rescale_prenorm_residual", "residual_in_fp32", "num_logits_to_keep",
-                 "mamba_proj_bias", "attention_bias", "hidden_dropout", "mtp_layers_block_type"),
+                 "mamba_proj_bias", "attention_bias", "hidden_dropout", "mtp_layers_block_type", "attention_head_dim"),
 )
 
 L, M = "backbone.layers.{layer}.", "decoder.layers.{layer}."

@@ -109,6 +109,7 @@ def test_mamba_sizes_translate():
     ({"mamba_hidden_act": "gelu"}, "mamba_hidden_act='gelu'"),
     ({"use_conv_bias": False}, "use_conv_bias=False"),
     ({"mlp_hidden_act": "silu"}, "mlp_hidden_act='silu'"),
+    ({"attention_head_dim": 8}, "attention_head_dim differs from head_dim"),
 ])
 def test_unsupported_values_are_refused_in_one_line(changes, message):
     with pytest.raises(ConfigTranslationError, match=message) as err:
