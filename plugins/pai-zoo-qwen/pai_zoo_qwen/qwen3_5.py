@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from pai_zoo import ConfigMap, ConfigTranslationError, Family, Field, Rope, Rule, WeightMap
 from pai_zoo.layouts import llama_config_rules, llama_megatron_args, llama_shape_rules, moe_config_rules, moe_layout
+from pai_zoo.mapping import Ignored
 from pai_zoo.plugin.linear_attention import LinearAttentionLayers
 from pai_zoo.tables.linear_layouts import hybrid_layout
 
@@ -105,16 +106,23 @@ QWEN3_5_MOE_CONFIG = ConfigMap(
 )
 
 
+#: What ``Qwen3_5ForCausalLM`` / ``Qwen3_5MoeForCausalLM`` do not load either (``_keys_to_ignore_on_load_unexpected``):
+#: the published checkpoints' multi-token-prediction module and the vision tower.
+NOT_LOADED = Ignored(lambda name: name.startswith(("mtp.", "model.visual.")),
+                     "Qwen3.5's multi-token-prediction module (mtp.*) and vision tower (model.visual.*), which "
+                     "transformers' causal-LM classes do not load either")
+
+
 def qwen3_5_weights(config) -> WeightMap:
     """Gated attention and Gated DeltaNet (``in_proj_{qkv,z,b,a}``) rows on their layers, a dense SwiGLU MLP."""
-    return WeightMap(*hybrid_layout(config, separate=True))
+    return WeightMap(*hybrid_layout(config, separate=True), NOT_LOADED)
 
 
 def qwen3_5_moe_weights(config) -> WeightMap:
     """As :func:`qwen3_5_weights`, with Qwen-MoE experts (checkpoint names ``mlp.experts.{e}.*_proj``), the shared
     expert and its gate in every layer."""
     mlp = moe_layout(shared="shared_expert.", shared_gate="shared_expert_gate.weight", dense=None)
-    return WeightMap(*hybrid_layout(config, mlp=mlp, separate=True))
+    return WeightMap(*hybrid_layout(config, mlp=mlp, separate=True), NOT_LOADED)
 
 
 _ARGS = dict(qk_layernorm=True, layernorm_zero_centered_gamma=True, attention_output_gate=True,

@@ -110,3 +110,18 @@ def test_a_tp_size_that_does_not_split_the_linear_heads_is_refused_in_one_line()
     with pytest.raises(PaiZooError, match=r"--tp 6 does not divide the Gated DeltaNet's 2 key heads and 6 value "
                                           r"heads .*valid --tp: 1, 2$"):
         check_layout(config, 6, 1)
+
+
+@pytest.mark.parametrize("family", [QWEN3_5, QWEN3_5_MOE], ids=lambda f: f.name)
+def test_tensors_transformers_does_not_load_are_ignored(family):
+    """mtp.* and model.visual.* (transformers' _keys_to_ignore_on_load_unexpected) are accepted and dropped; any other
+    stray tensor is still refused."""
+    from pai_zoo.plugin.errors import MappingError
+    from pai_zoo.tables.mapping import TO_MCORE, MappingContext
+
+    config = family.to_mcore_config(checks._hf_dict(family, family.tiny))
+    table, ctx = family.weight_map_for(config), MappingContext.from_config(config)
+    names = table.source_names(TO_MCORE, ctx)
+    table.check_coverage(TO_MCORE, ctx, names + ["mtp.fc.weight", "model.visual.blocks.0.attn.qkv.weight"])
+    with pytest.raises(MappingError, match="model.bogus.weight"):
+        table.check_coverage(TO_MCORE, ctx, names + ["model.bogus.weight"])
