@@ -21,7 +21,7 @@ from __future__ import annotations
 from pai_zoo import ConfigMap, ConfigTranslationError, Family, Field, Rope, Rule, WeightMap
 from pai_zoo.layouts import llama_config_rules, llama_megatron_args, llama_shape_rules, moe_config_rules, moe_layout
 from pai_zoo.mapping import Ignored
-from pai_zoo.plugin.linear_attention import LinearAttentionLayers
+from pai_zoo.plugin.linear_attention import LinearAttentionLayers, MegatronLmGatedDeltaNet
 from pai_zoo.tables.linear_layouts import hybrid_layout
 
 from .presets_qwen3_5 import QWEN3_5_MOE_PRESETS, QWEN3_5_PRESETS
@@ -139,6 +139,7 @@ QWEN3_5 = Family(
     config_map=QWEN3_5_CONFIG,
     weight_map=qwen3_5_weights,
     megatron_args=llama_megatron_args(**_ARGS),
+    megatron_lm_rules=(MegatronLmGatedDeltaNet(),),
     test_tokenizer=write_qwen2_tokenizer,
     description="Qwen3.5 language model (Qwen3_5ForCausalLM): Gated DeltaNet and gated attention layers, dense MLP",
 )
@@ -155,6 +156,7 @@ QWEN3_5_MOE = Family(
     weight_map=qwen3_5_moe_weights,
     # Megatron-LM's args of a Qwen3.5-MoE are those of a Qwen3-Next (the differences are HF names and M-RoPE's
     # keys): qwen3_next claims them, --family qwen3_5_moe picks this family.
+    megatron_lm_rules=(MegatronLmGatedDeltaNet(),),
     test_tokenizer=write_qwen2_tokenizer,
     description="Qwen3.5-MoE language model (Qwen3_5MoeForCausalLM): Gated DeltaNet and gated attention layers, "
                 "routed experts and a gated shared expert in every layer",
