@@ -20,6 +20,8 @@ so value head ``j`` stays with key head ``j // (hv / hk)``. Both head counts mus
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -30,15 +32,21 @@ from .segments import padding_of, segments
 import_megatron()
 gated_delta.install()
 
+from megatron.core import parallel_state  # noqa: E402
 from megatron.core.ssm.gated_delta_net import GatedDeltaNet, GatedDeltaNetSubmodules  # noqa: E402
-from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear  # noqa: E402
+from megatron.core.tensor_parallel import (  # noqa: E402
+    ColumnParallelLinear,
+    RowParallelLinear,
+    copy_to_tensor_model_parallel_region,
+)
 from megatron.core.transformer.spec_utils import ModuleSpec  # noqa: E402
 
 __all__ = ["GatedDeltaNetLayer", "GatedOutputNorm", "gated_delta_net_spec", "kernels"]
 
 
+@functools.cache
 def kernels():
-    """``(chunk, recurrent)`` gated delta rules: ``fla``'s where installed, else the torch paths."""
+    """``(chunk, recurrent)`` gated delta rules: ``fla``'s where installed, else the torch paths (looked up once)."""
     try:
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
     except ImportError:
@@ -58,7 +66,14 @@ class GatedOutputNorm(torch.nn.Module):
     def forward(self, x):
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
+        weight = self.weight
+        if torch.is_grad_enabled() and weight.requires_grad and parallel_state.model_parallel_is_initialized() \
+                and parallel_state.get_tensor_model_parallel_world_size() > 1:
+            # each tensor-parallel rank normalises its own value heads with the one replicated gain, so the gain's
+            # gradient is the sum of the ranks' (megatron-core reduces no such gradient): an identity whose
+            # backward all-reduces over the tensor-parallel group
+            weight = copy_to_tensor_model_parallel_region(weight)
+        return weight * h.to(x.dtype)
 
 
 class GatedDeltaNetLayer(GatedDeltaNet):
