@@ -305,3 +305,14 @@ def test_settings_that_do_not_fit_the_model_are_refused(extra, message):
     with pytest.raises(TrainConfigError) as e:
         c.check_model(num_layers=4)
     assert message in str(e.value)
+
+
+def test_tensor_parallel_experts_need_sequence_parallelism():
+    """megatron-core's MoE layer refuses to train under TP without SP (a ValueError in the first forward): refused
+    before any work, naming the flag; with --sequence-parallel, or on a dense model, it is fine."""
+    c = TrainConfig(model="m", data=["d"], save="s", tensor_parallel_size=2)
+    with pytest.raises(TrainConfigError) as e:
+        c.check_model(num_layers=4, num_moe_experts=4)
+    assert "tensor_parallel_size 2 on a mixture of experts needs --sequence-parallel" in str(e.value)
+    c.check_model(num_layers=4)
+    TrainConfig(model="m", data=["d"], save="s", tensor_parallel_size=2, sequence_parallel=True).check_model(4, 4)

@@ -37,6 +37,7 @@ import torch
 
 from ..util.dist import launched_by_torchrun
 from . import import_megatron
+from .moe_aux_loss import fix_aux_loss_scale
 from .parallel_sizes import check_world
 
 import_megatron()
@@ -400,6 +401,7 @@ def ensure_model_parallel(tensor_parallel_size: int = 1, pipeline_parallel_size:
 
 
     apply_cpu_patch()
+    fix_aux_loss_scale()  # megatron-core 0.16's MoE load-balancing loss under sequence parallelism, as 0.19 scales it
     if not parallel_state.model_parallel_is_initialized():
         check_world(tensor_parallel_size, pipeline_parallel_size)
     if not torch.distributed.is_initialized():

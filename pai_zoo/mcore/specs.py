@@ -167,6 +167,9 @@ def with_sequence_parallel_norms(spec, config):
         for name in ("input_layernorm", "pre_mlp_layernorm", "post_self_attn_layernorm", "post_mlp_layernorm",
                      "norm"):  # norm: a Mamba layer's (pai_zoo.mcore.hybrid)
             swap(layer.submodules, name)
+        attention = submodules_of(getattr(layer.submodules, "self_attention", None))
+        for name in ("q_layernorm", "k_layernorm"):  # per-head q/k norms (their gradients are summed over TP anyway)
+            swap(attention, name)
     swap(spec, "layer_norm")
     return spec
 

@@ -431,6 +431,10 @@ class TrainConfig:
             if self.recompute_num_layers > per_chunk:
                 raise TrainConfigError(f"{g('recompute_num_layers')} is more than the {per_chunk} layers of each "
                                        "pipeline chunk")
+        if num_moe_experts and self.tensor_parallel_size > 1 and not self.sequence_parallel:
+            raise TrainConfigError(f"{g('tensor_parallel_size')} on a mixture of experts needs --sequence-parallel: "
+                                   "megatron-core's MoE layer trains under tensor parallelism only with the sequence "
+                                   "split over the ranks; add --sequence-parallel")
         ep = self.expert_model_parallel_size
         if ep > 1 and (not num_moe_experts or num_moe_experts % ep):
             what = f"its {num_moe_experts} experts" if num_moe_experts else "no experts (not a MoE model)"
