@@ -40,6 +40,7 @@ from .forward_checks import (  # noqa: F401
     _handles,
     check_forward_equivalence,
     check_parallel_equivalence,
+    logits_delta,
     vision_example,
 )
 from .generation_checks import GENERATION_TIE_TOL, _check_vision_generation, check_generation  # noqa: F401

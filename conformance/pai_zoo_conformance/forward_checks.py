@@ -70,6 +70,28 @@ def check_forward_equivalence(case: Case, batch: int = 2, seq_len: int | None = 
     return worst
 
 
+def logits_delta(case: Case, length: int, pad: int = 0, offset: int = 0, seed: int = 0) -> float:
+    """Max |delta| between transformers' and megatron-core's float32 logits on 2 random sequences of ``length``
+    tokens, on their real tokens: the second row left-padded by ``pad`` (positions counting from its first real
+    token, as generation gives them), or, without padding, positions from ``offset``. For the plugin tests that
+    reach past a family's chunk size or top-k with a length of their own."""
+    import torch
+
+    from pai_zoo.mcore.forward import mcore_forward, positions_of
+
+    vocab = case.mcore_config["vocab_size"]
+    ids = torch.randint(0, vocab, (2, length), generator=torch.Generator().manual_seed(seed))
+    keep = torch.ones(2, length, dtype=torch.bool)
+    keep[1, :pad] = False
+    positions = positions_of(keep) + offset
+    with torch.no_grad():
+        want = case.hf_model(input_ids=ids, attention_mask=keep.long() if pad else None,
+                             position_ids=positions).logits.float()
+        got = mcore_forward(case.mcore_model, ids, attention_mask=keep.long() if pad else None,
+                            position_ids=positions)[..., :vocab].float()
+    return (got - want)[keep].abs().max().item()
+
+
 def vision_example(case: Case, seed: int = 4321) -> tuple[Any, dict]:
     """A vision-language family's example batch (:attr:`pai_zoo.vision.VisionSpec.example`): ``(input_ids,
     vision inputs)``."""

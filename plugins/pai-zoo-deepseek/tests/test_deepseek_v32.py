@@ -20,19 +20,9 @@ def _family():
 def test_logits_match_transformers_far_beyond_the_top_k():
     """48 tokens with top-5 (odd preset): most keys of most queries are dropped; batch 2, the second row
     left-padded by 7, as transformers' model computes it."""
-    from pai_zoo.mcore.forward import mcore_forward
-
     case = checks.shared_case(_family(), "deepseek-v32-odd")
     assert case.hf_model.config.index_topk == 5
-    vocab = case.mcore_config["vocab_size"]
-    ids = torch.randint(2, vocab, (2, 48), generator=torch.Generator().manual_seed(11))
-    keep = torch.ones(2, 48, dtype=torch.long)
-    keep[1, :7] = 0
-    positions = (keep.cumsum(-1) - 1).clamp(min=0)
-    with torch.no_grad():
-        expected = case.hf_model(input_ids=ids, attention_mask=keep, position_ids=positions).logits
-        got = mcore_forward(case.mcore_model, ids, attention_mask=keep)[..., :vocab]
-    delta = (expected - got)[keep.bool()].abs().max().item()
+    delta = checks.logits_delta(case, 48, pad=7, seed=11)
     assert delta < 1e-4, delta
 
 

@@ -25,19 +25,9 @@ def _odd():
 
 def test_logits_match_transformers_far_beyond_the_top_k():
     """48 tokens, top-6, layers 1 and 2 reusing layer 0's top-k; the second row left-padded by 5."""
-    from pai_zoo.mcore.forward import mcore_forward
-
     case = _odd()
     assert [layer.self_attn.indexer is None for layer in case.hf_model.model.layers] == [False, True, True]
-    vocab = case.mcore_config["vocab_size"]
-    ids = torch.randint(2, vocab, (2, 48), generator=torch.Generator().manual_seed(13))
-    keep = torch.ones(2, 48, dtype=torch.long)
-    keep[1, :5] = 0
-    positions = (keep.cumsum(-1) - 1).clamp(min=0)
-    with torch.no_grad():
-        expected = case.hf_model(input_ids=ids, attention_mask=keep, position_ids=positions).logits
-        got = mcore_forward(case.mcore_model, ids, attention_mask=keep)[..., :vocab]
-    delta = (expected - got)[keep.bool()].abs().max().item()
+    delta = checks.logits_delta(case, 48, pad=5, seed=13)
     assert delta < 1e-4, delta
 
 

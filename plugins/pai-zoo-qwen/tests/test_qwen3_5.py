@@ -4,7 +4,6 @@ separate input projections (the suite fails when two of them trade places)."""
 import dataclasses
 
 import pytest
-import torch
 
 from pai_zoo import ConfigTranslationError, WeightMap
 from pai_zoo.families.registry import get_registry
@@ -21,23 +20,10 @@ QWEN3_5, QWEN3_5_MOE = REGISTRY.family("qwen3_5"), REGISTRY.family("qwen3_5_moe"
 def test_logits_past_the_chunk_size_equal_transformers(family):
     """100 tokens from positions 0 and 200: the chunked gated delta rule (chunks of 64) carries its state into a
     second chunk; then 80 tokens with one row left-padded (the padding read as nothing by the recurrent layers)."""
-    from pai_zoo.mcore.forward import mcore_forward
-
     case = checks.shared_case(family, family.odd)
-    vocab, length = case.mcore_config["vocab_size"], 100
-    ids = torch.randint(0, vocab, (2, length), generator=torch.Generator().manual_seed(5))
     for offset in (0, 200):
-        positions = torch.arange(offset, offset + length).expand(2, length)
-        with torch.no_grad():
-            expected = case.hf_model(input_ids=ids, position_ids=positions).logits.float()
-            got = mcore_forward(case.mcore_model, ids, position_ids=positions)[..., :vocab].float()
-        assert (got - expected).abs().max().item() < LOGITS_ATOL
-    keep = torch.ones(2, 80, dtype=torch.long)
-    keep[1, :17] = 0
-    with torch.no_grad():
-        expected = case.hf_model(input_ids=ids[:, :80], attention_mask=keep).logits.float()
-        got = mcore_forward(case.mcore_model, ids[:, :80], attention_mask=keep)[..., :vocab].float()
-    assert (got - expected)[keep.bool()].abs().max().item() < LOGITS_ATOL
+        assert checks.logits_delta(case, 100, offset=offset, seed=5) < LOGITS_ATOL
+    assert checks.logits_delta(case, 80, pad=17, seed=5) < LOGITS_ATOL
 
 
 @pytest.mark.parametrize("family, architecture, model_type", [

@@ -6,7 +6,7 @@ import torch
 
 from pai_zoo.families.registry import get_registry
 from pai_zoo_conformance import ConformanceFailure
-from pai_zoo_conformance.checks import check_forward_equivalence, check_generation, shared_case
+from pai_zoo_conformance.checks import check_forward_equivalence, check_generation, logits_delta, shared_case
 from pai_zoo_conformance.forward_checks import LOGITS_ATOL
 from pai_zoo_conformance.packing_checks import check_packed_records
 
@@ -25,24 +25,10 @@ def odd():
 
 def test_logits_past_the_chunk_size(odd):
     """80 and 150 tokens (two and three chunks of 64) from position 0 and from 100, left padding on one row."""
-    from pai_zoo.mcore.forward import mcore_forward
-
-    vocab = odd.mcore_config["vocab_size"]
     for length in (80, 150):
-        ids = torch.randint(0, vocab, (2, length), generator=torch.Generator().manual_seed(length))
         for offset in (0, 100):
-            positions = torch.arange(offset, offset + length).expand(2, length)
-            with torch.no_grad():
-                want = odd.hf_model(input_ids=ids, position_ids=positions).logits.float()
-                got = mcore_forward(odd.mcore_model, ids, position_ids=positions)[..., :vocab].float()
-            assert (got - want).abs().max().item() < LOGITS_ATOL
-    keep = torch.ones(2, 80, dtype=torch.long)
-    keep[1, :13] = 0  # left padding
-    ids = torch.randint(0, vocab, (2, 80), generator=torch.Generator().manual_seed(3))
-    with torch.no_grad():
-        want = odd.hf_model(input_ids=ids, attention_mask=keep).logits.float()
-        got = mcore_forward(odd.mcore_model, ids, attention_mask=keep)[..., :vocab].float()
-    assert (got - want)[keep.bool()].abs().max().item() < LOGITS_ATOL
+            assert logits_delta(odd, length, offset=offset, seed=length) < LOGITS_ATOL
+    assert logits_delta(odd, 80, pad=13, seed=3) < LOGITS_ATOL  # left padding
 
 
 @pytest.mark.parametrize("lengths", [(7,), (5, 11, 2)])
