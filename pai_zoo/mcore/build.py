@@ -23,8 +23,8 @@ from .multimodal import attach_vision_tower, vision_language_class
 from .multipliers import apply_logits_scale, residual_scale, with_residual_scale
 from .query_scale import attach_position_ids, with_query_scale
 from .rope import set_inverse_frequencies, softmax_scale
-from .window_mask import install as keep_masks_in_windows
 from .specs import layer_spec_for, stage_spec, with_sequence_parallel_norms
+from .window_mask import install as keep_masks_in_windows
 
 import_megatron()
 keep_masks_in_windows()  # sliding windows keep the records' and the padding's mask (pai_zoo.mcore.window_mask)
