@@ -39,7 +39,8 @@ MEASURED_ONLY = {"stablelm": ("stablelm", False)}
 #: The model types the generated plugins claim: the installed plugins that claim one of them are left out (a second
 #: family of a model type would make its lookups ambiguous), as a user without them would have it.
 CLAIMED = ("helium", "ernie4_5", "seed_oss", "stablelm", "phi3", "olmo2", "smollm3", "granite", "olmoe", "exaone4",
-           "ministral3", "apertus", "gpt_oss", "qwen3_next", "ernie4_5_moe", "llama4_text", "deepseek_v3")
+           "ministral3", "apertus", "gpt_oss", "qwen3_next", "ernie4_5_moe", "llama4_text", "deepseek_v3", "nemotron_h",
+           "deepseek_v32")
 
 
 def _plugins_without_claims() -> str:
@@ -318,7 +319,14 @@ REFUSED = {
     "ernie4_5_moe": "a score-correction bias on softmax router scores",
     "llama4_text": "attention temperature tuning",
     "deepseek_v3": "multi-latent attention (MLA)",
+    # issue 45: the hybrids' layers are in the core, named with the module and family that use them
+    "nemotron_h": "Mamba-2 hybrid layers (layers_block_type",
+    "deepseek_v32": "indexed_attention layers",
+    "falcon_h1": "Mamba-2 mixers inside the decoder layer beside its attention or MLP",
 }
+#: the refusals whose mechanism the core has: the line says where a hand-written plugin finds it
+IN_THE_CORE = {"qwen3_next": "pai_zoo.plugin.linear_attention", "deepseek_v32": "pai_zoo.plugin.sparse_attention",
+               "nemotron_h": "pai_zoo.plugin.hybrid, as pai-zoo-nemotron", "falcon_h1": "core does not have"}
 
 
 @pytest.mark.no_megatron  # refused from the meta-device model's names and the config, before anything is built
@@ -330,4 +338,5 @@ def test_a_missing_mechanism_is_refused_in_one_line_naming_it(model_type, tmp_pa
     lines = [line for line in err.splitlines() if line.startswith(("pai-zoo:", "hint:"))]
     assert code == 1 and len(lines) == 1 and lines[0].startswith("pai-zoo: error: "), err
     assert f"{model_type} needs {REFUSED[model_type]}" in lines[0], err
+    assert IN_THE_CORE.get(model_type, "") in lines[0], err
     assert not (tmp_path / "out").exists()

@@ -26,6 +26,7 @@ from typing import Any
 from ..families.registry import get_registry
 from ..plugin.config_map import NON_ARCHITECTURE_KEYS, REQUIRED, Field
 from .mechanisms import (
+    HYBRID_KEYS,
     MOE_ODD,
     MOE_TINY,
     detect,
@@ -208,6 +209,8 @@ def infer(name: str, source: Source, like: str | None = None) -> Draft:
 
     hf = CONFIG_MAPPING[source.model_type].from_dict(
         {k: v for k, v in source.given.items() if k != "model_type"}).to_dict()
+    if any(hf.get(key) for key in HYBRID_KEYS):  # not Llama-shaped either, but the pattern is what to name
+        refuse_config(source, hf, ACTIVATIONS)
     missing = [k for k in REQUIRED_KEYS if k not in hf] + ([] if any(k in hf for k in EPS_KEYS) else
                                                          ["norm epsilon (" + ", ".join(EPS_KEYS) + ")"])
     if missing:

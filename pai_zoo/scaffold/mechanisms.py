@@ -72,12 +72,25 @@ def layer_suffixes(names) -> set[str]:
 #: The mechanisms of :func:`refuse` that pai-zoo's core has (a hand-written plugin uses them; plugin new does not
 #: write them yet); the others the core lacks.
 IN_CORE = ("attention sinks", "biased experts", "multi-latent attention", "attention temperature tuning",
-           "chunked local attention", "logit soft-capping", "MXFP4 expert weights", "LongRoPE")
+           "chunked local attention", "logit soft-capping", "MXFP4 expert weights", "LongRoPE",
+           "linear_attention layers", "linear attention layers", "indexed_attention layers", "Mamba-2 hybrid layers")
+
+#: model_type keys of a Mamba hybrid's layer pattern (:class:`pai_zoo.plugin.hybrid.HybridPattern` reads them)
+HYBRID_KEYS = ("hybrid_override_pattern", "layers_block_type")
+
+
+#: where a hand-written plugin finds a mechanism of :data:`IN_CORE` that a family already uses
+_LINEAR = ("in two forms: Gated DeltaNet, pai_zoo.plugin.linear_attention as pai-zoo-qwen's qwen3_next; Mamba-2, "
+           "pai_zoo.plugin.hybrid as pai-zoo-nemotron's nemotron_h")
+EXAMPLES = {"linear_attention layers": _LINEAR, "linear attention layers": _LINEAR,
+            "indexed_attention layers": "pai_zoo.plugin.sparse_attention, as pai-zoo-deepseek's deepseek-v32",
+            "Mamba-2 hybrid layers": "pai_zoo.plugin.hybrid, as pai-zoo-nemotron's nemotron_h"}
 
 
 def _missing(source, mechanism: str, why: str) -> ScaffoldError:
-    where = ("which pai-zoo's core has but plugin new does not write" if mechanism.startswith(IN_CORE) else
-             "a mechanism pai-zoo's core does not have")
+    example = next((f" ({text})" for key, text in EXAMPLES.items() if mechanism.startswith(key)), "")
+    where = (f"which pai-zoo's core has{example} but plugin new does not write" if mechanism.startswith(IN_CORE)
+             else "a mechanism pai-zoo's core does not have")
     return ScaffoldError(f"{source.where}: {source.model_type} needs {mechanism} ({why}), {where}: write the plugin "
                          "by hand (docs/writing-a-plugin.md)")
 
@@ -85,6 +98,13 @@ def _missing(source, mechanism: str, why: str) -> ScaffoldError:
 def refuse_config(source, hf: dict, known_acts) -> None:
     """Raise :class:`ScaffoldError` (one line naming the mechanism) where the config alone shows a mechanism that
     plugin new does not write (before any model is built)."""
+    pattern = next((key for key in HYBRID_KEYS if hf.get(key)), None)
+    if pattern is not None:
+        raise _missing(source, "Mamba-2 hybrid layers", f"{pattern}: Mamba-2, attention and MLP layers by a pattern")
+    mamba = sorted(k for k in hf if k.startswith("mamba_"))
+    if mamba and not isinstance(hf.get("layer_types"), list):
+        raise _missing(source, "Mamba-2 mixers inside the decoder layer beside its attention or MLP",
+                       f"{', '.join(mamba[:3])} ... and no per-layer pattern")
     act = hf.get("hidden_act")
     if isinstance(act, str) and act not in known_acts:
         raise _missing(source, ACTIVATION_NAMES.get(act, f"the {act} activation"), f"hidden_act={act!r}")
