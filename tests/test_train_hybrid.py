@@ -23,7 +23,7 @@ pytestmark = pytest.mark.megatron_once(first=True)
 
 REPO = Path(__file__).resolve().parents[1]
 PRESETS = ("qwen3_next-tiny", "nemotron_h-tiny")
-STEPS, GBS, SEQ = 4, 2, 160  # a chat record of the test tokenizers is ~70 tokens: two or more to a sequence
+STEPS, GBS, SEQ = 3, 2, 160  # a chat record of the test tokenizers is ~70 tokens: two or more to a sequence
 #: a TP/PP run's losses against one process's (float32)
 PARALLEL_LOSS_ATOL = 1e-4
 
@@ -57,7 +57,7 @@ def train_args(root, save, *extra):
     return ["--model", str(root / "hf"), "--data", str(root / "chat"), "--save", str(save), "--sft",
             "--global-batch-size", str(GBS), "--batch-size", "1", "--seq-length", str(SEQ),
             "--train-tokens", str(STEPS * GBS * SEQ), "--warmup-tokens", "0", "--lr", "3e-3",
-            "--save-interval", "2", "--no-progress", *extra]
+            "--save-interval", str(STEPS), "--no-progress", *extra]
 
 
 def run(args, nproc: int = 1, wrapper=None):
@@ -92,11 +92,12 @@ def test_parallel_losses_equal_one_process(setup, layout):
 
 
 def test_resume_after_sigkill_is_exact(setup):
-    """Killed just before step 4's checkpoint is published: the rerun resumes from step 2 and repeats steps 3-4."""
+    """Saving every 2 steps, killed just before the last step's checkpoint is published: the rerun resumes from step 2
+    and repeats step 3."""
     save = setup / "killed"
-    proc = run(train_args(setup, save), wrapper=("publish", "4"))
+    proc = run(train_args(setup, save, "--save-interval", "2"), wrapper=("publish", str(STEPS)))
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
     assert (save / "latest_checkpointed_iteration.txt").read_text() == "2"
-    resumed = run(train_args(setup, save))
+    resumed = run(train_args(setup, save, "--save-interval", "2"))
     assert "resuming" in resumed.stdout
     assert losses(save) == losses(setup / "baseline")  # step for step, bit for bit
