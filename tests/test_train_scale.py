@@ -307,6 +307,25 @@ def test_settings_that_do_not_fit_the_model_are_refused(extra, message):
     assert message in str(e.value)
 
 
+@pytest.mark.parametrize("preset, layers", [("qwen3_next-odd", "Gated DeltaNet"), ("nemotron_h-odd", "Mamba-2"),
+                                            ("glm5-odd", "DeepSeek sparse attention")])
+def test_context_parallelism_is_refused_for_layers_that_read_whole_sequences(preset, layers):
+    """Before any model is built (a GPU run would otherwise fail inside the layer); a GPT model takes --cp."""
+    from pai_zoo.families.registry import get_registry
+    from pai_zoo.hf import models as hf
+    from pai_zoo.mcore.parallel_sizes import check_layout
+
+    def config(name):
+        family, values = get_registry().preset(name)
+        return family.to_mcore_config(hf.config_dict(hf.hf_config(family, values)))
+
+    with pytest.raises(TrainConfigError) as e:
+        check_layout(config(preset), cp=2, error=TrainConfigError)
+    assert str(e.value) == (f"--cp 2: context parallelism is not supported for {layers} layers (they read the whole "
+                            "sequence on one rank); leave --cp out")
+    check_layout(config("llama3-tiny"), cp=2, error=TrainConfigError)
+
+
 def test_tensor_parallel_experts_need_sequence_parallelism():
     """megatron-core's MoE layer refuses to train under TP without SP (a ValueError in the first forward): refused
     before any work, naming the flag; with --sequence-parallel, or on a dense model, it is fine."""

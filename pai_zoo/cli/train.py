@@ -114,7 +114,8 @@ def plan(cfg, gpus: int | None, gpu_memory: float | None) -> int:
     config = source.mcore_config or source.family.to_mcore_config(config_dict(hf_config(source.family,
                                                                                         source.hf_config)))
     world = gpus or cfg.tensor_parallel_size * cfg.pipeline_parallel_size * cfg.context_parallel_size
-    check_layout(config, cfg.tensor_parallel_size, cfg.pipeline_parallel_size, error=TrainConfigError)
+    check_layout(config, cfg.tensor_parallel_size, cfg.pipeline_parallel_size, cp=cfg.context_parallel_size,
+                 error=TrainConfigError)
     dp = cfg.data_parallel_size(world)
     cfg._check_scale(dp, gpu=True)
     cfg.check_model(config.num_layers, config.get("num_moe_experts"))

@@ -11,6 +11,7 @@ import shlex
 import sys
 
 from ..plugin.errors import PaiZooError
+from ..tables.layer_kinds import layer_parts
 from ..util.dist import launched_by_torchrun, world_size
 
 
@@ -49,11 +50,28 @@ def check_pp(pp: int, num_layers: int, *, flag: str = "--pp", error=PaiZooError)
                     f"valid {flag}: {_sizes(valid_pp_sizes(num_layers))}")
 
 
-def check_layout(config, tp: int = 1, pp: int = 1, *, flags=("--tp", "--pp"), error=PaiZooError) -> None:
-    """:func:`check_tp` and :func:`check_pp` for a :class:`~pai_zoo.plugin.config_map.McoreConfig`."""
+def check_layout(config, tp: int = 1, pp: int = 1, *, cp: int = 1, flags=("--tp", "--pp"), error=PaiZooError) -> None:
+    """:func:`check_tp` and :func:`check_pp` for a :class:`~pai_zoo.plugin.config_map.McoreConfig`, and
+    :func:`check_context_parallel` for ``cp``."""
     check_pp(pp, config.num_layers, flag=flags[1], error=error)
     check_tp(tp, config.num_attention_heads, config.num_query_groups, flag=flags[0], error=error)
     check_linear_heads(config, tp, flag=flags[0], error=error)
+    check_context_parallel(config, cp, error=error)
+
+
+def check_context_parallel(config, cp: int, *, flag: str = "--cp", error=PaiZooError) -> None:
+    """Context parallelism splits each sequence over ranks; pai-zoo's recurrent layers (Gated DeltaNet, Mamba-2) and
+    sparse attention's indexer read whole sequences, so ``cp > 1`` is refused for a model that has them (before any
+    model is built) instead of failing inside a layer."""
+    if cp <= 1:
+        return
+    kinds = {part for parts in layer_parts(config) for part in parts}
+    names = [name for kind, name in (("linear_attention", "Gated DeltaNet"), ("mamba", "Mamba-2")) if kind in kinds]
+    if config.get("dsa_indexer_topk"):
+        names.append("DeepSeek sparse attention")
+    if names:
+        raise error(f"{flag} {cp}: context parallelism is not supported for {' and '.join(names)} layers (they read "
+                    f"the whole sequence on one rank); leave {flag} out")
 
 
 def check_linear_heads(config, tp: int, *, flag: str = "--tp", error=PaiZooError) -> None:

@@ -90,7 +90,8 @@ class Trainer(ModelSetup):
             config_dict(hf_config(self.family, source.hf_config)))
 
         self.mcore_config = self._with_mtp_choice(source)
-        check_layout(self.mcore_config, cfg.tensor_parallel_size, cfg.pipeline_parallel_size, error=TrainConfigError)
+        check_layout(self.mcore_config, cfg.tensor_parallel_size, cfg.pipeline_parallel_size,
+                     cp=cfg.context_parallel_size, error=TrainConfigError)
         cfg.check_implementation()  # CP and TE where they cannot run: before the torchrun command below
         check_world(cfg.tensor_parallel_size, cfg.pipeline_parallel_size, world)  # one process: the torchrun command
         cfg.validate(world, self.mcore_config.get("max_sequence_length"))
