@@ -80,7 +80,7 @@ def _check_vision_generation(case: Case, new_tokens: int) -> None:
     mcore_generate(case.mcore_model, prompts, params, ours, vocab_size=case.mcore_config["vocab_size"],
                    vision=(inputs, partial(decode_positions, case.family.vision, case.mcore_config)))
     hf_generate(case.hf_model, prompts, params, theirs, inputs=lambda padded: {**inputs,
-                                                                             **mcore.vision_token_types(padded)})
+                                                                             **mcore.hf_vision_inputs(padded)})
     for row, (a, b) in enumerate(zip(ours, theirs)):
         if a.tokens != b.tokens:
             _fail("generation", f"with {', '.join(sorted(inputs))}, row {row}: greedy tokens differ from "

@@ -165,7 +165,7 @@ def generate(
         rows = range(start, start + len(chunk))
         inputs = vision.batch(rows) if vision is not None else {}
         if handle.backend == "hf":
-            extra = (lambda ids: {**inputs, **handle.vision_token_types(ids)}) if inputs else None
+            extra = (lambda ids: {**inputs, **handle.hf_vision_inputs(ids)}) if inputs else None
             hf_generate(handle.model, [ids for ids, _ in chunk], params, finishers, _pad_id(tokenizer, eos), extra)
         else:
             mcore_generate(handle.model, [ids for ids, _ in chunk], params, finishers, handle.vocab_size, use_cache,

@@ -142,20 +142,23 @@ class VisionPrompts:
 
 
 def decode_positions(spec, config, ids, keep, total: int, inputs: dict):
-    """M-RoPE position ids ``[3, b, total]`` for a left-padded batch (``keep`` ``[b, L]``) and the tokens it will
-    generate: the family's positions for the prompt (:attr:`pai_zoo.vision.VisionSpec.positions`), then each row's
-    next position counting on from its largest, as transformers' ``rope_deltas`` do."""
+    """M-RoPE position ids ``[3, b, total]`` (plain ones ``[b, total]`` where the family declares none) for a
+    left-padded batch (``keep`` ``[b, L]``) and the tokens it will generate: the family's positions for the prompt
+    (:attr:`pai_zoo.vision.VisionSpec.positions`), then each row's next position counting on from its largest, as
+    transformers' ``rope_deltas`` do."""
     import torch
 
     from ..mcore.forward import positions_of
 
+    batch, length = ids.shape
+    full = torch.cat([keep, torch.ones(batch, total - length, dtype=torch.bool)], dim=1)
+    if spec.positions is None:  # the language model's plain positions
+        return positions_of(full)
     try:
         prompt = spec.positions(config, ids, keep.long(), **{
             k: inputs.get(k) for k in ("image_grid_thw", "video_grid_thw", "second_per_grid_ts")})
     except PaiZooError as exc:
         raise GenerationError(str(exc)) from None
-    batch, length = ids.shape
-    full = torch.cat([keep, torch.ones(batch, total - length, dtype=torch.bool)], dim=1)
     delta = prompt.masked_fill(~keep[None], -1).amax(dim=(0, 2)) + 1 - keep.sum(-1)  # [b]
     out = (positions_of(full) + delta[:, None]).unsqueeze(0).expand(3, -1, -1).clone()
     out[:, :, :length] = prompt

@@ -42,18 +42,23 @@ def vision_language_class(base: type) -> type:
             if getattr(self, "mrope_section", None) is not None and position_ids is not None \
                     and position_ids.dim() == 2:  # text positions: the same on M-RoPE's three axes
                 position_ids = position_ids.unsqueeze(0).expand(3, -1, -1)
+            spec = self.vision_spec
+            extra = {k: kwargs.pop(k) for k in spec.inputs if k in kwargs}  # the family's own processor outputs
+            extra = {k: v for k, v in extra.items() if v is not None}
             pixels = pixel_values is not None or pixel_values_videos is not None
             if pixels and decoder_input is None and self.pre_process:
-                ids = self.vision_spec.placeholders(self.vision_config)
+                ids = spec.placeholders(self.vision_config)
                 decoder_input = self.embedding(input_ids=input_ids, position_ids=None)
                 for name, pix, grid in (("image", pixel_values, image_grid_thw),
                                         ("video", pixel_values_videos, video_grid_thw)):
                     if pix is None:
                         continue
-                    if grid is None:
+                    if grid is None and spec.grids:
                         raise PaiZooError(f"{name}: pixel values without their grid ({name}_grid_thw)")
                     dtype = next(self.vision_model.parameters()).dtype
-                    features = self.vision_model(pix.to(dtype), grid)
+                    features = self.vision_model(pix.to(dtype), grid, **extra)
+                    if isinstance(features, tuple):  # (features, per-layer extras): VisionSpec.deepstack's
+                        features = features[0]
                     decoder_input = place_features(decoder_input, input_ids, ids[name], features, f"{name}s")
             return super().forward(input_ids, position_ids, attention_mask, decoder_input=decoder_input,
                                    labels=labels, **kwargs)

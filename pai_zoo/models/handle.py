@@ -56,14 +56,16 @@ class ModelHandle:
         return self.mcore_config["vocab_size"]
 
     def logits(self, input_ids, attention_mask=None, pixel_values=None, image_grid_thw=None, pixel_values_videos=None,
-               video_grid_thw=None, second_per_grid_ts=None):
+               video_grid_thw=None, second_per_grid_ts=None, **processor_outputs):
         """Next-token logits ``FloatTensor[batch, seq, vocab]``, vocabulary padding trimmed.
 
         ``attention_mask`` (``[batch, seq]``, 1 = real token) handles padded batches: padding is
         masked out and each row's positions count from its first real token, in both backends.
         A vision-language family also takes transformers' own inputs (``pixel_values``, ``image_grid_thw``,
         ``pixel_values_videos``, ``video_grid_thw``, ``second_per_grid_ts``: :data:`pai_zoo.vision.VISION_INPUTS`),
-        as its processor makes them; its position ids are the family's (:attr:`pai_zoo.vision.VisionSpec.positions`).
+        as its processor makes them, and the other outputs of its processor that the family reads
+        (``processor_outputs``: :attr:`pai_zoo.vision.VisionSpec.inputs`, such as Gemma 3's ``token_type_ids``); its
+        position ids are the family's (:attr:`pai_zoo.vision.VisionSpec.positions`).
         """
         import torch
 
@@ -74,7 +76,7 @@ class ModelHandle:
             input_ids = input_ids.unsqueeze(0)
         vision = check_vision_inputs(self.family, {
             "pixel_values": pixel_values, "image_grid_thw": image_grid_thw, "pixel_values_videos": pixel_values_videos,
-            "video_grid_thw": video_grid_thw, "second_per_grid_ts": second_per_grid_ts})
+            "video_grid_thw": video_grid_thw, "second_per_grid_ts": second_per_grid_ts, **processor_outputs})
         with torch.no_grad():
             if self.backend == "hf":
                 if self.family.vision is not None:
@@ -87,7 +89,7 @@ class ModelHandle:
                 from ..mcore.pipeline import forward_logits
 
                 positions = None
-                if self.family.vision is not None:
+                if self.family.vision is not None and self.family.vision.positions is not None:
                     positions = self.family.vision.positions(self.mcore_config, input_ids, attention_mask, **{
                         k: vision.get(k) for k in ("image_grid_thw", "video_grid_thw", "second_per_grid_ts")})
                 out = forward_logits(self.model, input_ids, attention_mask, positions, **vision)
@@ -97,15 +99,28 @@ class ModelHandle:
         """transformers' vision-language forward: its own position ids (``get_rope_index``), with the token types
         its processor gives (``mm_token_type_ids``) made from the placeholder ids."""
 
-        types = self.vision_token_types(input_ids)
+        from ..mcore.forward import causal_mask
+
+        spec = self.family.vision
+        types = self.hf_vision_inputs(input_ids)
         kwargs = {k: v for k, v in vision.items() if v is not None}
-        self.family.vision.positions(self.mcore_config, input_ids, attention_mask, **{  # the same refusals
+        if spec.positions is None:  # plain positions: each row's counted from its first real token
+            positions = None if attention_mask is None else causal_mask(input_ids, attention_mask)[1]
+            return self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
+                              **{**types, **kwargs}).logits
+        spec.positions(self.mcore_config, input_ids, attention_mask, **{  # the same refusals
             k: kwargs.get(k) for k in ("image_grid_thw", "video_grid_thw", "second_per_grid_ts")})
         if not kwargs:  # text only: transformers counts positions from 0 on every row; padding as the mcore side
-            positions = None if attention_mask is None else self.family.vision.positions(
-                self.mcore_config, input_ids, attention_mask)
+            positions = None if attention_mask is None else spec.positions(self.mcore_config, input_ids, attention_mask)
             return self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions).logits
-        return self.model(input_ids=input_ids, attention_mask=attention_mask, **types, **kwargs).logits
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, **{**types, **kwargs}).logits
+
+    def hf_vision_inputs(self, input_ids) -> dict:
+        """The keyword arguments the transformers forward needs besides the processor's pixels, made from the
+        prompt (:attr:`pai_zoo.vision.VisionSpec.hf_inputs`; by default Qwen's :meth:`vision_token_types`)."""
+        spec = self.family.vision
+        return self.vision_token_types(input_ids) if spec.hf_inputs is None else spec.hf_inputs(
+            self.mcore_config, input_ids)
 
     def vision_token_types(self, input_ids) -> dict:
         """``{"mm_token_type_ids": ...}``: text 0, image 1, video 2 per token, as transformers' Qwen2-VL processor

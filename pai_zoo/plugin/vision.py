@@ -39,6 +39,8 @@ class VisionSpec:
         positions: ``(McoreConfig, input_ids, attention_mask, image_grid_thw, video_grid_thw, second_per_grid_ts)
             -> LongTensor`` the language model's position ids (``[3, batch, seq]`` for M-RoPE, ``[batch, seq]``
             for plain RoPE), as the family's transformers model makes them; ``attention_mask`` may be ``None``.
+            ``None``: the language model's plain positions (each row counted from its first real token), as for
+            a text family (Gemma 3, LLaVA-OneVision).
         tower_prefix: the megatron-core name prefix of the tower's tensors (``"vision_model."``), for ``inspect``,
             ``train --plan`` and freezing.
         projector_prefix: the prefix of the projector's tensors inside the tower (Qwen's ``"vision_model.merger."``),
@@ -52,33 +54,51 @@ class VisionSpec:
         example: ``(McoreConfig, torch.Generator) -> dict``: a small batch with images (and videos, where the tower
             reads them) for the conformance suite's forward and parallel checks: ``input_ids`` with the placeholder
             runs and the vision inputs under transformers' names (random pixels with grids the tower accepts).
+        inputs: the processor outputs the family reads besides :data:`VISION_INPUTS`, under transformers' names
+            (Gemma 3's ``token_type_ids``, LLaVA-OneVision's ``image_sizes``). ``logits`` accepts them, the
+            transformers forward gets them as given, and the tower gets them as keyword arguments:
+            ``tower(pixel_values, grid_thw, **those)``.
+        grids: whether pixels come with ``image_grid_thw`` / ``video_grid_thw`` (Qwen's processors); ``False``
+            where the processor gives fixed-size images or crops (the tower then gets ``grid_thw=None``).
+        hf_inputs: ``(McoreConfig, input_ids) -> dict``: extra keyword arguments of the transformers forward that
+            the processor makes from the prompt (``None``: Qwen's ``mm_token_type_ids``, image 1 and video 2).
     """
 
     tower: Callable[[Any, Any], Any]
     placeholders: Callable[[Any], dict[str, int]]
-    positions: Callable[..., Any]
+    positions: Callable[..., Any] | None
     tokens: Callable[[Any, Any], int]
     tower_prefix: str = "vision_model."
     projector_prefix: str = ""
     modalities: tuple[str, ...] = ("image", "video")
     parameters: Callable[[Any, int], tuple[int, int]] | None = None
     example: Callable[[Any, Any], dict] | None = None
+    inputs: tuple[str, ...] = ()
+    grids: bool = True
+    hf_inputs: Callable[[Any, Any], dict] | None = None
+
+
+def accepted_inputs(spec) -> tuple[str, ...]:
+    """The vision inputs a forward of ``spec``'s family takes: :data:`VISION_INPUTS` and the family's own."""
+    return () if spec is None else VISION_INPUTS + tuple(k for k in spec.inputs if k not in VISION_INPUTS)
 
 
 def check_vision_inputs(family, inputs: dict) -> dict:
-    """``inputs`` (keyword arguments of a forward) checked against :data:`VISION_INPUTS`: a text-only family takes
-    none, a vision family only those; an image or video needs its grid. One :class:`~pai_zoo.PaiZooError` line
-    otherwise."""
+    """``inputs`` (keyword arguments of a forward) checked against :func:`accepted_inputs`: a text-only family takes
+    none, a vision family only those; an image or video needs its grid (where the family's processor makes one).
+    One :class:`~pai_zoo.PaiZooError` line otherwise."""
     given = {k: v for k, v in inputs.items() if v is not None}
-    unknown = sorted(set(inputs) - set(VISION_INPUTS))
+    accepted = accepted_inputs(family.vision)
+    unknown = sorted(set(inputs) - set(accepted or VISION_INPUTS))
     if unknown:
         raise PaiZooError(f"unknown inputs {unknown}; a forward takes input_ids, attention_mask"
-                          + (f" and {', '.join(VISION_INPUTS)}" if family.vision else ""))
+                          + (f" and {', '.join(accepted)}" if family.vision else ""))
     if given and family.vision is None:
         raise PaiZooError(f"family {family.name!r} reads text only; {sorted(given)} need a vision-language family")
-    for pixels, grid in (("pixel_values", "image_grid_thw"), ("pixel_values_videos", "video_grid_thw")):
-        if (pixels in given) != (grid in given):
-            raise PaiZooError(f"{pixels} and {grid} go together (as the model's processor returns them)")
+    if family.vision is not None and family.vision.grids:
+        for pixels, grid in (("pixel_values", "image_grid_thw"), ("pixel_values_videos", "video_grid_thw")):
+            if (pixels in given) != (grid in given):
+                raise PaiZooError(f"{pixels} and {grid} go together (as the model's processor returns them)")
     return given
 
 
