@@ -12,7 +12,7 @@ A family plugin runs it against itself with a three-line test module::
 
 With ``once = True`` every test but :data:`EVERY_PASS` is marked ``megatron_once`` at collection
 (:func:`mark_once`, called by the pytest plugin): ``make test`` runs them in the megatron-core 0.19 pass only, and the
-forward checks in both.
+forward checks in both; ``once = "first"`` runs them in the megatron-core 0.16 pass instead (to balance the two).
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def mark_once(items) -> None:
         if cls is None or not issubclass(cls, ConformanceSuite) or not getattr(cls, "once", False):
             continue
         if (getattr(item, "originalname", None) or item.name) not in EVERY_PASS:
-            item.add_marker(ONCE)
+            item.add_marker(getattr(pytest.mark, ONCE)(first=True) if cls.once == "first" else ONCE)
 
 
 def _record(request, deltas: dict) -> None:
@@ -57,8 +57,9 @@ class ConformanceSuite:
 
     #: The family name or alias to check (``pai-zoo conformance`` parametrizes it instead).
     family: str | None = None
-    #: True: every check runs in one megatron-core pass (``megatron_once``), the forward checks in every pass.
-    once: bool = False
+    #: True: every check runs in one megatron-core pass (``megatron_once``), the forward checks in every pass;
+    #: ``"first"``: the same in the first pass (``megatron_once(first=True)``).
+    once: bool | str = False
 
     @pytest.fixture(scope="class")
     @classmethod

@@ -132,6 +132,28 @@ class TestEvery(ConformanceSuite):
     family = "llama"
 '''
 
+ONCE_FIRST_SUITE = '''
+from pai_zoo_conformance import ConformanceSuite
+
+
+class TestOnceFirst(ConformanceSuite):
+    family = "llama"
+    once = "first"
+'''
+
+
+@pytest.mark.no_megatron  # collection only: no check runs
+def test_a_once_first_suite_runs_whole_in_the_first_pass_and_its_forward_checks_in_the_second(tmp_path):
+    """``once = "first"``: the whole suite in the first pass, only the forward checks in the second."""
+    from pai_zoo_conformance.suite import EVERY_PASS, ConformanceSuite
+
+    (tmp_path / "test_suite_once_first.py").write_text(ONCE_FIRST_SUITE)
+    checks = sorted(n for n in dir(ConformanceSuite) if n.startswith("test_"))
+    first = _pytest(tmp_path, "--collect-only", "--pai-zoo-megatron-only", "--pai-zoo-once-pass=first")
+    assert sorted(re.findall(r"TestOnceFirst::(\w+)", first.stdout)) == checks, first.stdout
+    second = _pytest(tmp_path, "--collect-only", "--pai-zoo-megatron-only", "--pai-zoo-once-pass=second")
+    assert sorted(re.findall(r"TestOnceFirst::(\w+)", second.stdout)) == sorted(EVERY_PASS), second.stdout
+
 
 @pytest.mark.no_megatron  # collection only: no check runs
 def test_a_once_suite_runs_only_its_forward_checks_in_the_other_pass(tmp_path):
