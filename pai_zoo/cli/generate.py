@@ -38,6 +38,11 @@ def add_parser(subparsers) -> None:
                         "prompt's placeholder stands, or, with --chat, before the text. In --prompts files: an "
                         '"images" list per record, or {"type": "image", "image": PATH} entries in a chat\'s '
                         "content (paths relative to the file)")
+    p.add_argument("--video", action="append", metavar="PATH",
+                   help="a video for --prompt (repeatable, in order): a folder of frames (image files, sorted by "
+                        "name) or a video file (needs a decoder: pip install av); read where the prompt's video "
+                        'placeholder stands or, with --chat, before the text. In --prompts files: a "videos" list '
+                        'per record, or {"type": "video", "video": PATH} entries in a chat\'s content')
     p.add_argument("--max-new-tokens", type=int, default=sampling["max_new_tokens"])
     p.add_argument("--temperature", type=float, default=sampling["temperature"], help="0 = greedy")
     p.add_argument("--top-k", type=int, default=sampling["top_k"],
@@ -77,22 +82,27 @@ def run(args, out=None) -> int:
     check_world(args.tp)  # --tp 3 in one process: the torchrun command to use, before anything loads
     check_model_name(args.model, registry())  # the flags' values were checked as argparse read them (_checks)
     check_inputs((args.tokenizer, "--tokenizer"), (args.adapter, "--adapter"), (args.prompts, "--prompts"),
-                 *((image, "--image") for image in args.image or ()))
+                 *((image, "--image") for image in args.image or ()),
+                 *((video, "--video") for video in args.video or ()))
     if any(not stop for stop in args.stop or ()):
         raise SettingError("--stop: give non-empty strings")
-    if args.image and args.prompt is None:
-        raise GenerationError("--image goes with --prompt; a --prompts file names its images per record")
+    if (args.image or args.video) and args.prompt is None:
+        raise GenerationError("--image and --video go with --prompt; a --prompts file names its images and videos "
+                              "per record")
     if args.output is not None:  # exists, not writable: refused before anything loads
         check_output(args.output, force=args.force, flag="--output", echo=is_rank0())
     if args.prompt is not None:
-        paths = list(args.image or ())
-        content = [*({"type": "image", "image": p} for p in paths), {"type": "text", "text": args.prompt}]
-        chat = [{"role": "user", "content": content if paths else args.prompt}]
-        images = [[] if args.chat else paths]  # a chat names its images in its content
+        paths, clips = list(args.image or ()), list(args.video or ())
+        content = [*({"type": "image", "image": p} for p in paths), *({"type": "video", "video": v} for v in clips),
+                   {"type": "text", "text": args.prompt}]
+        chat = [{"role": "user", "content": content if paths or clips else args.prompt}]
+        images = [[] if args.chat else paths]  # a chat names its images and videos in its content
+        videos = [[] if args.chat else clips]
         records = [("--prompt", {"prompt": args.prompt}, chat if args.chat else args.prompt)]
     else:
         records = read_prompts(args.prompts, chat=args.chat)
         images = [record_images(record, Path(args.prompts).parent, where) for where, record, _ in records]
+        videos = [record_images(record, Path(args.prompts).parent, where, "videos") for where, record, _ in records]
         records = [(where, record, with_image_paths(prompt, Path(args.prompts).parent, where))
                    for where, record, prompt in records]
     labels = [where for where, _, _ in records]
@@ -109,7 +119,7 @@ def run(args, out=None) -> int:
     rank0 = is_rank0()
     options = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                    top_p=args.top_p, seed=args.seed, stop=tuple(args.stop or ()), chat=args.chat,
-                   truncate=args.truncate, batch_size=args.batch_size, images=images)
+                   truncate=args.truncate, batch_size=args.batch_size, images=images, videos=videos)
     if args.prompt is not None:
         def stream(_index, delta):
             if rank0:

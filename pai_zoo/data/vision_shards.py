@@ -5,7 +5,8 @@ back through energon's loader with a cooker of pai-zoo's (:func:`read_vision_dat
 
 A sample is one record of :mod:`pai_zoo.data.vision_sft`: ``KEY.json`` holds ``{"messages": [...]}`` (content
 lists whose image entries name the sample's own files) and ``KEY.image0.png``, ``KEY.image1.jpg`` ... the image
-files' bytes as given. Every sample goes to energon's ``train`` split part; ``train --split`` divides the records
+files' bytes as given; a video entry names its frames (``KEY.video0.frame000.png`` ..., a folder of frames) or its
+file (``KEY.video0.mp4``). Every sample goes to energon's ``train`` split part; ``train --split`` divides the records
 as it divides other SFT data. The shards are written into ``DIR.tmp`` and renamed to ``DIR`` at the end.
 """
 from __future__ import annotations
@@ -19,7 +20,8 @@ from pathlib import Path
 from ..plugin.errors import DataError, PaiZooError
 from ..plugin.vision import read_image
 from ..util.outputs import output_folder
-from .vision_sft import read_vision_records
+from .vision_media import FRAME_SUFFIXES, read_video
+from .vision_sft import read_vision_records, record_videos
 
 __all__ = ["is_energon_dataset", "prepare_vision_dataset", "read_vision_dataset"]
 
@@ -45,6 +47,34 @@ def _add(tar: tarfile.TarFile, name: str, payload: bytes) -> None:
     tar.addfile(info, io.BytesIO(payload))
 
 
+def _add_video(tar: tarfile.TarFile, key: str, k: int, video: Path):
+    """Video ``k`` of sample ``key`` into ``tar``: its frames' files (a folder) or its file; the name(s) the
+    sample's messages give it."""
+    if video.is_dir():
+        frames = sorted(f for f in video.iterdir() if f.is_file() and f.suffix.lower() in FRAME_SUFFIXES)
+        names = [f"video{k}.frame{j:05d}{f.suffix.lower()}" for j, f in enumerate(frames)]
+        for name, frame in zip(names, frames):
+            _add(tar, f"{key}.{name}", frame.read_bytes())
+        return names
+    name = f"video{k}{video.suffix.lower() or '.mp4'}"
+    _add(tar, f"{key}.{name}", video.read_bytes())
+    return name
+
+
+def _read_video(files: dict, named, where: str):
+    """A sample's video: PIL frames from its frame files, or its video file decoded (through a temporary file)."""
+    import tempfile
+
+    from PIL import Image
+
+    if isinstance(named, list):
+        return [Image.open(io.BytesIO(files[n])).convert("RGB") for n in named]
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / named
+        path.write_bytes(files[named])
+        return read_video(path, where)
+
+
 def prepare_vision_dataset(source, output, samples_per_shard: int = 1000, *, force: bool = False) -> dict:
     """Write ``source`` (a vision SFT JSON Lines file) as an energon dataset at ``output`` (by
     :mod:`pai_zoo.util.outputs`' rule: an existing folder only with ``force``); returns counts."""
@@ -55,9 +85,11 @@ def prepare_vision_dataset(source, output, samples_per_shard: int = 1000, *, for
     if output.exists() and not force:
         raise DataError(f"{output} exists; pass --force to replace it")
     records = read_vision_records(source)
-    for where, _, images in records:  # every image readable before anything is written
+    for where, messages, images in records:  # every image and video readable before anything is written
         for image in images:
             read_image(image, where)
+        for video in record_videos(messages):
+            read_video(video, where)
     with output_folder(output, force=force) as tmp:
         shards, images_written = _write_shards(tmp, records, samples_per_shard)
     return {"records": len(records), "images": images_written, "shards": len(shards)}
@@ -77,8 +109,11 @@ def _write_shards(tmp: Path, records, samples_per_shard: int) -> tuple[list, int
                 for k, image in enumerate(images):
                     names[image] = f"image{k}{Path(image).suffix.lower() or '.png'}"
                     _add(tar, f"{key}.{names[image]}", Path(image).read_bytes())
+                for k, video in enumerate(record_videos(messages)):
+                    names[video] = _add_video(tar, key, k, Path(video))
                 images_written += len(images)
-                renamed = [{**m, "content": [{**p, "image": names[p["image"]]} if p.get("type") == "image" else p
+                renamed = [{**m, "content": [{**p, p["type"]: names[p[p["type"]]]}
+                                             if p.get("type") in ("image", "video") else p
                                              for p in m["content"]]} if isinstance(m["content"], list) else m
                            for m in messages]
                 _add(tar, f"{key}.json", json.dumps({"messages": renamed}, ensure_ascii=False).encode())
@@ -116,7 +151,7 @@ def read_vision_dataset(folder) -> list[tuple[str, list[dict], list]]:
 
     @stateless
     def cook(crude):
-        files = {k: v for k, v in crude.items() if k.startswith("image")}
+        files = {k: v for k, v in crude.items() if k.startswith(("image", "video"))}
         return VisionRecord(**basic_sample_keys(crude), messages=json.loads(crude["json"])["messages"], files=files)
 
     class Encoder(DefaultTaskEncoder):
@@ -139,6 +174,8 @@ def read_vision_dataset(folder) -> list[tuple[str, list[dict], list]]:
         images, messages = [], []
         for m in sample.messages:
             if isinstance(m["content"], list):
+                m = {**m, "content": [{**p, "video": _read_video(sample.files, p["video"], where)}
+                                      if p.get("type") == "video" else p for p in m["content"]]}
                 for part in m["content"]:
                     if part.get("type") == "image":
                         images.append(Image.open(io.BytesIO(sample.files[part["image"]])).convert("RGB"))

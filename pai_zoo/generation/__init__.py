@@ -42,7 +42,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .hf_loop import hf_generate
-from .images import VisionPrompts, chat_images
+from .images import VisionPrompts, chat_images, chat_videos
 from .mcore_loop import mcore_generate
 from .params import Generation, GenerationError, SamplingParams
 from .prompts import encode_prompt, fit_context, left_pad, read_prompts, unpad
@@ -104,6 +104,7 @@ def generate(
     use_cache: bool = True,
     labels: Sequence[str] | None = None,
     images: Sequence[Sequence[Any]] | None = None,
+    videos: Sequence[Sequence[Any]] | None = None,
 ) -> list[Generation]:
     """Complete ``prompts`` with the model of ``handle`` (a :class:`~pai_zoo.models.handle.ModelHandle`).
 
@@ -119,7 +120,9 @@ def generate(
     ``on_text(index, delta)`` streams each completion's text. ``labels`` name the prompts in
     errors (default ``"prompt <index>"``). ``images``: per prompt, the images (paths or PIL images) its
     placeholders name, in order, for a vision-language model; a chat's ``{"type": "image", "image": PATH}`` entries
-    add theirs (:mod:`pai_zoo.generation.images`). Returns one :class:`Generation` per prompt, in order.
+    add theirs (:mod:`pai_zoo.generation.images`). ``videos``: per prompt, its videos (folders of frames, video
+    files or lists of PIL frames), as ``images``; a chat's ``{"type": "video", "video": PATH}`` entries add theirs.
+    Returns one :class:`Generation` per prompt, in order.
     """
     if attention_mask is not None or hasattr(prompts, "dim"):
         prompts = unpad(prompts, attention_mask)
@@ -143,16 +146,19 @@ def generate(
     where = [labels[index] if labels else f"prompt {index}" for index in range(len(prompts))]
     pictures = [[*((images[i] if images and i < len(images) else None) or ()),
                  *(chat_images(p) if chat else ())] for i, p in enumerate(prompts)]
-    vision = VisionPrompts(handle, pictures, where) if handle.family.vision is not None or any(pictures) else None
+    clips = [[*((videos[i] if videos and i < len(videos) else None) or ()),
+              *(chat_videos(p) if chat else ())] for i, p in enumerate(prompts)]
+    vision = (VisionPrompts(handle, pictures, where, clips)
+              if handle.family.vision is not None or any(pictures) or any(clips) else None)
     encoded = []
     for index, prompt in enumerate(prompts):
         ids = encode_prompt(prompt, tokenizer, where[index], chat)
         if vision is not None:
             ids = vision.expand(index, ids, context)
         fitted = fit_context(ids, context, max_new_tokens, truncate, where[index])
-        if vision is not None and pictures[index] and fitted[1]:
-            raise GenerationError(f"{where[index]}: --truncate would cut a prompt with images; give fewer "
-                                  "new tokens or smaller images")
+        if vision is not None and (pictures[index] or clips[index]) and fitted[1]:
+            raise GenerationError(f"{where[index]}: --truncate would cut a prompt with images or videos; give "
+                                  "fewer new tokens or smaller images")
         encoded.append(fitted)
     size = batch_size or len(prompts)
     results: list[Generation] = []

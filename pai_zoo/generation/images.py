@@ -1,24 +1,29 @@
-"""Prompts with images for a vision-language family: the images read with PIL, processed by the checkpoint's own
-transformers image processor (``preprocessor_config.json``), each prompt's placeholder expanded to the tower's
-token count, and the batch's vision inputs and M-RoPE positions for the decode loops.
+"""Prompts with images and videos for a vision-language family: images read with PIL, videos as folders of frames
+or video files (:mod:`pai_zoo.data.vision_media`), processed by the checkpoint's own transformers processors, each
+prompt's placeholders expanded to the tower's token counts, and the batch's vision inputs and M-RoPE positions for
+the decode loops.
 
-A prompt names its images where the chat template puts the family's placeholder (Qwen2-VL's
-``<|vision_start|><|image_pad|><|vision_end|>``): a chat message's content list holds ``{"type": "image",
-"image": PATH}`` entries (also ``"path"`` or ``"image_url"``), or a text prompt holds the placeholder token itself;
-``--image PATH`` adds images to a one-prompt run, in order.
+A prompt names its images and videos where the chat template puts the family's placeholders (Qwen2-VL's
+``<|vision_start|><|image_pad|><|vision_end|>`` and ``<|video_pad|>``): a chat message's content list holds
+``{"type": "image", "image": PATH}`` entries (also ``"path"`` or ``"image_url"``) and ``{"type": "video", "video":
+PATH}`` entries, or a text prompt holds the placeholder tokens itself; ``--image PATH`` and ``--video PATH`` add
+images and videos to a one-prompt run, in order.
 """
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..data.vision_media import VisionProcessor, count_runs, expand_media, read_video
 from ..plugin.errors import PaiZooError
-from ..plugin.vision import expand_placeholders, read_image
+from ..plugin.vision import read_image
 from .params import GenerationError
 
-__all__ = ["VisionPrompts", "chat_images", "decode_positions", "read_image", "record_images", "with_image_paths"]
+__all__ = ["VisionPrompts", "chat_images", "chat_videos", "decode_positions", "read_image", "record_images",
+           "with_image_paths"]
 
 IMAGE_KEYS = ("image", "path", "image_url", "url")
+VIDEO_KEYS = ("video", "path", "video_url", "url")
 
 
 def chat_images(messages) -> list:
@@ -31,12 +36,30 @@ def chat_images(messages) -> list:
         if not isinstance(content, (list, tuple)):
             continue
         for part in content:
-            if isinstance(part, dict) and (part.get("type") == "image" or any(k in part for k in IMAGE_KEYS[:3])):
+            if isinstance(part, dict) and part.get("type") != "video" and (
+                    part.get("type") == "image" or any(k in part for k in IMAGE_KEYS[:3])):
                 value = next((part[k] for k in IMAGE_KEYS if k in part), None)
                 if isinstance(value, dict):  # OpenAI's {"image_url": {"url": ...}}
                     value = value.get("url")
                 if value is None:
                     raise GenerationError('a chat image entry names no file: give {"type": "image", "image": PATH}')
+                found.append(value)
+    return found
+
+
+def chat_videos(messages) -> list:
+    """The video entries (``{"type": "video", "video": PATH}``) of a chat's content lists, in order."""
+    found = []
+    for message in messages if isinstance(messages, (list, tuple)) else ():
+        content = message.get("content") if isinstance(message, dict) else None
+        for part in content if isinstance(content, (list, tuple)) else ():
+            if isinstance(part, dict) and (part.get("type") == "video" or "video" in part):
+                value = next((part[k] for k in VIDEO_KEYS if k in part), None)
+                if isinstance(value, dict):
+                    value = value.get("url")
+                if value is None:
+                    raise GenerationError('a chat video entry names no folder or file: give {"type": "video", '
+                                          '"video": PATH}')
                 found.append(value)
     return found
 
@@ -51,12 +74,13 @@ def _resolved(value, folder: Path, where: str, field: str):
     return image_in_folder(value, folder, where, field)
 
 
-def record_images(record: dict, folder: Path, where: str) -> list:
-    """A prompts-file record's ``"images"`` list, paths relative to the file's ``folder`` and inside it."""
-    images = record.get("images", [])
+def record_images(record: dict, folder: Path, where: str, key: str = "images") -> list:
+    """A prompts-file record's ``"images"`` (or ``"videos"``) list, paths relative to the file's ``folder`` and
+    inside it."""
+    images = record.get(key, [])
     if not isinstance(images, list):
-        raise GenerationError(f'{where}: "images" must be a list of image paths')
-    return [_resolved(image, folder, where, f"images[{i}]") for i, image in enumerate(images)]
+        raise GenerationError(f'{where}: "{key}" must be a list of paths')
+    return [_resolved(image, folder, where, f"{key}[{i}]") for i, image in enumerate(images)]
 
 
 def with_image_paths(prompt, folder: Path, where: str = "--prompts"):
@@ -68,7 +92,8 @@ def with_image_paths(prompt, folder: Path, where: str = "--prompts"):
     for message in prompt:
         content = message.get("content")
         if isinstance(content, list):
-            content = [{**part, **{k: _resolved(part[k], folder, where, k) for k in IMAGE_KEYS[:2] if k in part}}
+            content = [{**part, **{k: _resolved(part[k], folder, where, k) for k in ("image", "path", "video")
+                                   if k in part}}
                        if isinstance(part, dict) else part for part in content]
             message = {**message, "content": content}
         out.append(message)
@@ -76,54 +101,53 @@ def with_image_paths(prompt, folder: Path, where: str = "--prompts"):
 
 
 class VisionPrompts:
-    """The images of a batch of prompts, processed once: ``expand`` each prompt's ids, then ``inputs`` and
-    ``positions`` for the left-padded batch of some of them."""
+    """The images and videos of a batch of prompts, processed once: ``expand`` each prompt's ids, then ``inputs``
+    and ``positions`` for the left-padded batch of some of them."""
 
-    def __init__(self, handle, images: Sequence[Sequence[Any]], labels: Sequence[str]):
+    def __init__(self, handle, images: Sequence[Sequence[Any]], labels: Sequence[str],
+                 videos: Sequence[Sequence[Any]] | None = None):
         family = handle.family
-        if family.vision is None:
-            if any(images):
-                raise GenerationError(f"family {family.name!r} reads text only: images need a vision-language model")
+        videos = list(videos or [])
+        videos += [[]] * (len(labels) - len(videos))
+        if family.vision is None and (any(images) or any(videos)):
+            raise GenerationError(f"family {family.name!r} reads text only: images and videos need a "
+                                  "vision-language model")
         self.handle, self.spec, self.config = handle, family.vision, handle.mcore_config
+        if any(videos) and "video" not in self.spec.modalities:
+            raise GenerationError(f"family {family.name!r} reads {', '.join(self.spec.modalities)}, not video")
         self.labels = list(labels)
-        self.items: list[dict] = []  # per prompt: {"pixel_values", "image_grid_thw"} or {}
-        processor = None
-        for label, paths in zip(self.labels, images):
-            if not paths:
-                self.items.append({})
-                continue
-            pictures = [read_image(p, label) for p in paths]
-            processor = processor or self._processor()
-            out = processor(images=pictures, return_tensors="pt")
-            self.items.append({"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"]})
-
-    def _processor(self):
-        folder = self.handle.files
-        if folder is None or not (Path(folder) / "preprocessor_config.json").is_file():
-            raise GenerationError(f"{folder or self.handle.family.name}: no preprocessor_config.json: images need "
-                                  "the checkpoint's image processor (convert the published folder, which has it)")
-        from transformers import AutoImageProcessor
-
-        return AutoImageProcessor.from_pretrained(folder)
+        self.items: list[dict] = []  # per prompt: its processor outputs (pixel_values, image_grid_thw ...) or {}
+        processor = VisionProcessor(handle.files, self.spec, handle.hf_config, family.name)
+        for label, paths, clips in zip(self.labels, images, videos):
+            try:
+                pictures = [read_image(p, label) for p in paths]
+                frames = [read_video(v, label) for v in clips]
+                self.items.append(processor(pictures, frames) if pictures or frames else {})
+            except PaiZooError as exc:
+                raise GenerationError(str(exc)) from None
 
     def expand(self, index: int, ids: list[int], context: int | None) -> list[int]:
-        """Prompt ``index``'s ids with each image placeholder repeated as many times as the tower gives rows for
-        its image; the count of placeholders must equal the count of images."""
-        token = self.spec.placeholders(self.config)["image"]
+        """Prompt ``index``'s ids with each image and video placeholder repeated as many times as the tower gives
+        rows for it; the count of placeholders of each kind must equal the count of images (videos)."""
+        tokens = self.spec.placeholders(self.config)
         item = self.items[index] if index < len(self.items) else {}
-        grids = item.get("image_grid_thw")
-        given = 0 if grids is None else len(grids)
-        named = sum(1 for i, t in enumerate(ids) if t == token and (i == 0 or ids[i - 1] != token))
-        where = self.labels[index]
-        if named != given:
-            raise GenerationError(f"{where}: the prompt names {named} image(s) (placeholder id {token}) but "
-                                  f"{given} image(s) are given; give one image per placeholder")
-        if given == 0:
+        where, grids = self.labels[index], {}
+        for kind, key in (("image", "image_grid_thw"), ("video", "video_grid_thw")):
+            grid = item.get(key)
+            given = 0 if grid is None else len(grid)
+            named = count_runs(ids, tokens[kind]) if kind in tokens else 0
+            if named != given:
+                raise GenerationError(f"{where}: the prompt names {named} {kind}(s) (placeholder id "
+                                      f"{tokens.get(kind)}) but {given} {kind}(s) are given; give one {kind} per "
+                                      "placeholder")
+            if given:
+                grids[kind] = grid
+        if not grids:
             return ids
-        out, _ = expand_placeholders(self.spec, self.config, ids, grids)
+        out, _ = expand_media(self.spec, self.config, ids, grids)
         if context is not None and len(out) > context:
-            raise GenerationError(f"{where}: with its images the prompt is {len(out)} tokens, over the model's "
-                                  f"{context} positions; give smaller images (the processor's max_pixels) or fewer")
+            raise GenerationError(f"{where}: with its images and videos the prompt is {len(out)} tokens, over the "
+                                  f"model's {context} positions; give smaller images, fewer frames or fewer items")
         return out
 
     def batch(self, rows: Sequence[int]) -> dict:
@@ -131,10 +155,8 @@ class VisionPrompts:
         import torch
 
         items = [self.items[r] for r in rows if r < len(self.items) and self.items[r]]
-        if not items:
-            return {}
-        return {"pixel_values": torch.cat([i["pixel_values"] for i in items]),
-                "image_grid_thw": torch.cat([i["image_grid_thw"] for i in items])}
+        keys = dict.fromkeys(k for i in items for k in i)
+        return {k: torch.cat([i[k] for i in items if k in i]) for k in keys}
 
     def positions(self, ids, keep, total: int, inputs: dict):
         """:func:`decode_positions` of this model."""

@@ -26,9 +26,11 @@ import torch
 
 from ..data.indexed import IndexedDatasetReader
 from ..data.prefix import resolve_prefix, resolve_sft_prefix
-from ..data.vision_sft import read_vision_records, vision_example
+from ..data.vision_media import VisionProcessor, read_video
+from ..data.vision_sft import read_vision_records, record_videos, vision_example
 from ..data.vision_shards import is_energon_dataset, read_vision_dataset
 from ..data.vocabulary import check_dataset_vocabulary
+from ..hf.models import hf_config_from_mcore
 from ..plugin.errors import PaiZooError
 from ..plugin.vision import read_image
 from .config import TrainConfig
@@ -67,7 +69,8 @@ def _split_bounds(n: int, weights: list[float]) -> list[tuple[int, int]]:
 
 
 def is_vision_sft(cfg: TrainConfig) -> bool:
-    """``--sft --data FILE.jsonl`` (chat records with images, read in-process: :mod:`pai_zoo.data.vision_sft`) or
+    """``--sft --data FILE.jsonl`` (chat records with images and videos, read in-process:
+    :mod:`pai_zoo.data.vision_sft`) or
     ``--sft --data DIR`` of ``pai-zoo dataset prepare`` (megatron-energon shards: :mod:`pai_zoo.data.vision_shards`)."""
     return cfg.sft and len(cfg.data) == 1 and (str(cfg.data[0]).endswith(".jsonl")
                                                  or is_energon_dataset(cfg.data[0]))
@@ -81,9 +84,11 @@ def check_data(cfg: TrainConfig, vocab_size: int | None = None) -> None:
             return  # written by dataset prepare, which checked every record and image
         if not Path(cfg.data[0]).is_file():
             raise PaiZooError(f"--data {cfg.data[0]}: no such file")
-        for where, _, images in read_vision_records(cfg.data[0]):
+        for where, messages, images in read_vision_records(cfg.data[0]):
             for image in images:
                 read_image(image, where)
+            for video in record_videos(messages):
+                read_video(video, where)
         return
 
     prefixes = resolved_prefixes(cfg.data_blend()[0], cfg.sft)
@@ -206,8 +211,10 @@ def build_sft_datasets(cfg: TrainConfig):
 class VisionSFTSamples:
     """A vision-language SFT JSON Lines file (:mod:`pai_zoo.data.vision_sft`), read and processed once: records
     packed in file order into samples of at most ``sequence_length + 1`` tokens (a record is never split, so an
-    image never straddles two samples), shuffled per epoch. A sample is the SFT tuple (M-RoPE positions ``[3, s]``
-    restarting at each record) plus its images' ``pixel_values`` and ``image_grid_thw``."""
+    image or a video never straddles two samples), shuffled per epoch. A sample is the SFT tuple (the family's
+    positions, M-RoPE's ``[3, s]`` or plain ones, restarting at each record) plus a dict of its records' processor
+    outputs (``pixel_values``, ``image_grid_thw``, ``pixel_values_videos``, ``video_grid_thw`` ...), concatenated in
+    record order, or None."""
 
     def __init__(self, packs: list, seed: int):
         self.packs, self.seed, self.truncated = packs, seed, 0
@@ -222,12 +229,18 @@ class VisionSFTSamples:
         tokens = torch.from_numpy(np.concatenate([e.tokens for e in pack]))
         mask = torch.from_numpy(np.concatenate([e.loss_mask for e in pack]).astype(np.float32))
         segment = torch.cat([torch.full((e.tokens.size,), k) for k, e in enumerate(pack)])
-        positions = torch.cat([e.positions for e in pack], dim=1)
-        with_images = [e for e in pack if e.pixel_values is not None]
-        pixels = torch.cat([e.pixel_values for e in with_images]) if with_images else None
-        grids = torch.cat([e.image_grid_thw for e in with_images]) if with_images else None
+        positions = torch.cat([torch.arange(e.tokens.size) if e.positions is None else e.positions for e in pack],
+                              dim=-1)
+        vision = concat_inputs([e.inputs for e in pack])
         same = (segment[1:] == segment[:-1]).float()  # a label that crosses into the next record is never a target
-        return tokens[:-1], tokens[1:], mask[1:] * same, positions[:, :-1], segment[:-1], pixels, grids
+        return tokens[:-1], tokens[1:], mask[1:] * same, positions[..., :-1], segment[:-1], vision
+
+
+def concat_inputs(items) -> dict | None:
+    """Processor outputs of several records (or samples) concatenated key by key, in order (None: none)."""
+    items = [i for i in items if i]
+    keys = dict.fromkeys(k for i in items for k in i)
+    return {k: torch.cat([torch.as_tensor(i[k]) for i in items if k in i]) for k in keys} or None
 
 
 def build_vision_sft_datasets(cfg: TrainConfig, family, config, tokenizer, processor_folder):
@@ -241,9 +254,7 @@ def build_vision_sft_datasets(cfg: TrainConfig, family, config, tokenizer, proce
     if processor_folder is None or not (Path(processor_folder) / "preprocessor_config.json").is_file():
         raise PaiZooError(f"--model {cfg.model}: no preprocessor_config.json beside the model: vision SFT needs "
                           "the checkpoint's image processor")
-    from transformers import AutoImageProcessor
-
-    processor = AutoImageProcessor.from_pretrained(processor_folder)
+    processor = VisionProcessor(processor_folder, family.vision, hf_config_from_mcore(family, config), cfg.model)
     reader = read_vision_dataset if is_energon_dataset(cfg.data[0]) else read_vision_records
     records = reader(cfg.data[0])
     examples = [vision_example(where, messages, images, tokenizer, family, config, processor)
@@ -279,7 +290,7 @@ class Batch:
     loss_mask: torch.Tensor
     position_ids: torch.Tensor  # [b, s], or M-RoPE's [3, b, s]
     attention_mask: torch.Tensor  # True = masked out (megatron's convention), [b, 1, s, s]
-    vision: dict | None = None  # a vision-language batch's pixel_values and image_grid_thw
+    vision: dict | None = None  # a vision-language batch's processor outputs (pixel_values, image_grid_thw ...)
 
     def to(self, device) -> "Batch":
         move = {k: v.to(device, non_blocking=True) for k, v in (self.vision or {}).items()}
@@ -305,9 +316,8 @@ def collate(samples, length: int) -> Batch:
     allowed = causal & (segments[:, :, None] == segments[:, None, :])
     allowed |= torch.eye(length, dtype=torch.bool)  # padding attends to itself (never a target)
     vision = None
-    if len(samples[0]) > 5 and any(s[5] is not None for s in samples):  # images in batch order, as placed
-        vision = {"pixel_values": torch.cat([s[5] for s in samples if s[5] is not None]),
-                  "image_grid_thw": torch.cat([s[6] for s in samples if s[6] is not None])}
+    if len(samples[0]) > 5:  # images and videos in batch order, as placed
+        vision = concat_inputs([s[5] for s in samples])
     return Batch(tokens, labels, loss_mask, positions, (~allowed).unsqueeze(1), vision)
 
 

@@ -1,0 +1,123 @@
+"""Video in generation: `pai-zoo generate --video PATH` (a folder of frames) and ``{"type": "video", "video": PATH}``
+entries of a chat prompts file give transformers' greedy tokens (its ``generate`` on the same processor inputs), on
+Qwen2.5-VL (qwen2.5-vl-odd, whose M-RoPE reads ``second_per_grid_ts``); the frames are laid out as transformers'
+video processor lays them; a video file without a decoder and a bad frames folder are refused in one line.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import pai_zoo
+from pai_zoo_conformance.cli_runs import run_cli
+
+pytestmark = pytest.mark.megatron_once  # pai-zoo's input path; the model's forward is checked in every pass
+
+PRESET = "qwen2.5-vl-odd"
+
+
+def _frames(folder, count: int, seed: int, size=(56, 84)):
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.RandomState(seed)
+    for i in range(count):
+        Image.fromarray((rng.rand(*size, 3) * 255).astype("uint8")).save(folder / f"frame{i:03d}.png")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("video-generate")
+    hf = pai_zoo.load(PRESET, backend="hf", seed=7)
+    hf.model.save_pretrained(root / "hf")
+    hf.family.test_tokenizer(root / "hf")
+    _frames(root / "clip", 4, 0)
+    _frames(root / "odd", 5, 1, (84, 56))  # 5 frames: the last repeated to a whole temporal patch
+    Image.fromarray(np.full((56, 56, 3), 90, "uint8")).save(root / "a.png")
+    return root, pai_zoo.load(root / "hf", backend="hf"), pai_zoo.load(root / "hf", backend="mcore")
+
+
+def test_frames_are_laid_out_as_the_video_processor_does(models):
+    """Without torchvision the frames go through the image processor, regrouped: the patches equal transformers'
+    video patchify (Qwen2VLVideoProcessor.patchify's reshape of the normalized frames) and, where torchvision loads
+    (the megatron-core 0.19 venv), transformers' video processor's own output, resized frames included."""
+    from transformers import AutoImageProcessor
+
+    from pai_zoo.data.vision_media import frames_as_video, read_video
+
+    root, hf, _ = models
+    image = AutoImageProcessor.from_pretrained(root / "hf")
+    settings = json.loads((root / "hf" / "video_preprocessor_config.json").read_text())
+    video = read_video(root / "odd")
+    out = frames_as_video(image, video.frames, settings)
+    t, h, w = out["video_grid_thw"][0].tolist()
+    assert (t, h, w) == (3, 6, 4)
+    mean, std = torch.tensor(image.image_mean)[:, None, None], torch.tensor(image.image_std)[:, None, None]
+    frames = [torch.from_numpy(np.asarray(f, dtype=np.float32) / 255).permute(2, 0, 1) for f in video.frames]
+    frames = torch.stack([(f - mean) / std for f in frames + [frames[-1]]])
+    p, m, tp = image.patch_size, image.merge_size, image.temporal_patch_size
+    want = frames.view(t, tp, 3, h // m, m, p, w // m, m, p).permute(0, 3, 6, 4, 7, 2, 1, 5, 8).reshape(t * h * w, -1)
+    assert torch.allclose(out["pixel_values_videos"], want, atol=1e-6)
+    try:
+        from transformers import AutoVideoProcessor
+
+        processor = AutoVideoProcessor.from_pretrained(root / "hf")
+    except ImportError:  # no torchvision: the patchify above is the reference
+        return
+    resized = [Image.fromarray((np.random.RandomState(i).rand(100, 130, 3) * 255).astype("uint8")) for i in range(4)]
+    for frames in (video.frames, read_video(root / "clip").frames, resized):
+        theirs = processor(videos=[frames], return_tensors="pt")
+        ours = frames_as_video(image, frames, settings)
+        assert torch.equal(ours["video_grid_thw"], theirs["video_grid_thw"])
+        assert torch.allclose(ours["pixel_values_videos"], theirs["pixel_values_videos"], atol=1e-6)
+
+
+def test_generate_with_videos_equals_transformers_generate(models, tmp_path):
+    from pai_zoo.generation import generate
+
+    root, hf, mc = models
+    chats = [
+        [{"role": "user", "content": [{"type": "video", "video": "clip"}, {"type": "text", "text": "What?"}]}],
+        [{"role": "user", "content": "Only text here."}],
+        [{"role": "user", "content": [{"type": "image", "image": "a.png"}, {"type": "video", "video": "odd"},
+                                      {"type": "text", "text": "And?"}]}],
+    ]
+    (root / "prompts.jsonl").write_text("".join(json.dumps({"messages": c}) + "\n" for c in chats))
+    out = tmp_path / "out.jsonl"
+    proc = run_cli(["generate", "--model", root / "hf", "--prompts", root / "prompts.jsonl", "--output", out,
+                    "--chat", "--max-new-tokens", "8"])
+    assert proc.returncode == 0, proc.stderr
+    ours = [json.loads(line)["token_ids"] for line in out.read_text().splitlines()]
+    absolute = [[{**m, "content": [{k: str(root / v) if k in ("image", "video") else v for k, v in p.items()}
+                                   for p in m["content"]]} if isinstance(m["content"], list) else m for m in c]
+                for c in chats]
+    theirs = [g.token_ids for g in generate(hf, absolute, chat=True, max_new_tokens=8)]
+    assert ours == theirs and all(len(t) == 8 for t in theirs)
+    assert [g.token_ids for g in generate(mc, absolute, chat=True, max_new_tokens=8)] == theirs
+    proc = run_cli(["generate", "--model", root / "hf", "--prompt", "What?", "--video", root / "clip", "--chat",
+                    "--max-new-tokens", "8"])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == generate(hf, absolute[:1], chat=True, max_new_tokens=8)[0].text.strip()
+
+
+def test_bad_videos_are_refused_in_one_line(models, tmp_path):
+    root, _, _ = models
+    (tmp_path / "clip.mp4").write_bytes(b"\0" * 64)
+    (tmp_path / "empty").mkdir()
+    cases = [(["--video", tmp_path / "empty"], "holds no image files"),
+             (["--video", tmp_path / "missing"], "no such file or folder")]
+    import importlib.util
+
+    if not any(importlib.util.find_spec(m) for m in ("torchcodec", "av", "decord", "cv2")):
+        cases.append((["--video", tmp_path / "clip.mp4"], "no video decoder is installed to read a video file: "
+                                                          "pip install av"))
+    for extra, message in cases:
+        proc = run_cli(["generate", "--model", root / "hf", "--prompt", "x", "--chat", *extra])
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 1 and len(lines) == 1 and message in lines[0], (message, proc.stderr[-2000:])
+    proc = run_cli(["generate", "--model", root / "hf", "--prompt", "x", "--video", root / "clip"])
+    lines = proc.stderr.strip().splitlines()  # a text prompt without the video placeholder
+    assert proc.returncode == 1 and len(lines) == 1 and "names 0 video(s)" in lines[0], proc.stderr[-2000:]
