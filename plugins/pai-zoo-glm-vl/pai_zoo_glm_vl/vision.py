@@ -1,0 +1,155 @@
+"""The GLM-4V vision tower on megatron-core (GLM-4.1V and GLM-4.5V share it): transformers' ``Glm4vVisionModel``.
+
+``pixel_values`` -> Conv3d patch embedding (``temporal x patch x patch``, with bias) -> ``post_conv_layernorm``
+(RMSNorm) -> + learned position embeddings (a ``side x side`` table, ``side = image_size // patch_size``, sampled
+bicubically at each patch's centre of its own image's grid: transformers' ``Glm4vVisionEmbeddings``'
+``grid_sample``) -> ``depth`` megatron-core ``TransformerLayer`` s (RMSNorm, bidirectional attention inside each
+image or video frame with the 2D rotary embedding Qwen2-VL's tower has, SwiGLU ``out_hidden_size`` wide, no linear
+biases; QKV bias where ``attention_bias``) -> ``post_layernorm`` -> Conv2d downsample of each ``merge x merge``
+block to ``out_hidden_size`` -> merger (``proj``, LayerNorm, GELU, gated SwiGLU MLP ``intermediate_size`` wide).
+A video's ``(t, h, w)`` grid is run as ``t`` frames ``(1, h, w)``, as transformers does.
+
+Tensor parallelism: the transformer layers are megatron-core's own modules and split as the language model's
+(``linear_qkv`` and ``linear_fc1`` by columns, i.e. attention heads and MLP width, the QKV bias with them;
+``linear_proj`` and ``linear_fc2`` by rows; the layer norms replicated). Everything else (patch embedding,
+position table, the two RMSNorms, downsample, merger) is small and replicated on every tensor-parallel rank.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pai_zoo.config_map import McoreConfig
+from pai_zoo_qwen_vl.positions import frame_segments, patch_positions
+from pai_zoo_qwen_vl.vision import RMSNorm, _mask
+
+from .config import tower_settings
+from .positions import frame_grids
+
+
+class PositionEmbedding(nn.Module):
+    """The learned ``side x side`` position table, sampled at each patch of each image's own grid."""
+
+    def __init__(self, side: int, dim: int):
+        super().__init__()
+        self.side = side
+        self.position_embedding = nn.Embedding(side * side, dim)
+
+    def forward(self, grid_thw, positions):
+        """``[patches, dim]``: bicubic samples (align_corners False, border padding) at ``(row + 0.5) / h``,
+        ``(column + 0.5) / w`` of the patch's image, in float32."""
+        weight = self.position_embedding.weight
+        table = weight.view(self.side, self.side, -1).permute(2, 0, 1)[None].float()
+        sizes = torch.repeat_interleave(grid_thw[:, 1:], grid_thw.prod(-1), dim=0).to(weight.device).float()
+        rows, cols = positions[:, 0].to(weight.device).float(), positions[:, 1].to(weight.device).float()
+        where = torch.stack(((cols + 0.5) / sizes[:, 1] * 2 - 1, (rows + 0.5) / sizes[:, 0] * 2 - 1), dim=-1)
+        sampled = F.grid_sample(table, where[None, :, None, :], mode="bicubic", align_corners=False,
+                                padding_mode="border")
+        return sampled[0, :, :, 0].t().to(weight.dtype)
+
+
+class PatchEmbed(nn.Module):
+    def __init__(self, channels: int, temporal: int, patch: int, dim: int):
+        super().__init__()
+        self.shape = (-1, channels, temporal, patch, patch)
+        kernel = (temporal, patch, patch)
+        self.proj = nn.Conv3d(channels, dim, kernel_size=kernel, stride=kernel)
+
+    def forward(self, pixels):
+        return self.proj(pixels.view(self.shape).to(self.proj.weight.dtype)).flatten(1)
+
+
+class Merger(nn.Module):
+    """transformers' ``Glm4vVisionPatchMerger``: ``proj`` -> LayerNorm -> GELU -> ``down(silu(gate) * up)``."""
+
+    def __init__(self, dim: int, width: int):
+        super().__init__()
+        self.proj = nn.Linear(dim, dim, bias=False)
+        self.post_projection_norm = nn.LayerNorm(dim)
+        self.gate_proj = nn.Linear(dim, width, bias=False)
+        self.up_proj = nn.Linear(dim, width, bias=False)
+        self.down_proj = nn.Linear(width, dim, bias=False)
+
+    def forward(self, x):
+        x = F.gelu(self.post_projection_norm(self.proj(x)))
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def vision_transformer_config(config: McoreConfig, lm_config):
+    """The tower layers' ``TransformerConfig``: the language model's parallel sizes and dtype, the tower's shape."""
+    from pai_zoo.mcore.build import transformer_config
+
+    s = tower_settings(config)
+    arch = {
+        "num_layers": s["depth"], "hidden_size": s["dim"], "num_attention_heads": s["heads"],
+        "ffn_hidden_size": s["out"], "kv_channels": s["dim"] // s["heads"], "add_bias_linear": False,
+        "add_qkv_bias": s["qkv_bias"], "layernorm_epsilon": s["eps"], "activation_func": s["act"],
+        "normalization": "RMSNorm", "gated_linear_unit": True,
+    }
+    return transformer_config(McoreConfig(family=config.family, arch=arch), lm_config.params_dtype,
+                              tensor_model_parallel_size=lm_config.tensor_model_parallel_size,
+                              pipeline_model_parallel_size=1, sequence_parallel=False)
+
+
+class GlmVisionTower(nn.Module):
+    """``forward(pixel_values, grid_thw) -> [merged tokens, out_hidden_size]``."""
+
+    def __init__(self, config: McoreConfig, lm_config):
+        super().__init__()
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+        from megatron.core.transformer.enums import AttnMaskType
+        from megatron.core.transformer.spec_utils import build_module
+
+        s = self.settings = tower_settings(config)
+        vconfig = self.config = vision_transformer_config(config, lm_config)
+        spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+        spec.submodules.self_attention.params = {"attn_mask_type": AttnMaskType.padding}  # bidirectional
+        self.patch_embed = PatchEmbed(s["channels"], s["temporal"], s["patch"], s["dim"])
+        self.post_conv_layernorm = RMSNorm(s["dim"], s["eps"])
+        self.embeddings = PositionEmbedding(s["image_size"] // s["patch"], s["dim"])
+        self.blocks = nn.ModuleList([build_module(spec, config=vconfig, layer_number=i + 1)
+                                     for i in range(s["depth"])])
+        self.post_layernorm = RMSNorm(s["dim"], s["eps"])
+        self.downsample = nn.Conv2d(s["dim"], s["out"], kernel_size=s["merge"], stride=s["merge"])
+        self.merger = Merger(s["out"], s["ffn"])
+        spatial = s["dim"] // s["heads"] // 2
+        self.register_buffer("inv_freq", 1.0 / (s["theta"] ** (torch.arange(0, spatial, 2, dtype=torch.float)
+                                                                 / spatial)), persistent=False)
+
+    def forward(self, pixel_values, grid_thw):
+        grid_thw = torch.as_tensor(grid_thw).long().cpu()
+        if bool((grid_thw[:, 0] > 1).any()):  # a video: frame by frame
+            grid_thw = frame_grids(grid_thw)
+        s, m = self.settings, self.settings["merge"]
+        hidden = self.post_conv_layernorm(self.patch_embed(pixel_values))
+        positions = patch_positions(grid_thw, m)
+        hidden = hidden + self.embeddings(grid_thw, positions).to(hidden.device)
+        angles = positions.float()[..., None].to(hidden.device) * self.inv_freq.float()
+        rotary = torch.cat([angles.flatten(1)] * 2, dim=-1)[:, None, None, :]  # rows' angles, columns', twice
+        mask = _mask(frame_segments(grid_thw).to(hidden.device))
+        hidden = hidden.unsqueeze(1)  # [N, 1, dim]: megatron-core's [s, b, h]
+        for layer in self.blocks:
+            out = layer(hidden, attention_mask=mask, rotary_pos_emb=rotary)
+            hidden = out[0] if isinstance(out, tuple) else out
+        hidden = self.post_layernorm(hidden.squeeze(1))
+        hidden = hidden.view(-1, m, m, s["dim"]).permute(0, 3, 1, 2)
+        return self.merger(self.downsample(hidden).view(-1, s["out"]))
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None):
+        """megatron-core's layers shard themselves (``blocks.{i}.``); the rest is replicated."""
+        from megatron.core import parallel_state
+        from megatron.core.transformer.utils import sharded_state_dict_default
+
+        tp_group = parallel_state.get_tensor_model_parallel_group()  # replica ids over TP (see pai_zoo_qwen_vl)
+        out = {}
+        for i, layer in enumerate(self.blocks):
+            out.update(layer.sharded_state_dict(f"{prefix}blocks.{i}.", sharded_offsets, metadata))
+        for name in ("patch_embed", "post_conv_layernorm", "embeddings", "post_layernorm", "downsample", "merger"):
+            out.update(sharded_state_dict_default(getattr(self, name), f"{prefix}{name}.", sharded_offsets,
+                                                  metadata, tp_group=tp_group))
+        return out
+
+
+def build_tower(config: McoreConfig, lm_config) -> GlmVisionTower:
+    return GlmVisionTower(config, lm_config)

@@ -1,0 +1,144 @@
+"""GLM-4.1V and GLM-4.5V against transformers' own models, on inputs made by transformers' own GLM-4V image processor
+(and, where torchvision loads, its whole processor with a video): the M-RoPE position ids equal ``get_rope_index``'s
+(and the token types its processor's), the logits agree within 1e-4 (fp32); HF -> Megatron-Core (TP 2 x PP 2
+shards) -> HF is bit-identical; a prompt whose placeholders do not match the images is refused in one line.
+
+The odd presets: GQA 3, vocabulary 997, a 3-layer tower of width 72 in 6 heads with QKV bias whose 5 x 5 position
+table no test grid divides evenly; GLM-4.5V's head_dim 20 != 48 / 6.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import load_file
+
+import pai_zoo
+from pai_zoo.errors import PaiZooError
+from pai_zoo_conformance.cli_runs import run_cli
+
+#: one megatron-core pass (0.19's venv, where torchvision loads for the video); the suite's forward checks, image
+#: batch included, run in both
+pytestmark = pytest.mark.megatron_once
+
+PRESETS = ["glm4v-odd", "glm4v_moe-odd"]
+TOL = 1e-4
+
+
+def _image(seed: int, height: int, width: int) -> Image.Image:
+    return Image.fromarray((np.random.RandomState(seed).rand(height, width, 3) * 255).astype("uint8"))
+
+
+@pytest.fixture(scope="module", params=PRESETS)
+def models(request, tmp_path_factory):
+    """The preset's transformers model saved with its tokenizer and processor files, and both backends loaded."""
+    folder = tmp_path_factory.mktemp(request.param) / "hf"
+    hf = pai_zoo.load(request.param, backend="hf", seed=1)
+    hf.model.save_pretrained(folder)
+    hf.family.test_tokenizer(folder)
+    return folder, pai_zoo.load(folder, backend="hf"), pai_zoo.load(folder, backend="mcore")
+
+
+def _ids(handle, *pieces) -> torch.Tensor:
+    """A prompt: ints are text tokens; an int in a tuple is an image of that many placeholders."""
+    cfg, out = handle.mcore_config, []
+    for piece in pieces:
+        if isinstance(piece, tuple):
+            out += [cfg["family.image_start_token_id"], *[cfg["family.image_token_id"]] * piece[0],
+                    cfg["family.image_end_token_id"]]
+        else:
+            out.append(piece)
+    return torch.tensor([out])
+
+
+def _merged(grid: torch.Tensor) -> list[int]:
+    return (grid.prod(-1) // 4).tolist()
+
+
+def _agree(hf, mc, input_ids, attention_mask=None, token_types=None, **vision) -> float:
+    grids = {k: v for k, v in vision.items() if k in ("image_grid_thw", "video_grid_thw")}
+    types = hf.hf_vision_inputs(input_ids)["mm_token_type_ids"]
+    if token_types is not None:  # the processor's own
+        assert torch.equal(types, token_types)
+    want_pos = hf.model.model.get_rope_index(input_ids, types, attention_mask=attention_mask, **grids)[0]
+    got_pos = mc.family.vision.positions(mc.mcore_config, input_ids, attention_mask, **grids)
+    keep = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+    assert torch.equal(got_pos[:, keep], want_pos[:, keep])
+    want = hf.logits(input_ids, attention_mask=attention_mask, **vision)
+    got = mc.logits(input_ids, attention_mask=attention_mask, **vision)
+    delta = (got - want)[keep].abs().max().item()
+    assert delta < TOL, delta
+    assert want[keep].abs().max().item() > 0.1  # not a degenerate comparison
+    return delta
+
+
+def test_one_image_two_images_and_text_only(models):
+    folder, hf, mc = models
+    from transformers import AutoImageProcessor
+
+    processor = AutoImageProcessor.from_pretrained(folder)
+    one = processor(images=[_image(0, 100, 150)], return_tensors="pt")
+    (n,) = _merged(one["image_grid_thw"])
+    _agree(hf, mc, _ids(hf, 5, 6, (n,), 7, 8, 9), pixel_values=one["pixel_values"],
+           image_grid_thw=one["image_grid_thw"])
+    two = processor(images=[_image(1, 60, 200), _image(2, 130, 90)], return_tensors="pt")
+    first, second = _merged(two["image_grid_thw"])
+    assert two["image_grid_thw"][0].tolist() != two["image_grid_thw"][1].tolist()
+    _agree(hf, mc, _ids(hf, 5, (first,), 7, 8, (second,), 9, 10), pixel_values=two["pixel_values"],
+           image_grid_thw=two["image_grid_thw"])
+    ids = torch.tensor([[0, 0, 0, 5, 6, 7, 8], [9, 10, 11, 12, 13, 14, 15]])
+    _agree(hf, mc, ids, torch.tensor([[0, 0, 0, 1, 1, 1, 1], [1] * 7]))
+
+
+def test_video_through_the_processor(models):
+    """A 4-frame video (two temporal patches, each its own run after its timestamp) through transformers' GLM-4V
+    processor: its token types, transformers' position ids and logits."""
+    folder, hf, mc = models
+    try:
+        import torchvision  # noqa: F401
+        from transformers import AutoProcessor
+    except (ImportError, RuntimeError) as exc:
+        pytest.skip(f"transformers' GLM-4V video processor needs torchvision, which does not load here: {exc}")
+    processor = AutoProcessor.from_pretrained(folder)
+    frames = np.stack([np.asarray(_image(10 + i, 84, 112)) for i in range(4)])
+    out = processor(text=["a <|begin_of_video|><|video|><|end_of_video|> b"], videos=[frames], return_tensors="pt")
+    assert out["video_grid_thw"][0, 0].item() == 2
+    _agree(hf, mc, out["input_ids"], token_types=out["mm_token_type_ids"],
+           pixel_values_videos=out["pixel_values_videos"], video_grid_thw=out["video_grid_thw"])
+
+
+def test_placeholders_that_do_not_match_the_images_are_refused(models):
+    folder, hf, mc = models
+    from transformers import AutoImageProcessor
+
+    px = AutoImageProcessor.from_pretrained(folder)(images=[_image(0, 100, 150)], return_tensors="pt")
+    (n,) = _merged(px["image_grid_thw"])
+    with pytest.raises(PaiZooError, match="more image placeholder runs .* than the 1 images given"):
+        mc.logits(_ids(hf, 5, (n,), 6, (n,), 7), pixel_values=px["pixel_values"], image_grid_thw=px["image_grid_thw"])
+    with pytest.raises(PaiZooError, match=rf"a run of {n - 1} placeholder tokens .* gives {n} embeddings"):
+        mc.logits(_ids(hf, 5, (n - 1,), 6), pixel_values=px["pixel_values"], image_grid_thw=px["image_grid_thw"])
+
+
+def test_conversion_through_tp2_pp2_shards_is_bit_identical(models, tmp_path):
+    """HF -> Megatron-Core written as TP 2 x PP 2 shards -> HF: the same bytes and config.json."""
+    folder, _, _ = models
+    proc = run_cli(["convert", folder, tmp_path / "mcore", "--to", "mcore", "--tp", "2", "--pp", "2"])
+    assert proc.returncode == 0, proc.stderr
+    proc = run_cli(["convert", tmp_path / "mcore", tmp_path / "back", "--to", "hf"])
+    assert proc.returncode == 0, proc.stderr
+    want, got = load_file(folder / "model.safetensors"), load_file(tmp_path / "back" / "model.safetensors")
+    assert sorted(want) == sorted(got) and any(k.startswith("model.visual.blocks.") for k in want)
+    for name, tensor in want.items():
+        assert got[name].dtype == tensor.dtype and torch.equal(got[name], tensor), name
+    back, source = (json.loads(f.read_text()) for f in (tmp_path / "back" / "config.json", folder / "config.json"))
+    assert back == source
+
+
+def test_tower_parameters_as_train_plan_counts_them(models):
+    _, _, mc = models
+    tower = sum(p.numel() for p in mc.model.vision_model.parameters())
+    projector = sum(p.numel() for p in mc.model.vision_model.merger.parameters())
+    assert mc.family.vision.parameters(mc.mcore_config, 1) == (tower, projector)
