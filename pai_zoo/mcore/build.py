@@ -18,6 +18,7 @@ from .biased_experts import expert_tensor_parallel_size
 from .chunked_attention import with_chunked_attention
 from .embedding_scale import apply_embedding_scale
 from .layer_rope import apply_layer_rope
+from .mrope import apply as apply_mrope_layout
 from .mtp import mtp_block_spec, mtp_layers_of
 from .multimodal import attach_vision_tower, vision_language_class
 from .multipliers import apply_logits_scale, residual_scale, with_residual_scale
@@ -193,6 +194,7 @@ def build_gpt_model(
     model = model.to(dtype)
     set_inverse_frequencies(model, config)  # float32, like megatron-core's own
     apply_layer_rope(model, config)  # the layer kinds with their own RoPE (pai_zoo.mcore.layer_rope)
+    apply_mrope_layout(model, config)  # interleaved M-RoPE (Qwen3-VL; pai_zoo.mcore.mrope)
     return model
 
 

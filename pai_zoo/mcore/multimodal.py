@@ -9,6 +9,8 @@ batch-major order (row 0's placeholders, then row 1's ...).
 from __future__ import annotations
 
 from ..plugin.errors import PaiZooError
+from .deepstack import install as install_deepstack
+from .deepstack import levels_of, set_levels
 
 __all__ = ["attach_vision_tower", "place_features", "vision_language_class"]
 
@@ -49,6 +51,7 @@ def vision_language_class(base: type) -> type:
             if pixels and decoder_input is None and self.pre_process:
                 ids = spec.placeholders(self.vision_config)
                 decoder_input = self.embedding(input_ids=input_ids, position_ids=None)
+                deep = []  # (placeholder id, DeepStack levels) per modality (pai_zoo.mcore.deepstack)
                 for name, pix, grid in (("image", pixel_values, image_grid_thw),
                                         ("video", pixel_values_videos, video_grid_thw)):
                     if pix is None:
@@ -58,10 +61,16 @@ def vision_language_class(base: type) -> type:
                     dtype = next(self.vision_model.parameters()).dtype
                     features = self.vision_model(pix.to(dtype), grid, **extra)
                     if isinstance(features, tuple):  # (features, per-layer extras): VisionSpec.deepstack's
-                        features = features[0]
+                        features, levels = features
+                        deep.append((ids[name], levels))
                     decoder_input = place_features(decoder_input, input_ids, ids[name], features, f"{name}s")
-            return super().forward(input_ids, position_ids, attention_mask, decoder_input=decoder_input,
-                                   labels=labels, **kwargs)
+                if deep:
+                    set_levels(self, levels_of(decoder_input, input_ids, deep))
+            try:
+                return super().forward(input_ids, position_ids, attention_mask, decoder_input=decoder_input,
+                                       labels=labels, **kwargs)
+            finally:
+                set_levels(self, None)
 
     VisionLanguageModel.__name__ = VisionLanguageModel.__qualname__ = f"VisionLanguage{base.__name__}"
     return VisionLanguageModel
@@ -72,3 +81,5 @@ def attach_vision_tower(model, family, config, tconfig) -> None:
     model.vision_spec, model.vision_config = family.vision, config
     if model.pre_process:
         model.vision_model = family.vision.tower(config, tconfig)
+        if family.vision.deepstack is not None and family.vision.deepstack(config):
+            install_deepstack(model, len(family.vision.deepstack(config)))

@@ -62,6 +62,10 @@ class VisionSpec:
             where the processor gives fixed-size images or crops (the tower then gets ``grid_thw=None``).
         hf_inputs: ``(McoreConfig, input_ids) -> dict``: extra keyword arguments of the transformers forward that
             the processor makes from the prompt (``None``: Qwen's ``mm_token_type_ids``, image 1 and video 2).
+        deepstack: ``(McoreConfig) -> tuple[int, ...]``: DeepStack (Qwen3-VL), the tower layers whose features enter
+            the language model; the tower then returns ``(features, [deep_1 .. deep_k])`` and ``deep_j`` is added at
+            the placeholder positions after language-model layer ``j`` (0-based; :mod:`pai_zoo.mcore.deepstack`).
+            ``None``: the tower returns its features only.
     """
 
     tower: Callable[[Any, Any], Any]
@@ -76,6 +80,7 @@ class VisionSpec:
     inputs: tuple[str, ...] = ()
     grids: bool = True
     hf_inputs: Callable[[Any, Any], dict] | None = None
+    deepstack: Callable[[Any], tuple[int, ...]] | None = None
 
 
 def accepted_inputs(spec) -> tuple[str, ...]:

@@ -5,6 +5,9 @@
 * ``qwen2.5-vl`` - Qwen2.5-VL, ``Qwen2_5_VLForConditionalGeneration``: the tower with RMSNorm, SwiGLU and window
   attention (``fullatt_block_indexes`` attend over the whole image), video time in the M-RoPE ids.
 
+* ``qwen3_vl``, ``qwen3_vl_moe`` - Qwen3-VL and its MoE (:mod:`pai_zoo_qwen_vl.qwen3_vl`): DeepStack, interleaved
+  M-RoPE, learned tower positions, video frames as vision blocks of their own.
+
 The language model is megatron-core's ``GPTModel`` (``position_embedding_type="mrope"``); the tower is
 :class:`pai_zoo_qwen_vl.vision.QwenVisionTower` on the first pipeline stage (:mod:`pai_zoo.mcore.multimodal`).
 """
@@ -102,4 +105,6 @@ QWEN2_5_VL = _family("qwen2.5-vl", ("qwen2_5_vl", "qwen2_5-vl"), "Qwen2_5_VLForC
 
 @hookimpl
 def pai_zoo_families():
-    return [QWEN2_VL, QWEN2_5_VL]
+    from .qwen3_vl import QWEN3_VL, QWEN3_VL_MOE
+
+    return [QWEN2_VL, QWEN2_5_VL, QWEN3_VL, QWEN3_VL_MOE]

@@ -29,9 +29,11 @@ def token_key(name: str) -> str:
 class VisionLanguageConfig(ConfigMap):
     """Nested HF config <-> megatron-core config (see the module docstring)."""
 
-    def __init__(self, text_model_type: str, vision_model_type: str):
-        super().__init__(*QWEN2_CONFIG.rules, passthrough=QWEN2_CONFIG.passthrough)
+    def __init__(self, text_model_type: str, vision_model_type: str, inner: ConfigMap = QWEN2_CONFIG,
+                 default_section=DEFAULT_MROPE_SECTION):
+        super().__init__(*inner.rules, passthrough=inner.passthrough)
         self.text_model_type, self.vision_model_type = text_model_type, vision_model_type
+        self.inner, self.default_section = inner, list(default_section)
 
     @property
     def consumed_keys(self) -> frozenset[str]:
@@ -46,12 +48,12 @@ class VisionLanguageConfig(ConfigMap):
         rope = dict(text.get("rope_parameters") or {})
         section = rope.pop("mrope_section", None)
         if section is None:  # transformers' rotary embedding then uses its default sections
-            section, absent = DEFAULT_MROPE_SECTION, True
+            section, absent = self.default_section, True
         else:
             absent = False
         alias = rope.pop("type", None)  # transformers keeps the published rope_scaling's "type": "mrope" here
         text["rope_parameters"] = rope
-        inner = QWEN2_CONFIG.to_mcore(family, text)
+        inner = self.inner.to_mcore(family, text)
         arch = dict(inner.arch)
         head_dim = inner.kv_channels
         if sum(section) * 2 != head_dim:
@@ -81,7 +83,7 @@ class VisionLanguageConfig(ConfigMap):
         extra = dict(config.hf_extra)
         text_extra = dict(extra.pop(TEXT_EXTRA, {}))
         inner = McoreConfig(family=config.family, arch=arch, hf_extra=text_extra, hf_absent={})
-        text = QWEN2_CONFIG.to_hf(inner)
+        text = self.inner.to_hf(inner)
         for key, implied in (config.hf_absent or {}).items():
             name = key.removeprefix(f"{TEXT_EXTRA}.")
             if name != key and name in text and text[name] == implied:
@@ -100,7 +102,7 @@ class VisionLanguageConfig(ConfigMap):
 
     def untranslated_architecture_keys(self, hf: dict) -> list[str]:
         text = {k: v for k, v in (hf.get("text_config") or {}).items()}
-        inner = QWEN2_CONFIG.untranslated_architecture_keys(text)
+        inner = self.inner.untranslated_architecture_keys(text)
         top = sorted(k for k in hf if k not in self.consumed_keys | NON_ARCHITECTURE_KEYS)
         return top + [f"text_config.{k}" for k in inner if k != "model_type"]
 

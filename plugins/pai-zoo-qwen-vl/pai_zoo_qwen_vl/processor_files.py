@@ -73,3 +73,15 @@ def write_test_tokenizer(folder) -> Path:
     folder = _TOKENIZER(folder)
     write_processor_files(folder)
     return folder
+
+
+def write_qwen3_vl_test_tokenizer(folder) -> Path:
+    """Qwen3-VL's test tokenizer and processor files: the same tokenizer, transformers' Qwen2-VL image processor
+    with Qwen3-VL's 16-pixel patches, and Qwen3-VL's video processor settings (``Qwen3VLVideoProcessor``)."""
+    folder = _TOKENIZER(folder)
+    write_processor_files(folder, patch_size=16)
+    path = Path(folder) / "video_preprocessor_config.json"
+    video = json.loads(path.read_text())
+    video.update(video_processor_type="Qwen3VLVideoProcessor", cap_pixels_per_frame=False)
+    path.write_text(json.dumps(video, indent=2, sort_keys=True) + "\n")
+    return folder
