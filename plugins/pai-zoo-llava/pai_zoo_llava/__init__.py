@@ -46,8 +46,8 @@ def _parameters(config, tp: int = 1) -> tuple[int, int]:
 
     s = llava_settings(config)
     hidden, bias = config["hidden_size"], s["multimodal_projector_bias"]
-    projector = s["width"] * hidden + hidden * hidden + (2 * hidden if bias else 0) + hidden
-    return siglip_parameters(config[VISION_KEY], tp) + projector, projector
+    projector = s["width"] * hidden + hidden * hidden + (2 * hidden if bias else 0)
+    return siglip_parameters(config[VISION_KEY], tp) + projector + hidden, projector
 
 
 def _example(config, generator) -> dict:
