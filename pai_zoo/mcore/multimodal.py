@@ -11,6 +11,7 @@ from __future__ import annotations
 from ..plugin.errors import PaiZooError
 from .deepstack import install as install_deepstack
 from .deepstack import levels_of, set_levels
+from .image_attention import model_mask
 
 __all__ = ["attach_vision_tower", "place_features", "vision_language_class"]
 
@@ -66,6 +67,8 @@ def vision_language_class(base: type) -> type:
                     decoder_input = place_features(decoder_input, input_ids, ids[name], features, f"{name}s")
                 if deep:
                     set_levels(self, levels_of(decoder_input, input_ids, deep))
+            # image blocks attending bidirectionally (VisionSpec.bidirectional), on every stage
+            attention_mask = model_mask(spec, self.vision_config, input_ids, attention_mask)
             try:
                 return super().forward(input_ids, position_ids, attention_mask, decoder_input=decoder_input,
                                        labels=labels, **kwargs)

@@ -66,6 +66,9 @@ class VisionSpec:
             the language model; the tower then returns ``(features, [deep_1 .. deep_k])`` and ``deep_j`` is added at
             the placeholder positions after language-model layer ``j`` (0-based; :mod:`pai_zoo.mcore.deepstack`).
             ``None``: the tower returns its features only.
+        bidirectional: ``(McoreConfig, input_ids) -> LongTensor [b, s]``: the blocks of tokens that attend to each
+            other bidirectionally inside the causal language model (Gemma 3's images), a block id per token and
+            -1 outside any block; ``None``: causal throughout (:mod:`pai_zoo.mcore.image_attention`).
     """
 
     tower: Callable[[Any, Any], Any]
@@ -81,6 +84,7 @@ class VisionSpec:
     grids: bool = True
     hf_inputs: Callable[[Any, Any], dict] | None = None
     deepstack: Callable[[Any], tuple[int, ...]] | None = None
+    bidirectional: Callable[[Any, Any], Any] | None = None
 
 
 def accepted_inputs(spec) -> tuple[str, ...]:
