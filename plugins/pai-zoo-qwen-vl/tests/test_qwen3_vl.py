@@ -157,3 +157,23 @@ def test_deepstack_past_the_first_pipeline_stage_is_refused():
 
     with pytest.raises(PaiZooError, match="layer 1, which is not on the first pipeline stage"):
         install(Model(), 2)
+
+
+@pytest.mark.parametrize("models", ["qwen3_vl_moe-odd"], indirect=True)
+def test_published_expert_layout_is_read(models, tmp_path):
+    """The published checkpoints' stacked experts ``[E, hidden, 2 * ffn]`` / ``[E, ffn, hidden]`` (transposed from
+    what transformers saves) give the same model."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    folder, _, mc = models
+    published = tmp_path / "published"
+    shutil.copytree(folder, published)
+    tensors = load_file(published / "model.safetensors")
+    experts = [k for k in tensors if ".mlp.experts." in k]
+    assert experts
+    save_file({k: v.transpose(1, 2).contiguous() if k in experts else v for k, v in tensors.items()},
+              published / "model.safetensors", metadata={"format": "pt"})
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    assert torch.equal(pai_zoo.load(published, backend="mcore").logits(ids), mc.logits(ids))
