@@ -8,7 +8,7 @@ from pai_zoo.plugin.layer_pattern import FULL, LAYER_ROPE, SLIDING, LayerRope, L
 from pai_zoo_conformance import ConformanceFailure, checks
 from pai_zoo_conformance.breakage import with_rule
 
-GEMMA3 = get_registry().family("gemma3")
+GEMMA3 = get_registry().family("gemma3_text")
 
 
 class FlippedWindows(LayerTypes):

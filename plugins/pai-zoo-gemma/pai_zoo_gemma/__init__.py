@@ -12,7 +12,9 @@ is Gemma-2 with per-head q/k RMSNorms (zero-centred like the others: megatron-co
 attention soft-cap (transformers' Gemma 3 ignores ``attn_logit_softcapping``: refused unless null), an optional final
 one, every sixth layer full by default, and each layer kind's own RoPE (full layers: base 1,000,000, often
 linearly scaled; sliding layers: base 10,000): :class:`pai_zoo.plugin.layer_pattern.LayerRope` and
-:mod:`pai_zoo.mcore.layer_rope`.
+:mod:`pai_zoo.mcore.layer_rope`. Its vision-language model (``Gemma3ForConditionalGeneration``, the family ``gemma3``;
+the text model is ``gemma3_text``) adds the core's SigLIP tower, a pooled projector and bidirectional attention
+within each image: :mod:`pai_zoo_gemma.gemma3_vl`.
 """
 from __future__ import annotations
 
@@ -30,9 +32,12 @@ from pai_zoo import (
     hookimpl,
 )
 from pai_zoo.config_map import EMBEDDING_SCALE, FAMILY_KEY_PREFIX
+from pai_zoo.family import LazyClass
 from pai_zoo.layouts import llama_layout, llama_shape_rules
 from pai_zoo.plugin.layer_pattern import FULL, SLIDING, LayerRope, LayerTypes
 
+from .gemma3_vl import GEMMA3_VISION, GEMMA3_VL_MODULES, Gemma3VLConfig
+from .gemma3_vl_presets import GEMMA3_VL_PRESETS
 from .presets import GEMMA2_PRESETS, GEMMA3_PRESETS, GEMMA_PRESETS
 from .tokenizer_files import write_gemma_tokenizer
 
@@ -228,8 +233,8 @@ GEMMA2 = Family(
 
 
 GEMMA3 = Family(
-    name="gemma3",
-    aliases=("gemma-3", "gemma3_text"),
+    name="gemma3_text",
+    aliases=("gemma-3-text",),
     hf_architectures=("Gemma3ForCausalLM",),
     model_types=("gemma3_text",),
     presets=GEMMA3_PRESETS,
@@ -245,6 +250,40 @@ GEMMA3 = Family(
 )
 
 
+def _vl_weights(config) -> WeightMap:
+    from .gemma3_vl import gemma3_vl_weights
+
+    return gemma3_vl_weights(config, weights)
+
+
+def _vl_tokenizer(folder):
+    from .gemma3_vl_processor import write_test_tokenizer
+
+    return write_test_tokenizer(folder)
+
+
+GEMMA3_VL = Family(
+    name="gemma3",
+    aliases=("gemma-3", "gemma3-vl"),
+    hf_architectures=("Gemma3ForConditionalGeneration",),
+    model_types=("gemma3",),
+    presets=GEMMA3_VL_PRESETS,
+    tiny="gemma3-vl-tiny",
+    odd="gemma3-vl-odd",
+    config_map=Gemma3VLConfig(GEMMA3_CONFIG),
+    weight_map=_vl_weights,
+    layer_spec=layer_spec,
+    model_class=model_class,
+    hf_model_class=LazyClass("transformers:Gemma3ForConditionalGeneration"),
+    test_tokenizer=_vl_tokenizer,
+    vision=GEMMA3_VISION,
+    hf_module_prefixes=GEMMA3_VL_MODULES,
+    backends=("local",),
+    description="Gemma 3 vision-language (Gemma3ForConditionalGeneration: gemma-3-4b-it, -12b-it, -27b-it): "
+                "SigLIP tower, pooled projector, pan-and-scan crops, bidirectional attention within each image",
+)
+
+
 @hookimpl
 def pai_zoo_families():
-    return [GEMMA, GEMMA2, GEMMA3]
+    return [GEMMA, GEMMA2, GEMMA3, GEMMA3_VL]

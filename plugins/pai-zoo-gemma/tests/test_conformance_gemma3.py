@@ -1,5 +1,5 @@
-"""The shared conformance suite on Gemma 3 text (Gemma3ForCausalLM: sliding/full layers, each kind's RoPE, q/k norms,
-sandwich norms)."""
+"""The shared conformance suite on Gemma 3's vision-language model (Gemma3ForConditionalGeneration: SigLIP tower,
+pooled projector, bidirectional attention within each image, Gemma 3's text model)."""
 from pai_zoo_conformance import ConformanceSuite
 
 

@@ -11,7 +11,7 @@ from pai_zoo.registry import get_registry
 from pai_zoo_conformance import checks
 from pai_zoo_conformance.forward_checks import LOGITS_ATOL
 
-GEMMA3 = get_registry().family("gemma3")
+GEMMA3 = get_registry().family("gemma3_text")
 
 
 @pytest.mark.parametrize("preset", ["gemma3-tiny", "gemma3-odd"])
