@@ -12,7 +12,9 @@ On megatron-core's ``GPTModel`` the addition is a forward hook on ``decoder.laye
 stage (:func:`install`), which reads the level the model's forward left on the layer for that forward only
 (:func:`set_levels`). Under sequence parallelism the layer's hidden states are ``[s / tp, b, h]``: the level is
 split the same way (megatron-core's ``scatter_to_sequence_parallel_region``, whose backward gathers). A level
-whose layer is on a later pipeline stage is refused when the model is built (one line naming the layer).
+whose layer is on a later pipeline stage is refused when the model is built (one line naming the layer), as is
+full activation recompute (its re-run of the layers in the backward pass comes after the forward has taken its levels
+back); selective recompute (core attention only) is unaffected.
 """
 from __future__ import annotations
 
@@ -69,7 +71,11 @@ def _first_layers(model, count: int) -> list:
 
 
 def install(model, count: int) -> None:
-    """Hooks on ``model``'s first ``count`` decoder layers (first pipeline stage) that add the forward's levels."""
+    """Hooks on ``model``'s first ``count`` decoder layers (first pipeline stage) that add the forward's levels.
+    Full activation recompute is refused: its re-run in the backward pass would not see the forward's levels."""
+    if getattr(getattr(model, "config", None), "recompute_granularity", None) == "full":
+        raise PaiZooError("deepstack: full activation recompute is not supported with DeepStack (the recomputed "
+                          "layers would miss the vision features); use --recompute-granularity selective")
     for layer in _first_layers(model, count):
         setattr(layer, _LEVEL, None)
         layer.register_forward_hook(_add_level)

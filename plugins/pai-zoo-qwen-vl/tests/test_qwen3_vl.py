@@ -143,7 +143,7 @@ def test_suite_fails_without_interleaved_mrope(tiny_case, monkeypatch):
         checks.check_forward_equivalence(tiny_case)
 
 
-def test_deepstack_past_the_first_pipeline_stage_is_refused():
+def test_deepstack_past_the_first_pipeline_stage_or_with_full_recompute_is_refused():
     from pai_zoo.errors import PaiZooError
     from pai_zoo.mcore.deepstack import install
 
@@ -157,6 +157,10 @@ def test_deepstack_past_the_first_pipeline_stage_is_refused():
 
     with pytest.raises(PaiZooError, match="layer 1, which is not on the first pipeline stage"):
         install(Model(), 2)
+    model = Model()
+    model.config = type("Config", (), {"recompute_granularity": "full"})()
+    with pytest.raises(PaiZooError, match="full activation recompute is not supported with DeepStack"):
+        install(model, 1)
 
 
 @pytest.mark.parametrize("models", ["qwen3_vl_moe-odd"], indirect=True)
