@@ -34,8 +34,10 @@ VL_CHAT_TEMPLATE = (
     "{% endif %}{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
 
+#: GLM-4's test tokenizer with the placeholders, the content-list template, and no ``[gMASK]<sop>`` post-processor:
+#: the chat template writes them, and GLM-4V's processor tokenizes the rendered text with the special tokens on.
 _TOKENIZER = dataclasses.replace(
-    write_glm4_tokenizer, special_tokens=_SPECIALS,
+    write_glm4_tokenizer, special_tokens=_SPECIALS, prefix=(),
     config={**write_glm4_tokenizer.config, "chat_template": VL_CHAT_TEMPLATE},
 )
 
