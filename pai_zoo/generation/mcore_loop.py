@@ -40,9 +40,11 @@ def mcore_generate(
     if staged and vision is not None:
         raise GenerationError("a vision-language model generates with pipeline parallelism 1; load it with pp=1")
     use_cache = use_cache and not staged
-    if getattr(model.config, "window_size", None) is not None and len({len(p) for p in prompts}) > 1:
+    if getattr(model.config, "window_size", None) is not None and len({len(p) for p in prompts}) > 1 \
+            and vision is None:
         # megatron's sliding-window attention builds its own mask and would attend to padding:
-        # run prompts of equal length together instead.
+        # run prompts of equal length together instead. (A vision batch stays whole: its inputs are the whole
+        # batch's; pai_zoo.mcore.window_mask keeps the padding mask in the window, which Gemma 3's suite checks.)
         for length in sorted({len(p) for p in prompts}):
             rows = [i for i, p in enumerate(prompts) if len(p) == length]
             mcore_generate(
