@@ -81,9 +81,10 @@ LLAVA_ONEVISION_VISION = VisionSpec(
     inputs=("image_sizes", "batch_num_images"), grids=False, hf_inputs=lambda config, input_ids: {},
 )
 
-#: transformers 5 holds the parts under model.* in memory and saves them under the llava-hf names.
+#: transformers 5 holds the parts under model.* in memory and saves them as below (the tower without the
+#: ``vision_model.`` level that checkpoints saved by transformers 4 have: pai-zoo reads transformers 5's names).
 MODULE_PREFIXES = (("language_model.lm_head.", "lm_head."), ("language_model.model.", "model.language_model."),
-                   ("vision_tower.", "model.vision_tower.vision_model."),
+                   ("vision_tower.", "model.vision_tower."),
                    ("multi_modal_projector.", "model.multi_modal_projector."), ("image_newline", "model.image_newline"))
 
 LLAVA_ONEVISION = Family(

@@ -76,6 +76,6 @@ LLAVA_ONEVISION_PRESETS = {
         tie=False, pinpoints=PUBLISHED_PINPOINTS),
     # from memory: llava-hf/llava-onevision-qwen2-72b-ov-hf (Qwen2-72B)
     "llava-onevision-qwen2-72b-ov": _llava(
-        _text(8192, 29568, 80, 64, 8, 152128, tie=False, eps=1e-5),
+        _text(8192, 29568, 80, 64, 8, 152128, tie=False),
         _siglip(1152, 4304, 26, 16, image_size=384, patch_size=14), tie=False, pinpoints=PUBLISHED_PINPOINTS),
 }

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import json
+import shutil
 import types
 
 import numpy as np
@@ -22,8 +23,9 @@ import pytest
 import torch
 from PIL import Image
 
+import pai_zoo
 from pai_zoo import get_registry
-from pai_zoo.errors import ConfigTranslationError, PaiZooError
+from pai_zoo.errors import ConfigTranslationError, MappingError, PaiZooError
 from pai_zoo_conformance import ConformanceFailure, checks
 
 PRESET = "llava_onevision-odd"
@@ -169,6 +171,24 @@ def test_tower_parameters_and_bad_inputs_refused(models):
     with pytest.raises(PaiZooError, match="placeholder tokens"):
         mc.logits(short, pixel_values=inputs["pixel_values"], image_sizes=inputs["image_sizes"],
                   batch_num_images=inputs["batch_num_images"])
+
+
+def test_a_checkpoint_saved_by_transformers_4_is_refused_in_one_line(models, tmp_path):
+    """The published uploads name the tower vision_tower.vision_model.*: the refusal says how to re-save them."""
+    from safetensors.torch import save_file
+
+    from pai_zoo.models.state_dicts import hf_state_dict
+
+    folder, hf, _, _ = models
+    state = hf_state_dict(hf.model, hf.mcore_config, hf.family)
+    old = {("vision_tower.vision_model." + k.removeprefix("vision_tower.") if k.startswith("vision_tower.") else k):
+           v.contiguous() for k, v in state.items()}
+    source = tmp_path / "hf"
+    shutil.copytree(folder, source)
+    save_file(old, source / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(MappingError, match="saved it") as info:
+        pai_zoo.convert(source, tmp_path / "mcore", "mcore")
+    assert "save_pretrained" in str(info.value) and "\n" not in str(info.value)
 
 
 @pytest.mark.parametrize("change, field", [
