@@ -1,7 +1,9 @@
 """Video in generation: `pai-zoo generate --video PATH` (a folder of frames) and ``{"type": "video", "video": PATH}``
 entries of a chat prompts file give transformers' greedy tokens (its ``generate`` on the same processor inputs), on
-Qwen2.5-VL (qwen2.5-vl-odd, whose M-RoPE reads ``second_per_grid_ts``); the frames are laid out as transformers'
-video processor lays them; a video file without a decoder and a bad frames folder are refused in one line.
+Qwen2.5-VL (qwen2.5-vl-odd, whose M-RoPE reads ``second_per_grid_ts``) and Qwen3-VL (qwen3_vl-odd, whose processor
+writes each frame's timestamp as text); the prompt is expanded by the checkpoint's own processor class; without
+torchvision the frames go through the image processor laid out as transformers' video processor lays them; a video
+file without a decoder and a bad frames folder are refused in one line.
 """
 from __future__ import annotations
 
@@ -28,16 +30,24 @@ def _frames(folder, count: int, seed: int, size=(56, 84)):
     return folder
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("video-generate")
-    hf = pai_zoo.load(PRESET, backend="hf", seed=7)
+def _models(root, preset):
+    hf = pai_zoo.load(preset, backend="hf", seed=7)
     hf.model.save_pretrained(root / "hf")
     hf.family.test_tokenizer(root / "hf")
     _frames(root / "clip", 4, 0)
     _frames(root / "odd", 5, 1, (84, 56))  # 5 frames: the last repeated to a whole temporal patch
     Image.fromarray(np.full((56, 56, 3), 90, "uint8")).save(root / "a.png")
     return root, pai_zoo.load(root / "hf", backend="hf"), pai_zoo.load(root / "hf", backend="mcore")
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    return _models(tmp_path_factory.mktemp("video-generate"), PRESET)
+
+
+@pytest.fixture(scope="module")
+def qwen3(tmp_path_factory):
+    return _models(tmp_path_factory.mktemp("video-generate-qwen3"), "qwen3_vl-odd")
 
 
 def test_frames_are_laid_out_as_the_video_processor_does(models):
@@ -75,10 +85,11 @@ def test_frames_are_laid_out_as_the_video_processor_does(models):
         assert torch.allclose(ours["pixel_values_videos"], theirs["pixel_values_videos"], atol=1e-6)
 
 
-def test_generate_with_videos_equals_transformers_generate(models, tmp_path):
+@pytest.mark.parametrize("family", ["qwen2.5-vl", "qwen3_vl"])
+def test_generate_with_videos_equals_transformers_generate(family, request, tmp_path):
     from pai_zoo.generation import generate
 
-    root, hf, mc = models
+    root, hf, mc = request.getfixturevalue("models" if family == "qwen2.5-vl" else "qwen3")
     chats = [
         [{"role": "user", "content": [{"type": "video", "video": "clip"}, {"type": "text", "text": "What?"}]}],
         [{"role": "user", "content": "Only text here."}],
@@ -101,6 +112,37 @@ def test_generate_with_videos_equals_transformers_generate(models, tmp_path):
                     "--max-new-tokens", "8"])
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == generate(hf, absolute[:1], chat=True, max_new_tokens=8)[0].text.strip()
+
+
+def test_the_checkpoints_processor_expands_the_prompt(models, qwen3):
+    """The prompt is expanded by the checkpoint's processor class (its video processor transformers' own or, without
+    torchvision, the frames stand-in): Qwen2.5-VL's as VisionSpec.tokens repeats the placeholder, inputs included;
+    Qwen3-VL's with one vision block per temporal patch, each after its timestamp text."""
+    from pai_zoo.data.vision_media import VisionProcessor, read_video
+    from pai_zoo.generation.prompts import encode_prompt
+
+    image = Image.fromarray(np.full((56, 56, 3), 90, "uint8"))
+    for root, hf, _ in (models, qwen3):
+        processor = VisionProcessor(hf.files, hf.family.vision, hf.mcore_config, hf.hf_config)
+        assert type(processor.processor()).__name__ == {"qwen2.5-vl": "Qwen2_5_VLProcessor",
+                                                        "qwen3_vl": "Qwen3VLProcessor"}[hf.family.name]
+        chat = [{"role": "user", "content": [{"type": "image", "image": "a"}, {"type": "video", "video": "v"},
+                                             {"type": "text", "text": "Hi"}]}]
+        ids = encode_prompt(chat, hf.tokenizer, "x", True)
+        video = read_video(root / "odd")
+        ours, inputs = processor.prompt(ids, [image], [video], "x")
+        tokens = hf.family.vision.placeholders(hf.mcore_config)
+        t, h, w = inputs["video_grid_thw"][0].tolist()
+        assert ours.count(tokens["video"]) == t * h * w // 4 and t == 3
+        processor._full = False  # each placeholder repeated VisionSpec.tokens times
+        repeated, same = processor.prompt(ids, [image], [video], "x")
+        assert same.keys() == inputs.keys() and all(torch.equal(same[k], inputs[k]) for k in same)
+        start = hf.tokenizer.encode("<|vision_start|>")[-1]
+        if hf.family.name == "qwen3_vl":  # one block per temporal patch, its time before it
+            assert ours.count(start) == 1 + t and repeated.count(start) == 2
+            assert "<0.0 seconds>" in hf.tokenizer.decode(ours) and "<0.1 seconds>" in hf.tokenizer.decode(ours)
+        else:
+            assert ours == repeated
 
 
 def test_bad_videos_are_refused_in_one_line(models, tmp_path):

@@ -6,19 +6,19 @@ processors, for generation (:mod:`pai_zoo.generation.images`) and training (:mod
   ``load_video`` with the first decoder installed (torchcodec, PyAV, decord, OpenCV); without one a video file is
   refused in one line naming what to install, and a folder of frames still works.
 
-:class:`VisionProcessor` runs the checkpoint's image processor (``preprocessor_config.json``) on a prompt's images
-and its video processor (``video_preprocessor_config.json``) on its videos, keeping every output the family reads
+:class:`VisionProcessor` runs the checkpoint's own processors. :meth:`VisionProcessor.prompt` gives a prompt's
+ids expanded by the checkpoint's processor class (``AutoProcessor``'s: its text for each placeholder, repeats or
+Qwen3-VL's timestamps) and the inputs it makes, keeping every output the family reads
 (:func:`pai_zoo.vision.accepted_inputs`: ``pixel_values``, ``image_grid_thw``, ``pixel_values_videos``,
-``video_grid_thw`` and the family's own :attr:`~pai_zoo.vision.VisionSpec.inputs`). transformers' video processors
-need torchvision; where it is missing and the image processor is a patch processor of Qwen2-VL's kind (it has
-``temporal_patch_size``), the frames go through the image processor at the video processor's settings and are
-regrouped into the video processor's layout (:func:`frames_as_video`): the same patches wherever the frames already
-have the processor's size (PIL resizes where torchvision would). ``second_per_grid_ts`` is made as transformers'
-Qwen2.5-VL processor makes it (``temporal_patch_size / fps``, fps 24 for frames without a rate) for families whose
-tower config has ``tokens_per_second``.
-
-:func:`expand_media` repeats each image and video placeholder as often as the tower gives rows for it
-(:attr:`~pai_zoo.vision.VisionSpec.tokens`), the loss mask 0 on the repeats.
+``video_grid_thw``, ``second_per_grid_ts`` and the family's own :attr:`~pai_zoo.vision.VisionSpec.inputs`); where
+the folder has no processor class for it, the image and video processors make the inputs and each placeholder is
+repeated :attr:`~pai_zoo.vision.VisionSpec.tokens` times (:func:`expand_media`). transformers' video processors need
+torchvision; where it is missing and the image processor is a patch processor of Qwen2-VL's kind (it has
+``temporal_patch_size``), :func:`frames_video_processor` stands in: the frames go through the image processor at the
+video processor's settings and are regrouped into the video processor's layout (:func:`frames_as_video`), equal to
+its output (tested where torchvision loads). A folder of frames is taken as sampled (``do_sample_frames=False``),
+its rate unknown (transformers then assumes 24 fps). :func:`expand_mask` carries an SFT record's loss mask over the
+processor's expansion.
 """
 from __future__ import annotations
 
@@ -38,13 +38,15 @@ DECODERS = (("torchcodec", "torchcodec", "torchcodec"), ("pyav", "av", "av"), ("
             ("opencv", "cv2", "opencv-python"))
 #: The frame rate transformers assumes for frames given without one (``VideoMetadata.sampled_fps``).
 DEFAULT_FPS = 24.0
+VIDEO_CONFIG = "video_preprocessor_config.json"
 
 
 class Video:
-    """A video's frames (PIL images or an array ``[t, h, w, 3]``) and its sampled frame rate (None: unknown)."""
+    """A video's frames (PIL images or an array ``[t, h, w, 3]``), its frame rate (None: unknown) and, for a decoded
+    file, transformers' ``VideoMetadata``."""
 
-    def __init__(self, frames, fps: float | None, source: str):
-        self.frames, self.fps, self.source = frames, fps, source
+    def __init__(self, frames, fps: float | None, source: str, metadata=None):
+        self.frames, self.fps, self.source, self.metadata = frames, fps, source, metadata
 
     def __len__(self) -> int:
         return len(self.frames)
@@ -83,7 +85,7 @@ def read_video(path, where: str = "video") -> Video:
         frames, metadata = load_video(str(path), backend=backend)
     except Exception as exc:  # noqa: BLE001 - the decoder's own error, one line
         raise PaiZooError(f"{where}: {path}: {backend} cannot read it ({type(exc).__name__}: {exc})") from None
-    return Video(frames, getattr(metadata, "fps", None), str(path))
+    return Video(frames, getattr(metadata, "fps", None), str(path), metadata)
 
 
 def count_runs(ids: Sequence[int], token: int) -> int:
@@ -135,14 +137,81 @@ def frames_as_video(image_processor, frames, settings: dict) -> dict:
             "video_grid_thw": torch.tensor([[len(frames) // tp, h, w]])}
 
 
-class VisionProcessor:
-    """The checkpoint's image and video processors (loaded from ``folder`` when first needed) for a family
-    (``spec``, ``hf_config`` the transformers config). ``__call__(images, videos)`` gives the inputs of one prompt."""
+def frames_video_processor(settings: dict, image_processor):
+    """A stand-in for transformers' video processor of a Qwen2-VL-style checkpoint where torchvision is missing: a
+    ``VideoProcessorMixin`` (so the checkpoint's processor class takes it) that makes the video processor's outputs
+    from the frames with :func:`frames_as_video`, and its ``video_metadata`` as transformers makes it for frames."""
+    import torch
+    from transformers.feature_extraction_utils import BatchFeature
+    from transformers.video_processing_utils import VideoProcessorMixin
+    from transformers.video_utils import make_batched_metadata, make_batched_videos
 
-    def __init__(self, folder, spec, hf_config=None, where: str = "model"):
+    class FramesVideoProcessor(VideoProcessorMixin):
+        stand_in = True
+
+        def __init__(self):
+            super().__init__()
+            for key in ("patch_size", "merge_size", "temporal_patch_size"):
+                setattr(self, key, settings.get(key, getattr(image_processor, key, None)))
+
+        def __call__(self, videos, video_metadata=None, return_metadata=False, do_sample_frames=None, **_):
+            if do_sample_frames is None and settings.get("do_sample_frames"):
+                raise PaiZooError("sampling a video file's frames needs transformers' video processor: pip install "
+                                  "torchvision, or give a folder of the frames to use")
+            videos = make_batched_videos(videos)  # arrays [t, h, w, c], as transformers' processors take them
+            parts = [frames_as_video(image_processor, list(v), settings) for v in videos]
+            if settings.get("video_processor_type", "Qwen2VLVideoProcessor") != "Qwen2VLVideoProcessor":
+                _check_clip_bounds(parts, settings, image_processor)
+            out = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+            if return_metadata:
+                out["video_metadata"] = make_batched_metadata(videos, video_metadata=video_metadata)
+            return BatchFeature(out)
+
+    return FramesVideoProcessor()
+
+
+def _check_clip_bounds(parts, settings: dict, image_processor) -> None:
+    """The stand-in resizes each frame by the image processor's rule; a video processor that bounds the whole
+    clip's pixels (Qwen3-VL's: ``t * h * w``) resizes the same only while each frame is at least the lower bound
+    and the clip at most the upper one. Outside that, one line asking for torchvision."""
+    size = settings.get("size") or {}
+    low, high = size.get("shortest_edge"), size.get("longest_edge")
+    patch = settings.get("patch_size", getattr(image_processor, "patch_size", 14))
+    tp = settings.get("temporal_patch_size", getattr(image_processor, "temporal_patch_size", 2))
+    for part in parts:
+        t, h, w = part["video_grid_thw"][0].tolist()
+        pixels = h * w * patch * patch
+        if (low and pixels < low) or (high and t * tp * pixels > high):
+            raise PaiZooError(f"a video of {t * tp} frames of {h * patch}x{w * patch} pixels is outside what the "
+                              f"frames' own resizing reproduces of {settings['video_processor_type']}: pip install "
+                              "torchvision (transformers' video processor), or give fewer or smaller frames")
+
+
+def expand_mask(before: Sequence[int], mask: Sequence[int], after: Sequence[int], where: str) -> list[int]:
+    """The loss ``mask`` of ``before`` carried to ``after`` (the processor's expansion of ``before``): tokens the two
+    share keep their value, what the processor wrote in place of a placeholder gets 0. Every target of ``before``
+    must survive, or one :class:`~pai_zoo.PaiZooError` line."""
+    from difflib import SequenceMatcher
+
+    out = [0] * len(after)
+    for tag, i0, i1, j0, j1 in SequenceMatcher(None, list(before), list(after), autojunk=False).get_opcodes():
+        if tag == "equal":
+            out[j0:j1] = mask[i0:i1]
+    if sum(out) != sum(mask):
+        raise PaiZooError(f"{where}: the processor's expansion of the prompt changed {sum(mask) - sum(out)} target "
+                          "tokens; the chat template and the processor's tokenizer disagree")
+    return out
+
+
+class VisionProcessor:
+    """The checkpoint's processors (loaded from ``folder`` when first needed) for a family (``spec``; ``hf_config``
+    its transformers config). :meth:`prompt` expands one prompt's ids and makes its inputs; ``__call__(images,
+    videos)`` makes the inputs only."""
+
+    def __init__(self, folder, spec, config, hf_config=None, where: str = "model"):
         self.folder = None if folder is None else Path(folder)
-        self.spec, self.hf_config, self.where = spec, hf_config, where
-        self._images = self._videos = None
+        self.spec, self.config, self.hf_config, self.where = spec, config, hf_config, where
+        self._images = self._videos = self._full = None
         self.keep = set(accepted_inputs(spec))
 
     def _file(self, name: str, what: str) -> Path:
@@ -160,10 +229,10 @@ class VisionProcessor:
         return self._images
 
     def video_processor(self):
-        """transformers' video processor of the checkpoint, or ``None`` where it cannot load without torchvision
-        and the image processor can stand in (:func:`frames_as_video`)."""
+        """transformers' video processor of the checkpoint or, where it cannot load without torchvision and the
+        image processor can stand in, :func:`frames_video_processor`."""
         if self._videos is None:
-            settings = self._file("video_preprocessor_config.json", "videos")
+            settings = self._file(VIDEO_CONFIG, "videos")
             try:
                 from transformers import AutoVideoProcessor
 
@@ -172,8 +241,68 @@ class VisionProcessor:
                 if not hasattr(self.image_processor(), "temporal_patch_size"):
                     raise PaiZooError(f"{self.folder}: the checkpoint's video processor cannot load ({exc}); "
                                       "pip install torchvision") from None
-                self._videos = json.loads(settings.read_text())
+                self._videos = frames_video_processor(json.loads(settings.read_text()), self.image_processor())
         return self._videos
+
+    def processor(self):
+        """The checkpoint's own processor class (``AutoProcessor``'s), its video processor the stand-in where
+        torchvision is missing; None where the folder has no config, tokenizer or processor files for it."""
+        if self._full is None:
+            self._full = False
+            if self.folder is None or not all((self.folder / f).is_file() for f in (
+                    "config.json", "preprocessor_config.json")):
+                return None
+            try:
+                from transformers import AutoConfig, AutoTokenizer
+                from transformers.models.auto.processing_auto import (
+                    PROCESSOR_MAPPING_NAMES,
+                    processor_class_from_name,
+                )
+
+                cls = processor_class_from_name(PROCESSOR_MAPPING_NAMES[AutoConfig.from_pretrained(
+                    self.folder).model_type])
+                made = {}
+                for attribute in cls.get_attributes():
+                    if attribute == "tokenizer":
+                        made[attribute] = AutoTokenizer.from_pretrained(self.folder)
+                    elif attribute == "image_processor":
+                        made[attribute] = self.image_processor()
+                    elif attribute == "video_processor" and (self.folder / VIDEO_CONFIG).is_file():
+                        made[attribute] = self.video_processor()
+                    else:
+                        return None
+                if getattr(made.get("video_processor"), "stand_in", False):  # no torchvision: transformers cannot
+                    # name the video processor's base class, so the class check of the stand-in is left out
+                    cls = type(cls.__name__, (cls,), {"check_argument_for_proper_class": lambda self, n, a: type(a)})
+                self._full = cls(**made)
+            except (KeyError, OSError, ValueError, TypeError, ImportError, AttributeError):
+                self._full = False
+        return self._full or None
+
+    def prompt(self, ids: list[int], images: Sequence[Any], videos: Sequence[Video], where: str):
+        """``(ids, inputs)``: ``ids`` expanded by the checkpoint's processor (its text for each placeholder: repeats,
+        Qwen3-VL's timestamps ...) and the processor's inputs for the family; without a processor class, each
+        placeholder repeated :attr:`~pai_zoo.vision.VisionSpec.tokens` times."""
+        processor = self.processor() if images or videos else None
+        if processor is None:
+            inputs = self(images, videos)
+            grids = {"image": inputs.get("image_grid_thw"), "video": inputs.get("video_grid_thw")}
+            return (expand_media(self.spec, self.config, ids, grids)[0] if inputs else list(ids)), inputs
+        text = processor.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        kwargs = {}
+        if videos:
+            kwargs["videos"] = [v.frames for v in videos]
+            if all(v.metadata is None for v in videos):
+                kwargs["do_sample_frames"] = False  # frames as given: the folder's are taken as sampled
+            else:
+                kwargs["video_metadata"] = [v.metadata or {"total_num_frames": len(v), "fps": None,
+                                                           "frames_indices": list(range(len(v)))} for v in videos]
+        try:
+            out = processor(text=[text], images=list(images) or None, return_tensors="pt", **kwargs)
+        except ValueError as exc:
+            raise PaiZooError(f"{where}: the checkpoint's processor refuses the prompt: {exc}") from None
+        inputs = {k: v for k, v in out.items() if k in self.keep}
+        return out["input_ids"][0].tolist(), inputs
 
     def __call__(self, images: Sequence[Any] = (), videos: Sequence[Video] = ()) -> dict:
         import torch
@@ -183,15 +312,12 @@ class VisionProcessor:
             made = self.image_processor()(images=list(images), return_tensors="pt")
             out.update({k: v for k, v in made.items() if k in self.keep and not k.endswith("_videos")})
         if videos:
-            processor = self.video_processor()
-            if isinstance(processor, dict):  # no torchvision: the image processor, regrouped
-                parts = [frames_as_video(self.image_processor(), v.frames, processor) for v in videos]
-                made = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
-            else:
-                made = processor(videos=[v.frames for v in videos], return_tensors="pt")
+            given = ({"do_sample_frames": False} if all(v.metadata is None for v in videos) else
+                     {"video_metadata": [v.metadata or {"total_num_frames": len(v), "fps": None,
+                                                        "frames_indices": list(range(len(v)))} for v in videos]})
+            made = self.video_processor()(videos=[v.frames for v in videos], return_tensors="pt", **given)
             out.update({k: v for k, v in made.items() if k in self.keep and k not in out})
             if getattr(getattr(self.hf_config, "vision_config", None), "tokens_per_second", None) is not None:
-                patch = (processor.get("temporal_patch_size") if isinstance(processor, dict)
-                         else getattr(processor, "temporal_patch_size", None)) or 2
+                patch = getattr(self.video_processor(), "temporal_patch_size", None) or 2
                 out["second_per_grid_ts"] = torch.tensor([patch / (v.fps or DEFAULT_FPS) for v in videos])
         return out

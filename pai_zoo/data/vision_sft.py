@@ -40,7 +40,7 @@ from ..plugin.errors import DataError, PaiZooError, no_such_path
 from ..plugin.vision import read_image
 from .sft import ROLES, build_example
 from .sources import BadRecord, iter_json_lines, parse_record
-from .vision_media import count_runs, expand_media, read_video
+from .vision_media import count_runs, expand_mask, expand_media, read_video
 
 __all__ = ["VisionExample", "image_in_folder", "read_vision_records", "record_videos", "vision_example"]
 
@@ -231,7 +231,9 @@ class VisionExample:
 
 def vision_example(where: str, messages, images, tokenizer, family, config, processor) -> VisionExample:
     """The :class:`VisionExample` of one record (see the module docstring). ``processor``: a
-    :class:`~pai_zoo.data.vision_media.VisionProcessor` (or transformers' image processor, for images only)."""
+    :class:`~pai_zoo.data.vision_media.VisionProcessor` (the checkpoint's processor expands the placeholders, the
+    loss mask carried over by :func:`~pai_zoo.data.vision_media.expand_mask`), or transformers' image processor
+    for images only."""
     spec = family.vision
     tokens = spec.placeholders(config)
     videos = record_videos(messages)
@@ -246,14 +248,14 @@ def vision_example(where: str, messages, images, tokenizer, family, config, proc
         try:
             pictures = [read_image(p, where) for p in images]
             clips = [read_video(v, where) for v in videos]
-            if hasattr(processor, "image_processor"):
-                inputs = processor(pictures, clips)
-            else:  # a transformers image processor
+            if hasattr(processor, "prompt"):  # a VisionProcessor: the checkpoint's processor expands the prompt
+                expanded, inputs = processor.prompt(ids, pictures, clips, where)
+                ids, mask = expanded, expand_mask(ids, mask, expanded, where)
+            else:  # a transformers image processor: each placeholder repeated VisionSpec.tokens times
                 inputs = dict(processor(images=pictures, return_tensors="pt")) if pictures else {}
+                ids, mask = expand_media(spec, config, ids, {"image": inputs.get("image_grid_thw")}, mask)
         except PaiZooError as exc:  # a missing or unreadable image or video, one line
             raise DataError(str(exc)) from None
-        grids = {"image": inputs.get("image_grid_thw"), "video": inputs.get("video_grid_thw")}
-        ids, mask = expand_media(spec, config, ids, grids, mask)
     import torch
 
     positions = None

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..data.vision_media import VisionProcessor, count_runs, expand_media, read_video
+from ..data.vision_media import VisionProcessor, count_runs, read_video
 from ..plugin.errors import PaiZooError
 from ..plugin.vision import read_image
 from .params import GenerationError
@@ -101,8 +101,8 @@ def with_image_paths(prompt, folder: Path, where: str = "--prompts"):
 
 
 class VisionPrompts:
-    """The images and videos of a batch of prompts, processed once: ``expand`` each prompt's ids, then ``inputs``
-    and ``positions`` for the left-padded batch of some of them."""
+    """The images and videos of a batch of prompts: ``expand`` each prompt's ids (the checkpoint's processor makes
+    its inputs then), then ``batch`` and ``positions`` for the left-padded batch of some of them."""
 
     def __init__(self, handle, images: Sequence[Sequence[Any]], labels: Sequence[str],
                  videos: Sequence[Sequence[Any]] | None = None):
@@ -116,35 +116,34 @@ class VisionPrompts:
         if any(videos) and "video" not in self.spec.modalities:
             raise GenerationError(f"family {family.name!r} reads {', '.join(self.spec.modalities)}, not video")
         self.labels = list(labels)
-        self.items: list[dict] = []  # per prompt: its processor outputs (pixel_values, image_grid_thw ...) or {}
-        processor = VisionProcessor(handle.files, self.spec, handle.hf_config, family.name)
+        self.processor = VisionProcessor(handle.files, self.spec, self.config, handle.hf_config, family.name)
+        self.media: list[tuple[list, list]] = []  # per prompt: its images (PIL) and videos (frames)
         for label, paths, clips in zip(self.labels, images, videos):
             try:
-                pictures = [read_image(p, label) for p in paths]
-                frames = [read_video(v, label) for v in clips]
-                self.items.append(processor(pictures, frames) if pictures or frames else {})
+                self.media.append(([read_image(p, label) for p in paths], [read_video(v, label) for v in clips]))
             except PaiZooError as exc:
                 raise GenerationError(str(exc)) from None
+        self.items: list[dict] = [{} for _ in self.labels]  # per prompt: its processor outputs, made by expand
 
     def expand(self, index: int, ids: list[int], context: int | None) -> list[int]:
-        """Prompt ``index``'s ids with each image and video placeholder repeated as many times as the tower gives
-        rows for it; the count of placeholders of each kind must equal the count of images (videos)."""
+        """Prompt ``index``'s ids with each image and video placeholder expanded by the checkpoint's processor
+        (:meth:`pai_zoo.data.vision_media.VisionProcessor.prompt`); the count of placeholders of each kind must
+        equal the count of images (videos)."""
         tokens = self.spec.placeholders(self.config)
-        item = self.items[index] if index < len(self.items) else {}
-        where, grids = self.labels[index], {}
-        for kind, key in (("image", "image_grid_thw"), ("video", "video_grid_thw")):
-            grid = item.get(key)
-            given = 0 if grid is None else len(grid)
+        pictures, clips = self.media[index] if index < len(self.media) else ([], [])
+        where = self.labels[index]
+        for kind, given in (("image", pictures), ("video", clips)):
             named = count_runs(ids, tokens[kind]) if kind in tokens else 0
-            if named != given:
+            if named != len(given):
                 raise GenerationError(f"{where}: the prompt names {named} {kind}(s) (placeholder id "
-                                      f"{tokens.get(kind)}) but {given} {kind}(s) are given; give one {kind} per "
-                                      "placeholder")
-            if given:
-                grids[kind] = grid
-        if not grids:
+                                      f"{tokens.get(kind)}) but {len(given)} {kind}(s) are given; give one {kind} "
+                                      "per placeholder")
+        if not pictures and not clips:
             return ids
-        out, _ = expand_media(self.spec, self.config, ids, grids)
+        try:
+            out, self.items[index] = self.processor.prompt(ids, pictures, clips, where)
+        except PaiZooError as exc:
+            raise GenerationError(str(exc)) from None
         if context is not None and len(out) > context:
             raise GenerationError(f"{where}: with its images and videos the prompt is {len(out)} tokens, over the "
                                   f"model's {context} positions; give smaller images, fewer frames or fewer items")

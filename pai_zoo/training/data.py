@@ -254,7 +254,8 @@ def build_vision_sft_datasets(cfg: TrainConfig, family, config, tokenizer, proce
     if processor_folder is None or not (Path(processor_folder) / "preprocessor_config.json").is_file():
         raise PaiZooError(f"--model {cfg.model}: no preprocessor_config.json beside the model: vision SFT needs "
                           "the checkpoint's image processor")
-    processor = VisionProcessor(processor_folder, family.vision, hf_config_from_mcore(family, config), cfg.model)
+    processor = VisionProcessor(processor_folder, family.vision, config, hf_config_from_mcore(family, config),
+                                cfg.model)
     reader = read_vision_dataset if is_energon_dataset(cfg.data[0]) else read_vision_records
     records = reader(cfg.data[0])
     examples = [vision_example(where, messages, images, tokenizer, family, config, processor)
