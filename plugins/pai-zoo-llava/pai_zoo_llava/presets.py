@@ -36,11 +36,11 @@ def _siglip(hidden, inter, layers, heads, *, image_size, patch_size):
     )
 
 
-def _llava(text, vision, *, tie, pinpoints, aspect="anyres_max_9", ids=None):
+def _llava(text, vision, *, tie, pinpoints, aspect="anyres_max_9", ids=None, feature_layer=-1):
     return dict(
         model_type="llava_onevision", architectures=["LlavaOnevisionForConditionalGeneration"],
         text_config=text, vision_config=vision, projector_hidden_act="gelu",
-        vision_feature_select_strategy="full", vision_feature_layer=-1, multimodal_projector_bias=True,
+        vision_feature_select_strategy="full", vision_feature_layer=feature_layer, multimodal_projector_bias=True,
         tie_word_embeddings=tie, image_grid_pinpoints=[list(p) for p in pinpoints],
         vision_aspect_ratio=aspect, **(ids or PUBLISHED_IDS),
     )
@@ -60,12 +60,13 @@ LLAVA_ONEVISION_PRESETS = {
         _siglip(32, 48, 2, 4, image_size=28, patch_size=7), tie=True, pinpoints=TINY_PINPOINTS, ids=TOY_IDS["llava"]),
     # Unusual shapes: 6 query heads in 2 KV groups (GQA 3), head_dim 20 != 72 / 6, vocabulary 1001, untied head,
     # rope theta 123456, rms eps 1e-5; a 3-layer SigLIP of width 42 in 6 heads (head_dim 7), MLP width 50; tiles
-    # of 5 x 5 patches; "anyres_max_1" so that an image of more than one tile is shrunk by the bilinear step.
+    # of 5 x 5 patches; "anyres_max_1" so that an image of more than one tile is shrunk by the bilinear step;
+    # features from the tower's second-last layer (vision_feature_layer -2: the last layer's weights carried, unused).
     "llava_onevision-odd": _llava(
         _text(72, 136, 2, 6, 2, 1001, tie=False, max_pos=1000, theta=123456.0, eps=1e-5, head_dim=20,
               bos_token_id=TOY_IDS["bos_token_id"], eos_token_id=TOY_IDS["eos_token_id"]),
         _siglip(42, 50, 3, 6, image_size=30, patch_size=6), tie=False, pinpoints=ODD_PINPOINTS,
-        aspect="anyres_max_1", ids=TOY_IDS["llava"]),
+        aspect="anyres_max_1", ids=TOY_IDS["llava"], feature_layer=-2),
     # from memory: llava-hf/llava-onevision-qwen2-0.5b-ov-hf (Qwen2-0.5B, SigLIP so400m/14 at 384)
     "llava-onevision-qwen2-0.5b-ov": _llava(
         _text(896, 4864, 24, 14, 2, 151936, tie=True), _siglip(1152, 4304, 26, 16, image_size=384, patch_size=14),
