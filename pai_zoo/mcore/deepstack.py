@@ -66,7 +66,7 @@ def _first_layers(model, count: int) -> list:
     if missing:
         raise PaiZooError(f"deepstack: the vision features enter language-model layer {missing[0]}, which is not on "
                           f"the first pipeline stage (it holds layers {sorted(layers)}); give the first stage at "
-                          f"least {count} layers (a smaller pipeline size, or a custom first-stage layer count)")
+                          f"least {count} layers (a smaller pipeline-parallel size)")
     return [layers[j] for j in range(count)]
 
 
