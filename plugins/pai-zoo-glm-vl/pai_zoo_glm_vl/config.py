@@ -26,6 +26,7 @@ TOKEN_KEYS = ("image_token_id", "video_token_id", "image_start_token_id", "image
               "video_start_token_id", "video_end_token_id")
 TEXT_EXTRA = "text_config"  # hf_extra key of the text config's untranslated keys
 SECTION_ABSENT = "family.mrope_section_absent"
+ROPE_ALIAS = "family.rope_type_alias"  # rope_parameters' "type": transformers keeps a published rope_scaling's
 #: transformers' GLM-4V rotary embedding's sections when the config names none.
 DEFAULT_MROPE_SECTION = [8, 12, 12]
 
@@ -70,6 +71,7 @@ class GlmVisionLanguageConfig(ConfigMap):
                                          "remove head_dim or make it that")
         rope = dict(text.get("rope_parameters") or {})
         section = rope.pop("mrope_section", None)
+        alias = rope.pop("type", None)
         absent = section is None
         section = list(DEFAULT_MROPE_SECTION if absent else section)
         text["rope_parameters"] = rope
@@ -83,11 +85,17 @@ class GlmVisionLanguageConfig(ConfigMap):
         arch.update(position_embedding_type="mrope", mrope_section=section)
         if absent:
             arch[SECTION_ABSENT] = True
+        if alias is not None:
+            arch[ROPE_ALIAS] = alias
         vision = dict(hf["vision_config"])
         vision.pop("model_type", None)
         if vision.get("hidden_size", 0) % max(int(vision.get("num_heads", 1)), 1):
             raise ConfigTranslationError(f"vision_config.hidden_size={vision['hidden_size']} is not a multiple of "
                                          f"vision_config.num_heads={vision['num_heads']}")
+        if vision.get("hidden_size", 1536) // int(vision.get("num_heads", 12)) % 4:
+            raise ConfigTranslationError(f"vision_config.hidden_size / num_heads = "
+                                         f"{vision.get('hidden_size', 1536) // int(vision.get('num_heads', 12))}: "
+                                         "the tower's 2D rotary needs a head_dim that is a multiple of 4")
         arch[VISION_KEY] = vision
         for key in TOKEN_KEYS:
             if key not in hf:
@@ -99,7 +107,7 @@ class GlmVisionLanguageConfig(ConfigMap):
         return McoreConfig(family=family, arch=arch, hf_extra=extra, hf_absent=absent_keys)
 
     def to_hf(self, config: McoreConfig, known_keys: frozenset[str] | None = None) -> dict:
-        own = {VISION_KEY, "mrope_section", SECTION_ABSENT, *(token_key(k) for k in TOKEN_KEYS)}
+        own = {VISION_KEY, "mrope_section", SECTION_ABSENT, ROPE_ALIAS, *(token_key(k) for k in TOKEN_KEYS)}
         arch = {k: v for k, v in config.arch.items() if k not in own}
         arch["position_embedding_type"] = "rope"
         extra = dict(config.hf_extra)
@@ -113,6 +121,8 @@ class GlmVisionLanguageConfig(ConfigMap):
         text["rope_parameters"] = dict(text["rope_parameters"])
         if not config.get(SECTION_ABSENT):
             text["rope_parameters"]["mrope_section"] = list(config["mrope_section"])
+        if config.get(ROPE_ALIAS) is not None:
+            text["rope_parameters"]["type"] = config[ROPE_ALIAS]
         text["model_type"] = self.text_model_type
         vision = {**config[VISION_KEY], "model_type": self.vision_model_type}
         hf = {**extra, "text_config": text, "vision_config": vision, "tie_word_embeddings": tie}
