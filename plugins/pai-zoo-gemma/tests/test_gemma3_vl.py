@@ -138,3 +138,26 @@ def test_suite_fails_without_the_bidirectional_image_attention(monkeypatch, brok
                             lambda sq, sk, size: window(sq, sk, (size[0], 0)))
     with pytest.raises(ConformanceFailure, match=r"\[forward\] with pixel_values"):
         checks.check_forward_equivalence(case)
+
+
+def test_packed_training_row_keeps_image_blocks_and_records_apart():
+    """A training batch's row as ``pai_zoo.training.data.collate`` masks it (causal within each record): the image
+    record's logits equal its own forward (blocks bidirectional, the window on top), and the text record after it
+    sees nothing of it."""
+    from pai_zoo.mcore.forward import mcore_forward
+
+    case = checks.shared_case(GEMMA3, GEMMA3.odd)
+    model = case.mcore_model
+    ids, inputs = checks.vision_example(case)
+    text = torch.randint(10, case.mcore_config["vocab_size"], (1, 9), generator=torch.Generator().manual_seed(5))
+    row = torch.cat([ids, text], dim=1)
+    n, length = ids.shape[1], row.shape[1]
+    segments = torch.tensor([0] * n + [1] * text.shape[1])
+    allowed = torch.ones(length, length, dtype=torch.bool).tril() & (segments[:, None] == segments[None, :])
+    positions = torch.cat([torch.arange(n), torch.arange(text.shape[1])])[None]
+    with torch.no_grad():
+        packed = model(row, positions, (~allowed)[None, None], **inputs)
+        alone = model(ids, torch.arange(n)[None], None, **inputs)
+        text_alone = mcore_forward(model, text)
+    assert (packed[:, :n] - alone).abs().max().item() < 1e-5
+    assert (packed[:, n:] - text_alone).abs().max().item() < 1e-5
