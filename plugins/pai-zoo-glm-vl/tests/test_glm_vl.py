@@ -75,7 +75,7 @@ def _agree(hf, mc, input_ids, attention_mask=None, token_types=None, **vision) -
     return delta
 
 
-def test_one_image_two_images_and_text_only(models):
+def test_one_image_two_images_text_only_and_a_padded_batch(models):
     folder, hf, mc = models
     from transformers import AutoImageProcessor
 
@@ -91,6 +91,11 @@ def test_one_image_two_images_and_text_only(models):
            image_grid_thw=two["image_grid_thw"])
     ids = torch.tensor([[0, 0, 0, 5, 6, 7, 8], [9, 10, 11, 12, 13, 14, 15]])
     _agree(hf, mc, ids, torch.tensor([[0, 0, 0, 1, 1, 1, 1], [1] * 7]))
+    row = _ids(hf, 5, (n,), 7)[0]  # a left-padded batch: the image's row shorter than a text row
+    ids = torch.stack([torch.cat([torch.zeros(3, dtype=torch.long), row]), torch.arange(20, 23 + row.numel())])
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    _agree(hf, mc, ids, mask, pixel_values=one["pixel_values"], image_grid_thw=one["image_grid_thw"])
 
 
 def test_video_through_the_processor(models):
