@@ -50,7 +50,8 @@ def _vl(model_type, text, vision, *, tie, ids=None):
 # groups, head_dim 16, sections [2, 3, 3] interleaved; a 3-layer tower of width 48 in 6 heads, levels from layers
 # 0 and 1, a 4 x 4 learned position table (the test images' grids are larger and uneven).
 _TINY_V = _vision(3, 48, 6, 64, 64, (0, 1), positions=16)
-# odd: 6 query heads in 2 groups (GQA 3), head_dim 12 != 72 / 6, vocabulary 1001, untied head, rope theta 123456,
+# odd: 6 query heads in 2 groups (GQA 3), head_dim 20 != 72 / 6 with sections [4, 3, 3], vocabulary 1001, untied
+# head, rope theta 123456,
 # 3 layers each taking a DeepStack level; a 4-layer tower of width 72 in 6 heads (head_dim 12), MLP width 100,
 # levels from tower layers 1, 2 and 3, a 5 x 5 position table.
 _ODD_V = _vision(4, 72, 6, 100, 72, (1, 2, 3), positions=25)
@@ -58,7 +59,7 @@ _ODD_V = _vision(4, 72, 6, 100, 72, (1, 2, 3), positions=25)
 QWEN3_VL_PRESETS = {
     "qwen3_vl-tiny": _vl("qwen3_vl", _text(64, 160, 4, 4, 2, 1000, head_dim=16, section=(2, 3, 3), max_pos=1024,
                                            ids=TOY_IDS), _TINY_V, tie=True, ids=TOY_IDS),
-    "qwen3_vl-odd": _vl("qwen3_vl", _text(72, 136, 3, 6, 2, 1001, head_dim=12, section=(2, 2, 2), theta=123456.0,
+    "qwen3_vl-odd": _vl("qwen3_vl", _text(72, 136, 3, 6, 2, 1001, head_dim=20, section=(4, 3, 3), theta=123456.0,
                                           max_pos=1000, eps=1e-5, ids=TOY_IDS), _ODD_V, tie=False, ids=TOY_IDS),
     # Published sizes, from memory (unverified here).
     "qwen3_vl-2b": _vl("qwen3_vl", _text(2048, 6144, 28, 16, 8, 151936), _vision(24, 1024, 16, 4096, 2048, (5, 11, 17)),
@@ -77,7 +78,7 @@ QWEN3_VL_MOE_PRESETS = {
                                                    max_pos=1024, moe=(4, 2, 48), ids=TOY_IDS),
                              _TINY_V, tie=True, ids=TOY_IDS),
     # as qwen3_vl-odd with 3 experts, top-2, expert width 40.
-    "qwen3_vl_moe-odd": _vl("qwen3_vl_moe", _text(72, 136, 3, 6, 2, 1001, head_dim=12, section=(2, 2, 2),
+    "qwen3_vl_moe-odd": _vl("qwen3_vl_moe", _text(72, 136, 3, 6, 2, 1001, head_dim=20, section=(4, 3, 3),
                                                   theta=123456.0, max_pos=1000, eps=1e-5, moe=(3, 2, 40),
                                                   ids=TOY_IDS), _ODD_V, tie=False, ids=TOY_IDS),
     # Published sizes, from memory (unverified here).

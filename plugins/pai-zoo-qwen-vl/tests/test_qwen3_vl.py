@@ -1,4 +1,4 @@
-"""Qwen3-VL and Qwen3-VL-MoE against transformers' own models, on their odd presets (GQA 3, head_dim 12, vocabulary
+"""Qwen3-VL and Qwen3-VL-MoE against transformers' own models, on their odd presets (GQA 3, head_dim 20, vocabulary
 1001, a 4-layer tower of width 72 in 6 heads with DeepStack levels into all 3 language-model layers, a 5 x 5 learned
 position table resampled to uneven grids), on inputs made by the checkpoint's own processors: the M-RoPE position ids
 equal ``get_rope_index``'s and the logits agree within 1e-4 (fp32) for one image, two images of different sizes, a

@@ -1,6 +1,6 @@
 """Fine-tuning Qwen3-VL on chats with images: the first step's loss (DeepStack in the training forward) equals
 transformers' cross entropy on the records' tokens and the image processor's pixels. Model: qwen3_vl-odd (DeepStack
-levels into all 3 language-model layers, GQA 3, head_dim 12)."""
+levels into all 3 language-model layers, GQA 3, head_dim 20)."""
 from __future__ import annotations
 
 import json
