@@ -60,7 +60,9 @@ def vision_language_class(base: type) -> type:
                     if grid is None and spec.grids:
                         raise PaiZooError(f"{name}: pixel values without their grid ({name}_grid_thw)")
                     dtype = next(self.vision_model.parameters()).dtype
-                    features = self.vision_model(pix.to(dtype), grid, **extra)
+                    # without grids the tower learns the modality from its name (LLaVA pools video frames)
+                    features = self.vision_model(pix.to(dtype), grid, **extra, **({} if spec.grids else
+                                                                                  {"modality": name}))
                     if isinstance(features, tuple):  # (features, per-layer extras): VisionSpec.deepstack's
                         features, levels = features
                         deep.append((ids[name], levels))

@@ -59,7 +59,8 @@ class VisionSpec:
             transformers forward gets them as given, and the tower gets them as keyword arguments:
             ``tower(pixel_values, grid_thw, **those)``.
         grids: whether pixels come with ``image_grid_thw`` / ``video_grid_thw`` (Qwen's processors); ``False``
-            where the processor gives fixed-size images or crops (the tower then gets ``grid_thw=None``).
+            where the processor gives fixed-size images or crops (the tower then gets ``grid_thw=None`` and
+            ``modality="image"`` or ``"video"``).
         hf_inputs: ``(McoreConfig, input_ids) -> dict``: extra keyword arguments of the transformers forward that
             the processor makes from the prompt (``None``: Qwen's ``mm_token_type_ids``, image 1 and video 2).
         deepstack: ``(McoreConfig) -> tuple[int, ...]``: DeepStack (Qwen3-VL), the tower layers whose features enter
