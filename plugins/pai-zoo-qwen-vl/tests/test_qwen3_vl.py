@@ -181,3 +181,19 @@ def test_published_expert_layout_is_read(models, tmp_path):
               published / "model.safetensors", metadata={"format": "pt"})
     ids = torch.tensor([[5, 6, 7, 8, 9]])
     assert torch.equal(pai_zoo.load(published, backend="mcore").logits(ids), mc.logits(ids))
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"deepstack_visual_indexes": [0, 9]}, "deepstack_visual_indexes=.*below depth=3"),
+    ({"num_position_embeddings": 20}, "num_position_embeddings=20: the learned positions are a square grid"),
+    ({"hidden_size": 36}, "head_dim must be a whole multiple of 4"),
+])
+def test_bad_tower_configs_are_refused_in_one_line(change, message):
+    from pai_zoo import ConfigTranslationError
+    from pai_zoo.families.registry import get_registry
+
+    family = get_registry().family("qwen3_vl")
+    config = dict(family.presets["qwen3_vl-tiny"])
+    config["vision_config"] = {**config["vision_config"], **change}
+    with pytest.raises(ConfigTranslationError, match=message):
+        family.to_mcore_config(config)
