@@ -116,6 +116,10 @@ class Family:
             tensors under other names in memory than in its checkpoint (transformers 5's vision-language models:
             ``("model.", "model.language_model.")``, ``("visual.", "model.visual.")``); PEFT names adapters by
             module, the weight table by checkpoint name (:meth:`hf_module_name`, :meth:`hf_checkpoint_name`).
+        hf_legacy_prefixes: ``(older checkpoint prefix, today's prefix)`` pairs: tensor names that checkpoints
+            saved by older transformers carry (transformers 4 saved LLaVA's and Gemma 3's SigLIP tower as
+            ``vision_tower.vision_model.*``, transformers 5 saves ``vision_tower.*``); a Hugging Face folder's
+            tensors are read under today's names (:func:`pai_zoo.formats.hf_folder.open_weights`), and written so.
         vision: a vision-language family's vision tower, placeholders and position ids
             (:class:`~pai_zoo.vision.VisionSpec`); ``None`` for a text-only family.
         plugin: filled in by the registry: the entry-point name that registered the family.
@@ -144,6 +148,7 @@ class Family:
     megatron_lm_rules: tuple[Rule, ...] = ()
     zero_centered_norms: bool | None = None
     hf_module_prefixes: tuple[tuple[str, str], ...] = ()
+    hf_legacy_prefixes: tuple[tuple[str, str], ...] = ()
     vision: "VisionSpec | None" = None
     plugin: str = field(default="", compare=False)
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from ..families.registry import get_registry
 from ..plugin.errors import PaiZooError, no_such_path
 from ..util.json_errors import json_msg
 from .base import CheckpointReader, FolderWriter
@@ -114,8 +115,10 @@ class HFCheckpoint(CheckpointReader):
 
     format = "hf"
 
-    def __init__(self, path):
+    def __init__(self, path, renames: tuple[tuple[str, str], ...] = ()):
         self.path = Path(path)
+        self._renames = tuple(renames)  # (stored prefix, name prefix): older names read under today's
+        self._stored: dict[str, str] = {}  # a renamed tensor's name -> its name in the file
         self._handles: dict[Path, object] = {}
         self._pickles: dict[Path, dict] = {}
         self._config: dict | None = None
@@ -125,7 +128,7 @@ class HFCheckpoint(CheckpointReader):
             raise PaiZooError(f"{self.path}: no weights ({', '.join(candidates)})")
         self.storage = "pickle" if found.name.startswith("pytorch_model") else "safetensors"
         if found.name.endswith(".index.json"):
-            self._file_of = _read_index(found)
+            self._file_of = {self._named(n): f for n, f in _read_index(found).items()}
         else:
             self._file_of = None
         self._headers: dict[str, tuple[Path, str, list[int]]] = {}
@@ -148,7 +151,7 @@ class HFCheckpoint(CheckpointReader):
             except Exception as exc:
                 raise PaiZooError(f"{file}: cannot be read as a weights-only pickle checkpoint: {exc}") from None
             self._pickles[file] = state
-            return [(n, str(t.dtype).removeprefix("torch."), list(t.shape)) for n, t in state.items()]
+            return [(self._named(n), str(t.dtype).removeprefix("torch."), list(t.shape)) for n, t in state.items()]
         header = read_safetensors_header(file)
         data_start = header.pop("__data_start__")
         entries = []
@@ -156,9 +159,19 @@ class HFCheckpoint(CheckpointReader):
             if name == "__metadata__":
                 continue
             begin, end = h["data_offsets"]
+            name = self._named(name)
             self._extents[name] = (data_start + begin, end - begin)
             entries.append((name, _DTYPES.get(h["dtype"], h["dtype"]), h["shape"]))
         return entries
+
+    def _named(self, stored: str) -> str:
+        """A stored tensor name under today's name (the ``renames`` given)."""
+        for old, new in self._renames:
+            if stored.startswith(old):
+                name = new + stored[len(old):]
+                self._stored[name] = stored
+                return name
+        return stored
 
     @property
     def config(self) -> dict:
@@ -214,7 +227,7 @@ class HFCheckpoint(CheckpointReader):
 
         file = self._headers[name][0]
         if self.storage == "pickle":
-            return self._pickles[file][name]
+            return self._pickles[file][self._stored.get(name, name)]
         tensor = self.meta(name)
         out = torch.empty(tensor.shape, dtype=tensor.dtype)
         start, length = self._extents[name]
@@ -236,12 +249,21 @@ class HFCheckpoint(CheckpointReader):
             yield name, self.get(name)
 
 
+def legacy_prefixes(path) -> tuple[tuple[str, str], ...]:
+    """The :attr:`~pai_zoo.Family.hf_legacy_prefixes` of the family that the folder's ``config.json`` names (none
+    where no installed family takes it: the reader then keeps the stored names)."""
+    try:
+        return get_registry().family_for_hf_config(read_config(path)).hf_legacy_prefixes
+    except (PaiZooError, OSError):  # no config, or no family for it: the callers' own checks say so
+        return ()
+
+
 def open_weights(path, dtype=None):
     """A Hugging Face folder's weights as plain tensors: :class:`HFCheckpoint`, wrapped by the decoder of the
     encoding its ``config.json`` declares (:func:`pai_zoo.formats.encodings.decoded`: FP8 blocks handed out in
     ``dtype``, default the folder's unquantized dtype); a folder with quantized tensors but no declared encoding,
     or an encoding pai-zoo does not read, is refused in one line."""
-    source = HFCheckpoint(path)
+    source = HFCheckpoint(path, legacy_prefixes(path))
     try:
         return decoded(source, source.config, dtype, where=str(Path(path) / CONFIG))
     except BaseException:

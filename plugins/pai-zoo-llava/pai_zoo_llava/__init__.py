@@ -82,7 +82,7 @@ LLAVA_ONEVISION_VISION = VisionSpec(
 )
 
 #: transformers 5 holds the parts under model.* in memory and saves them as below (the tower without the
-#: ``vision_model.`` level that checkpoints saved by transformers 4 have: pai-zoo reads transformers 5's names).
+#: ``vision_model.`` level that checkpoints saved by transformers 4 have: those are read under these names).
 MODULE_PREFIXES = (("language_model.lm_head.", "lm_head."), ("language_model.model.", "model.language_model."),
                    ("vision_tower.", "model.vision_tower."),
                    ("multi_modal_projector.", "model.multi_modal_projector."), ("image_newline", "model.image_newline"))
@@ -101,6 +101,7 @@ LLAVA_ONEVISION = Family(
     test_tokenizer=write_test_tokenizer,
     vision=LLAVA_ONEVISION_VISION,
     hf_module_prefixes=MODULE_PREFIXES,
+    hf_legacy_prefixes=(("vision_tower.vision_model.", "vision_tower."),),  # as transformers 4 saved the tower
     backends=("local",),  # the tower is megatron-core's local layers; Transformer Engine is untested here
     description="LLaVA-OneVision (LlavaOnevisionForConditionalGeneration): SigLIP, AnyRes tiles, video, Qwen2",
 )

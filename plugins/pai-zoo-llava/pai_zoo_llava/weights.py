@@ -14,7 +14,6 @@ import copy
 
 from pai_zoo import Copy, WeightMap
 from pai_zoo.config_map import McoreConfig
-from pai_zoo.tables.mapping.rows import Refused
 from pai_zoo.tables.mapping.siglip_rows import siglip_rows
 from pai_zoo.vision import VISION_KEY
 from pai_zoo_qwen import qwen2_weights
@@ -41,13 +40,4 @@ def llava_weights(config: McoreConfig) -> WeightMap:
     rows += [Copy(f"multi_modal_projector.linear_{i}.{p}", f"{MV}projector.linear_{i}.{p}")
              for i in (1, 2) for p in params]
     rows.append(Copy("image_newline", MV + "image_newline.weight"))
-    rows.append(Refused(lambda name, ctx: name.startswith(TRANSFORMERS_4_TOWER), TRANSFORMERS_4_REASON))
     return WeightMap(*rows)
-
-
-#: The tower's names in checkpoints saved by transformers 4 (the published llava-hf uploads).
-TRANSFORMERS_4_TOWER = "vision_tower.vision_model."
-TRANSFORMERS_4_REASON = (
-    "this checkpoint names its SigLIP tower as transformers 4 saved it (vision_tower.vision_model.*); pai-zoo reads "
-    "the names transformers 5 saves (vision_tower.*): load the folder with transformers 5, save_pretrained it, and "
-    "convert that folder")
