@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from pai_zoo.config_map import McoreConfig
+from pai_zoo.errors import PaiZooError
 
 from .positions import frame_segments, patch_positions
 from .qwen3_config import qwen3_tower_settings
@@ -60,6 +61,10 @@ def vision_transformer_config(config: McoreConfig, lm_config):
     from pai_zoo.mcore.build import transformer_config
 
     s = qwen3_tower_settings(config)
+    tp = lm_config.tensor_model_parallel_size
+    if s["heads"] % tp or s["ffn"] % tp:
+        raise PaiZooError(f"vision_config.num_heads={s['heads']} and intermediate_size={s['ffn']}: the tower's "
+                          f"heads and MLP split over tensor parallelism, so both must be multiples of --tp {tp}")
     act = {"gelu_pytorch_tanh": "gelu_tanh"}.get(s["act"], s["act"])
     arch = {
         "num_layers": s["depth"], "hidden_size": s["dim"], "num_attention_heads": s["heads"],
