@@ -163,3 +163,33 @@ def test_bad_videos_are_refused_in_one_line(models, tmp_path):
     proc = run_cli(["generate", "--model", root / "hf", "--prompt", "x", "--video", root / "clip"])
     lines = proc.stderr.strip().splitlines()  # a text prompt without the video placeholder
     assert proc.returncode == 1 and len(lines) == 1 and "names 0 video(s)" in lines[0], proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("preset", ["llava_onevision-odd", "glm4v-odd", "gemma3-vl-odd"])
+def test_other_families_generate_through_their_processor(preset, tmp_path):
+    """LLaVA-OneVision (AnyRes tiles, its processor's own token counts), GLM-4.1V (video frames as image tokens
+    with timestamps) and Gemma 3 (pan-and-scan's processor, its image placeholder wrapped in text) through the same
+    path: greedy output on the Megatron-Core model equals transformers'. Without torchvision a video their image
+    processor cannot stand in for is refused in one line."""
+    from pai_zoo.generation import GenerationError, generate
+
+    hf = pai_zoo.load(preset, backend="hf", seed=3)
+    hf.model.save_pretrained(tmp_path / "hf")
+    hf.family.test_tokenizer(tmp_path / "hf")
+    _frames(tmp_path / "clip", 4, 0, (64, 96))
+    Image.fromarray((np.random.RandomState(1).rand(70, 90, 3) * 255).astype("uint8")).save(tmp_path / "a.png")
+    hf, mc = pai_zoo.load(tmp_path / "hf", backend="hf"), pai_zoo.load(tmp_path / "hf", backend="mcore")
+    media = [[{"type": "image", "image": str(tmp_path / "a.png")}]]
+    if "video" in hf.family.vision.modalities:
+        media.append([{"type": "video", "video": str(tmp_path / "clip")}])
+    for content in media:
+        chat = [[{"role": "user", "content": [*content, {"type": "text", "text": "What?"}]}]]
+        try:
+            theirs = generate(hf, chat, chat=True, max_new_tokens=6)[0].token_ids
+        except GenerationError as exc:
+            import importlib.util
+
+            assert content[0]["type"] == "video" and importlib.util.find_spec("torchvision") is None
+            assert "pip install torchvision" in str(exc) and "\n" not in str(exc)
+            continue
+        assert generate(mc, chat, chat=True, max_new_tokens=6)[0].token_ids == theirs and len(theirs) == 6

@@ -137,10 +137,11 @@ def frames_as_video(image_processor, frames, settings: dict) -> dict:
             "video_grid_thw": torch.tensor([[len(frames) // tp, h, w]])}
 
 
-def frames_video_processor(settings: dict, image_processor):
+def frames_video_processor(settings: dict, image_processor, refusal: str | None = None):
     """A stand-in for transformers' video processor of a Qwen2-VL-style checkpoint where torchvision is missing: a
     ``VideoProcessorMixin`` (so the checkpoint's processor class takes it) that makes the video processor's outputs
-    from the frames with :func:`frames_as_video`, and its ``video_metadata`` as transformers makes it for frames."""
+    from the frames with :func:`frames_as_video`, and its ``video_metadata`` as transformers makes it for frames.
+    ``refusal``: the line it raises when called, where the image processor cannot stand in."""
     import torch
     from transformers.feature_extraction_utils import BatchFeature
     from transformers.video_processing_utils import VideoProcessorMixin
@@ -155,6 +156,8 @@ def frames_video_processor(settings: dict, image_processor):
                 setattr(self, key, settings.get(key, getattr(image_processor, key, None)))
 
         def __call__(self, videos, video_metadata=None, return_metadata=False, do_sample_frames=None, **_):
+            if refusal:
+                raise PaiZooError(refusal)
             if do_sample_frames is None and settings.get("do_sample_frames"):
                 raise PaiZooError("sampling a video file's frames needs transformers' video processor: pip install "
                                   "torchvision, or give a folder of the frames to use")
@@ -237,47 +240,85 @@ class VisionProcessor:
                 from transformers import AutoVideoProcessor
 
                 self._videos = AutoVideoProcessor.from_pretrained(self.folder)
-            except ImportError as exc:  # torchvision missing
-                if not hasattr(self.image_processor(), "temporal_patch_size"):
-                    raise PaiZooError(f"{self.folder}: the checkpoint's video processor cannot load ({exc}); "
-                                      "pip install torchvision") from None
-                self._videos = frames_video_processor(json.loads(settings.read_text()), self.image_processor())
+            except ImportError as exc:  # torchvision missing: a stand-in, which refuses what it cannot do
+                why = None if hasattr(self.image_processor(), "temporal_patch_size") else (
+                    f"{self.folder}: the checkpoint's video processor ({type(exc).__name__}: transformers' video "
+                    "processors need torchvision) cannot load here: pip install torchvision")
+                self._videos = frames_video_processor(json.loads(settings.read_text()), self.image_processor(), why)
         return self._videos
 
     def processor(self):
-        """The checkpoint's own processor class (``AutoProcessor``'s), its video processor the stand-in where
-        torchvision is missing; None where the folder has no config, tokenizer or processor files for it."""
+        """The checkpoint's own processor (``AutoProcessor``'s) or, where it cannot load without torchvision, its
+        class with the stand-in video processor (:func:`frames_video_processor`) and the folder's
+        ``processor_config.json`` settings; None where the folder has no config, tokenizer or processor for it."""
         if self._full is None:
             self._full = False
-            if self.folder is None or not all((self.folder / f).is_file() for f in (
-                    "config.json", "preprocessor_config.json")):
+            if self.folder is None or not (self.folder / "config.json").is_file():
                 return None
-            try:
-                from transformers import AutoConfig, AutoTokenizer
-                from transformers.models.auto.processing_auto import (
-                    PROCESSOR_MAPPING_NAMES,
-                    processor_class_from_name,
-                )
+            from transformers import AutoProcessor
 
-                cls = processor_class_from_name(PROCESSOR_MAPPING_NAMES[AutoConfig.from_pretrained(
-                    self.folder).model_type])
-                made = {}
-                for attribute in cls.get_attributes():
-                    if attribute == "tokenizer":
-                        made[attribute] = AutoTokenizer.from_pretrained(self.folder)
-                    elif attribute == "image_processor":
-                        made[attribute] = self.image_processor()
-                    elif attribute == "video_processor" and (self.folder / VIDEO_CONFIG).is_file():
-                        made[attribute] = self.video_processor()
-                    else:
-                        return None
-                if getattr(made.get("video_processor"), "stand_in", False):  # no torchvision: transformers cannot
-                    # name the video processor's base class, so the class check of the stand-in is left out
-                    cls = type(cls.__name__, (cls,), {"check_argument_for_proper_class": lambda self, n, a: type(a)})
-                self._full = cls(**made)
-            except (KeyError, OSError, ValueError, TypeError, ImportError, AttributeError):
+            try:
+                self._full = AutoProcessor.from_pretrained(self.folder)
+            except ImportError:  # torchvision missing
+                self._full = self._stand_in() or False
+            except (KeyError, OSError, ValueError, TypeError, AttributeError):
+                self._full = False
+            if not hasattr(self._full, "tokenizer"):  # an image processor alone: no prompt expansion
                 self._full = False
         return self._full or None
+
+    def _stand_in(self):
+        """The processor class of the folder built from its parts, the video processor the stand-in."""
+        import inspect
+
+        try:
+            from transformers import AutoConfig, AutoTokenizer
+            from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES, processor_class_from_name
+
+            cls = processor_class_from_name(PROCESSOR_MAPPING_NAMES[AutoConfig.from_pretrained(
+                self.folder).model_type])
+            made = {}
+            for attribute in cls.get_attributes():
+                if attribute == "tokenizer":
+                    made[attribute] = AutoTokenizer.from_pretrained(self.folder)
+                elif attribute == "image_processor":
+                    made[attribute] = self.image_processor()
+                elif attribute == "video_processor" and (self.folder / VIDEO_CONFIG).is_file():
+                    made[attribute] = self.video_processor()
+                else:
+                    return None
+            settings = self.folder / "processor_config.json"
+            accepted = inspect.signature(cls.__init__).parameters
+            extra = {k: v for k, v in (json.loads(settings.read_text()) if settings.is_file() else {}).items()
+                     if k in accepted and k not in made}
+            if getattr(made.get("video_processor"), "stand_in", False):  # transformers cannot name the video
+                # processor's base class without torchvision: the stand-in's class check is left out
+                cls = type(cls.__name__, (cls,), {"check_argument_for_proper_class": lambda self, n, a: type(a)})
+            return cls(**made, **extra)
+        except (KeyError, OSError, ValueError, TypeError, ImportError, AttributeError):
+            return None
+
+    def check_named(self, ids: list[int], images: int, videos: int, where: str) -> None:
+        """The prompt ``ids`` names as many images and videos as are given: the checkpoint's processor's placeholders
+        (``image_token``, ``video_token``) in its text, or, without a processor, the runs of the family's
+        placeholder ids. One :class:`~pai_zoo.PaiZooError` line otherwise."""
+        processor = self.processor() if images or videos else None
+        tokens = self.spec.placeholders(self.config)
+        text = None if processor is None else processor.tokenizer.decode(
+            ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        for kind, given in (("image", images), ("video", videos)):
+            marker = getattr(processor, f"{kind}_token", None) if processor is not None else None
+            if processor is not None and marker is None:
+                named, shown = 0, f"the processor has no {kind} placeholder"
+            elif marker is not None:
+                named = text.count(marker)
+                shown = f"placeholder id {processor.tokenizer.convert_tokens_to_ids(marker)}, {marker}"
+            else:
+                named = count_runs(ids, tokens[kind]) if kind in tokens else 0
+                shown = f"placeholder id {tokens.get(kind)}"
+            if named != given:
+                raise PaiZooError(f"{where}: the prompt names {named} {kind}(s) ({shown}) but {given} {kind}(s) are "
+                                  f"given; give one {kind} per placeholder")
 
     def prompt(self, ids: list[int], images: Sequence[Any], videos: Sequence[Video], where: str):
         """``(ids, inputs)``: ``ids`` expanded by the checkpoint's processor (its text for each placeholder: repeats,

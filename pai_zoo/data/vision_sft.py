@@ -238,11 +238,18 @@ def vision_example(where: str, messages, images, tokenizer, family, config, proc
     tokens = spec.placeholders(config)
     videos = record_videos(messages)
     ids, mask = build_example(messages, tokenizer)
-    for kind, given in (("image", images), ("video", videos)):
-        named = count_runs(ids, tokens[kind]) if kind in tokens else 0
-        if named != len(given):
-            raise DataError(f"{where}: the rendered prompt holds {named} {kind} placeholders (id {tokens.get(kind)}) "
-                            f"for {len(given)} {kind}s: the chat template must render one per {kind} entry")
+    if hasattr(processor, "check_named"):  # the checkpoint's processor's placeholders, or the family's
+        try:
+            processor.check_named(ids, len(images), len(videos), f"{where}: the chat template's rendering")
+        except PaiZooError as exc:
+            raise DataError(str(exc)) from None
+    else:
+        for kind, given in (("image", images), ("video", videos)):
+            named = count_runs(ids, tokens[kind]) if kind in tokens else 0
+            if named != len(given):
+                raise DataError(f"{where}: the rendered prompt holds {named} {kind} placeholders (id "
+                                f"{tokens.get(kind)}) for {len(given)} {kind}s: the chat template must render one "
+                                f"per {kind} entry")
     inputs: dict = {}
     if images or videos:
         try:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..data.vision_media import VisionProcessor, count_runs, read_video
+from ..data.vision_media import VisionProcessor, read_video
 from ..plugin.errors import PaiZooError
 from ..plugin.vision import read_image
 from .params import GenerationError
@@ -129,15 +129,12 @@ class VisionPrompts:
         """Prompt ``index``'s ids with each image and video placeholder expanded by the checkpoint's processor
         (:meth:`pai_zoo.data.vision_media.VisionProcessor.prompt`); the count of placeholders of each kind must
         equal the count of images (videos)."""
-        tokens = self.spec.placeholders(self.config)
         pictures, clips = self.media[index] if index < len(self.media) else ([], [])
         where = self.labels[index]
-        for kind, given in (("image", pictures), ("video", clips)):
-            named = count_runs(ids, tokens[kind]) if kind in tokens else 0
-            if named != len(given):
-                raise GenerationError(f"{where}: the prompt names {named} {kind}(s) (placeholder id "
-                                      f"{tokens.get(kind)}) but {len(given)} {kind}(s) are given; give one {kind} "
-                                      "per placeholder")
+        try:
+            self.processor.check_named(ids, len(pictures), len(clips), where)
+        except PaiZooError as exc:
+            raise GenerationError(str(exc)) from None
         if not pictures and not clips:
             return ids
         try:
