@@ -16,6 +16,7 @@ from ..families.family import Family
 from ..families.registry import get_registry
 from ..formats import PAI_ZOO_MCORE, detect, mcore_dist, open_checkpoint
 from ..formats.megatron_folder import IterationFolder, MegatronCheckpointError
+from ..formats.megatron_lm_multimodal import multimodal_refusal
 from ..formats.safe_pickle import safe_load
 from ..mcore.dist_ckpt import layout_of
 from ..mcore.heads import score_weight_map
@@ -71,8 +72,9 @@ def describe(path, *, family: str | None = None, reference=None, iteration=None,
     try:
         reader = checkpoint.reader
         it = checkpoint.iteration
-        if EMBEDDING not in reader.keys():
-            raise MegatronCheckpointError(f"{it.folder}: no {EMBEDDING}: not a GPT model checkpoint")
+        if EMBEDDING not in reader.keys():  # a multimodal one (language_model.*) is named in its refusal
+            raise MegatronCheckpointError(multimodal_refusal(it.folder, reader.keys(), checkpoint.args)
+                                          or f"{it.folder}: no {EMBEDDING}: not a GPT model checkpoint")
         padded, dtype = reader.global_shape(EMBEDDING)[0], reader.dtype(EMBEDDING)
         derived = derive_config(checkpoint.args, str(it.folder), family=family, reference=reference,
                                 padded_vocab_size=padded)
