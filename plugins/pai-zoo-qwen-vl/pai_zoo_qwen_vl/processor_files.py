@@ -77,11 +77,14 @@ def write_test_tokenizer(folder) -> Path:
 
 def write_qwen3_vl_test_tokenizer(folder) -> Path:
     """Qwen3-VL's test tokenizer and processor files: the same tokenizer, transformers' Qwen2-VL image processor
-    with Qwen3-VL's 16-pixel patches, and Qwen3-VL's video processor settings (``Qwen3VLVideoProcessor``)."""
+    with Qwen3-VL's 16-pixel patches and its mean and std (0.5, as the published ``preprocessor_config.json``), and
+    Qwen3-VL's video processor settings (``Qwen3VLVideoProcessor``)."""
     folder = _TOKENIZER(folder)
     write_processor_files(folder, patch_size=16)
-    path = Path(folder) / "video_preprocessor_config.json"
-    video = json.loads(path.read_text())
-    video.update(video_processor_type="Qwen3VLVideoProcessor", cap_pixels_per_frame=False)
-    path.write_text(json.dumps(video, indent=2, sort_keys=True) + "\n")
+    for name, extra in (("preprocessor_config.json", {}),
+                        ("video_preprocessor_config.json", {"video_processor_type": "Qwen3VLVideoProcessor",
+                                                            "cap_pixels_per_frame": False})):
+        path = Path(folder) / name
+        config = {**json.loads(path.read_text()), "image_mean": [0.5] * 3, "image_std": [0.5] * 3, **extra}
+        path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     return folder
