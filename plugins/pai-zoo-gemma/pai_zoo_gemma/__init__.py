@@ -278,6 +278,7 @@ GEMMA3_VL = Family(
     test_tokenizer=_vl_tokenizer,
     vision=GEMMA3_VISION,
     hf_module_prefixes=GEMMA3_VL_MODULES,
+    hf_legacy_prefixes=(("vision_tower.vision_model.", "vision_tower."),),  # as transformers 4 saved the tower
     backends=("local",),
     description="Gemma 3 vision-language (Gemma3ForConditionalGeneration: gemma-3-4b-it, -12b-it, -27b-it): "
                 "SigLIP tower, pooled projector, pan-and-scan crops, bidirectional attention within each image",
