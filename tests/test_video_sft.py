@@ -159,3 +159,42 @@ def test_bad_video_records_are_refused_in_one_line(setup, tmp_path):
         lines = proc.stderr.strip().splitlines()
         assert proc.returncode != 0 and len(lines) == 1 and message in lines[0], (name, proc.stderr[-2000:])
         assert not save.exists(), name
+
+
+@pytest.mark.parametrize("preset", ["llava_onevision-odd", "glm4v-odd", "gemma3-vl-odd"])
+def test_other_families_first_step_through_their_processor(preset, tmp_path):
+    """LLaVA-OneVision (AnyRes), GLM-4.1V and Gemma 3 (a processor that wraps its image placeholder in text and
+    makes per-token token_type_ids, which the family makes again from the ids) through the same input path: the
+    first step's loss equals transformers' cross entropy on the processor's tokens and inputs."""
+    from pai_zoo.data.vision_sft import read_vision_records
+
+    hf = pai_zoo.load(preset, backend="hf", seed=5)
+    hf.model.save_pretrained(tmp_path / "hf")
+    hf.family.test_tokenizer(tmp_path / "hf")
+    data = tmp_path / "data"
+    data.mkdir()
+    Image.fromarray((np.random.RandomState(2).rand(70, 90, 3) * 255).astype("uint8")).save(data / "a.png")
+    records = [{"messages": [{"role": "user", "content": [{"type": "image", "image": "a.png"},
+                                                          {"type": "text", "text": "What?"}]},
+                             {"role": "assistant", "content": "A thing."}]},
+               {"image": "a.png", "conversations": [{"from": "human", "value": "<image>\nAnd?"},
+                                                   {"from": "gpt", "value": "Red."}]}]
+    (data / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    save = tmp_path / "run"
+    proc = run_cli(["train", "--model", tmp_path / "hf", "--data", data / "d.jsonl", "--sft", "--save", save,
+                    "--seq-length", "500", "--global-batch-size", "2", "--batch-size", "2", "--train-iters", "1",
+                    "--lr", "0", "--min-lr", "0", "--warmup-iters", "0", "--split", "100,0,0", "--no-progress"])
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    logged = [json.loads(line)["loss"] for line in (save / "metrics.jsonl").read_text().splitlines()
+              if "loss" in json.loads(line)]
+    hf = pai_zoo.load(tmp_path / "hf", backend="hf")
+    total, count = 0.0, 0
+    for ex in _examples(hf, read_vision_records(data / "d.jsonl")):
+        ids = torch.as_tensor(ex.tokens)[None]
+        logits = hf.logits(ids, **ex.inputs)[0, :-1]
+        mask = torch.as_tensor(ex.loss_mask[1:]).bool()
+        pad = hf.family.vision.placeholders(hf.mcore_config)["image"]
+        assert mask.sum() > 0 and (ex.tokens == pad).sum() >= 4  # the image's tokens expanded
+        total += torch.nn.functional.cross_entropy(logits.double(), ids[0, 1:], reduction="none")[mask].sum().item()
+        count += int(mask.sum())
+    assert logged[0] == pytest.approx(total / count, rel=1e-5, abs=1e-5)

@@ -342,8 +342,11 @@ class VisionProcessor:
             out = processor(text=[text], images=list(images) or None, return_tensors="pt", **kwargs)
         except ValueError as exc:
             raise PaiZooError(f"{where}: the checkpoint's processor refuses the prompt: {exc}") from None
-        inputs = {k: v for k, v in out.items() if k in self.keep}
-        return out["input_ids"][0].tolist(), inputs
+        ids = out["input_ids"]
+        # per-token outputs (Gemma 3's token_type_ids) are the prompt's, which the family makes again from the
+        # padded batch's ids (VisionSpec.hf_inputs, .bidirectional): not batched
+        inputs = {k: v for k, v in out.items() if k in self.keep and getattr(v, "shape", None) != ids.shape}
+        return ids[0].tolist(), inputs
 
     def __call__(self, images: Sequence[Any] = (), videos: Sequence[Video] = ()) -> dict:
         import torch

@@ -251,7 +251,8 @@ def build_vision_sft_datasets(cfg: TrainConfig, family, config, tokenizer, proce
                           f"model; for {family.name!r} preprocess it first (pai-zoo preprocess --sft)")
     if tokenizer is None:
         raise PaiZooError(f"--model {cfg.model}: vision SFT data needs the model's tokenizer, which it lacks")
-    if processor_folder is None or not (Path(processor_folder) / "preprocessor_config.json").is_file():
+    if processor_folder is None or not any((Path(processor_folder) / f).is_file() for f in (
+            "preprocessor_config.json", "processor_config.json")):
         raise PaiZooError(f"--model {cfg.model}: no preprocessor_config.json beside the model: vision SFT needs "
                           "the checkpoint's image processor")
     processor = VisionProcessor(processor_folder, family.vision, config, hf_config_from_mcore(family, config),
