@@ -12,8 +12,8 @@ Megatron-LM writes two vision-language layouts, both with the language model (a 
   radio|...``): a CLIP/SigLIP/InternViT/RADIO tower under ``vision_model.`` and an MLP under
   ``vision_projection.``: no Qwen-VL model whatever language model it has.
 
-pai-zoo reads neither yet (the Qwen3-VL one would map ``visual.visual.*`` through the qwen3_vl family's tower rows
-and ``language_model.*`` as a GPT checkpoint); :func:`multimodal_refusal` names which one a folder holds.
+pai-zoo reads the Qwen3-VL one (:mod:`pai_zoo.models.megatron_lm_vision`); :func:`multimodal_refusal` gives the
+one-line refusal of any other (the LLaVA layout, a Qwen-VL one without its tower or its args).
 """
 from __future__ import annotations
 
@@ -31,20 +31,21 @@ QWEN_VL_TOWER, LLAVA_TOWER, LLAVA_PROJECTION = "visual.visual.", "vision_model."
 
 def multimodal_refusal(folder, keys: Iterable[str], args: dict) -> str | None:
     """The one-line refusal for a Megatron-LM multimodal checkpoint at ``folder`` (its stored tensor ``keys`` and
-    ``args``), or None when the folder is not one (no ``language_model.`` tensors)."""
+    ``args``) that pai-zoo cannot read, or None: not a multimodal one (no ``language_model.`` tensors), or a whole
+    Qwen3-VL one, which is read."""
     keys = list(keys)
     if not any(k.startswith(LANGUAGE_PREFIX) for k in keys):
         return None
     kind = args.get("vision_model_type")
     towers = sorted({p for p in (QWEN_VL_TOWER, LLAVA_TOWER, LLAVA_PROJECTION) if any(k.startswith(p) for k in keys)})
     held = f"language_model.*{''.join(f', {p}*' for p in towers)}"
-    if kind in QWEN_VL_TYPES or QWEN_VL_TOWER in towers:
-        families = "/".join(QWEN_VL_TYPES.get(kind, QWEN_VL_TYPES["qwen3_vl"]))
-        return (f"{folder}: a Megatron-LM Qwen-VL checkpoint (args.vision_model_type={kind!r}, pretrain_qwenvl.py's "
-                f"Qwen3VLModel: {held}) is not read: pai-zoo has no reader for this layout (its tower is "
-                f"transformers' visual module under visual.visual.*, its settings only in args.hf_model_name="
-                f"{args.get('hf_model_name')!r}); export it to Hugging Face with Megatron-LM's or Megatron-Bridge's "
-                f"converter and load that folder ({families})")
+    if kind in QWEN_VL_TYPES or QWEN_VL_TOWER in towers:  # read by pai_zoo.models.megatron_lm_vision when whole
+        if QWEN_VL_TOWER in towers and kind in QWEN_VL_TYPES:
+            return None
+        missing = "its tower (visual.visual.*)" if QWEN_VL_TOWER not in towers else \
+            f"args.vision_model_type naming it ({', '.join(QWEN_VL_TYPES)})"
+        return (f"{folder}: a Megatron-LM Qwen-VL checkpoint (args.vision_model_type={kind!r}: {held}) without "
+                f"{missing} is not read")
     if kind is None:
         return (f"{folder}: a Megatron-LM multimodal checkpoint ({held}) without args.vision_model_type is not read: "
                 "pai-zoo reads Megatron-LM's GPT checkpoints only")

@@ -16,13 +16,14 @@ from ..families.family import Family
 from ..families.registry import get_registry
 from ..formats import PAI_ZOO_MCORE, detect, mcore_dist, open_checkpoint
 from ..formats.megatron_folder import IterationFolder, MegatronCheckpointError
-from ..formats.megatron_lm_multimodal import multimodal_refusal
+from ..formats.megatron_lm_multimodal import LANGUAGE_PREFIX
 from ..formats.safe_pickle import safe_load
 from ..mcore.dist_ckpt import layout_of
 from ..mcore.heads import score_weight_map
 from ..plugin.config_map import McoreConfig
 from ..tables.mapping import TO_HF, MappingContext
 from .megatron_lm_config import DerivedConfig, derive_config
+from .megatron_lm_vision import open_qwen_vl
 
 __all__ = ["Description", "MegatronCheckpoint", "MegatronCheckpointError", "describe", "open_megatron", "safe_load"]
 
@@ -72,12 +73,16 @@ def describe(path, *, family: str | None = None, reference=None, iteration=None,
     try:
         reader = checkpoint.reader
         it = checkpoint.iteration
-        if EMBEDDING not in reader.keys():  # a multimodal one (language_model.*) is named in its refusal
-            raise MegatronCheckpointError(multimodal_refusal(it.folder, reader.keys(), checkpoint.args)
-                                          or f"{it.folder}: no {EMBEDDING}: not a GPT model checkpoint")
+        if EMBEDDING not in reader.keys():  # Megatron-LM's Qwen3-VL (language_model.*, visual.visual.*), or refused
+            if not any(k.startswith(LANGUAGE_PREFIX) for k in reader.keys()):
+                raise MegatronCheckpointError(f"{it.folder}: no {EMBEDDING}: not a GPT model checkpoint")
+            reference = open_qwen_vl(checkpoint, reference)
+            reader = checkpoint.reader
         padded, dtype = reader.global_shape(EMBEDDING)[0], reader.dtype(EMBEDDING)
         derived = derive_config(checkpoint.args, str(it.folder), family=family, reference=reference,
                                 padded_vocab_size=padded)
+        if hasattr(reader, "use_family"):  # the Qwen-VL tower, through the family's tower rows
+            reader.use_family(derived.family, derived.config, padded)
     except BaseException:
         checkpoint.close()
         raise
@@ -99,6 +104,9 @@ def open_megatron(path, family=None, *, reference=None, iteration=None, format: 
         checkpoint = open_checkpoint(path, iteration=iteration, format=kind)
         try:
             if config is not None:
+                if EMBEDDING not in checkpoint.reader.keys():  # Megatron-LM's Qwen3-VL, as describe() read it
+                    open_qwen_vl(checkpoint, reference)
+                    checkpoint.reader.use_family(family, config, record["padded_vocab_size"])
                 return MegatronCheckpoint(checkpoint, family, config=config, record=record)
             return MegatronCheckpoint(checkpoint, get_registry().family(name) if name else None)
         except BaseException:
