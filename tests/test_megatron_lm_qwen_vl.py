@@ -1,6 +1,7 @@
 """Megatron-LM's Qwen-VL checkpoints: its Qwen3-VL layout (pretrain_qwenvl.py's Qwen3VLModel: the language model
 under ``language_model.``, transformers' visual module under ``visual.visual.``, ``args.vision_model_type="qwen3_vl"``)
-is read as the qwen3_vl family, legacy ``torch`` (TP 1 and 2) and ``torch_dist`` (TP 2): the logits with images and
+is read as the qwen3_vl family, legacy ``torch`` (TP 1 and 2) and ``torch_dist`` (TP 2), and its MoE as
+qwen3_vl_moe: the logits with images and
 a video equal transformers' on the original model, and `convert --to hf` gives its tensors bit for bit. What cannot
 be read is refused in one line: no Hugging Face folder for the tower's settings, a Qwen-VL checkpoint without its
 tower, and Megatron-LM's LLaVA layout (``vision_model.*``, ``vision_projection.*``, a SigLIP tower).
@@ -34,7 +35,10 @@ LM, TOWER = "language_model.", "visual.visual."
 def _text(hf) -> tuple[dict, dict]:
     """The Qwen3 language model of a Qwen3-VL model: its HF state and config, as the writer takes them."""
     config = hf.model.config.text_config.to_dict()
-    config.update(model_type="qwen3", tie_word_embeddings=hf.model.config.tie_word_embeddings)
+    moe = bool(config.get("num_experts") or config.get("num_local_experts"))
+    config.update(model_type="qwen3_moe" if moe else "qwen3", tie_word_embeddings=hf.model.config.tie_word_embeddings)
+    if moe:  # Qwen3-VL-MoE renormalizes the top-k weights (its config has no norm_topk_prob)
+        config.setdefault("norm_topk_prob", True)
     sd = hf.model.state_dict()
     state = {k.replace("model.language_model.", "model."): v for k, v in sd.items()
              if k.startswith("model.language_model.")}
@@ -91,25 +95,28 @@ def write_dist_qwen_vl(hf, hf_folder, dst, tp=2) -> Path:
     return dst
 
 
-@pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    root = tmp_path_factory.mktemp("mlm-qwen-vl")
-    hf = pai_zoo.load("qwen3_vl-tiny", backend="hf", seed=1)
+def _model(root, preset):
+    hf = pai_zoo.load(preset, backend="hf", seed=1)
     hf.model.save_pretrained(root / "hf")
     hf.family.test_tokenizer(root / "hf")
     return root, pai_zoo.load(root / "hf", backend="hf")
 
 
-@pytest.mark.parametrize("layout", ["legacy-tp1", "legacy-tp2", "dist-tp2"])
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return _model(tmp_path_factory.mktemp("mlm-qwen-vl"), "qwen3_vl-tiny")
+
+
+@pytest.mark.parametrize("layout", ["legacy-tp1", "legacy-tp2", "dist-tp2", "moe-legacy-tp1"])
 def test_qwen3_vl_checkpoint_is_read(model, layout, tmp_path):
-    root, hf = model
+    root, hf = model if not layout.startswith("moe") else _model(tmp_path, "qwen3_vl_moe-tiny")
     src = tmp_path / "mlm"
-    if layout.startswith("legacy"):
+    if "legacy" in layout:
         write_legacy_qwen_vl(hf, root / "hf", src, tp=int(layout[-1]))
     else:
         write_dist_qwen_vl(hf, root / "hf", src)
     mc = pai_zoo.load(src, backend="mcore", tokenizer=root / "hf")
-    assert mc.family.name == "qwen3_vl"
+    assert mc.family.name == hf.family.name
     case = hf.family.vision.example(hf.mcore_config, torch.Generator().manual_seed(0))
     assert "pixel_values" in case and "pixel_values_videos" in case
     ids = case.pop("input_ids")
