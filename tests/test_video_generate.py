@@ -108,6 +108,13 @@ def test_generate_with_videos_equals_transformers_generate(family, request, tmp_
     theirs = [g.token_ids for g in generate(hf, absolute, chat=True, max_new_tokens=8)]
     assert ours == theirs and all(len(t) == 8 for t in theirs)
     assert [g.token_ids for g in generate(mc, absolute, chat=True, max_new_tokens=8)] == theirs
+    text = "<|vision_start|><|video_pad|><|vision_end|>Describe it."  # a text prompt naming its video
+    (root / "text.jsonl").write_text(json.dumps({"prompt": text, "videos": ["clip"]}) + "\n")
+    proc = run_cli(["generate", "--model", root / "hf", "--prompts", root / "text.jsonl", "--output",
+                    tmp_path / "text-out.jsonl", "--max-new-tokens", "8"])
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads((tmp_path / "text-out.jsonl").read_text())["token_ids"]
+    assert got == generate(hf, [text], videos=[[root / "clip"]], max_new_tokens=8)[0].token_ids
     proc = run_cli(["generate", "--model", root / "hf", "--prompt", "What?", "--video", root / "clip", "--chat",
                     "--max-new-tokens", "8"])
     assert proc.returncode == 0, proc.stderr
