@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from pai_zoo import Family
 from pai_zoo.family import LazyClass
-from pai_zoo.layouts import llama_megatron_args, moe_megatron_args
 from pai_zoo.vision import VisionSpec
 
 from .config import token_key
@@ -71,9 +70,8 @@ QWEN3_VL_VISION = VisionSpec(tower=_tower, placeholders=_placeholders, positions
                              example=_example, projector_prefix="vision_model.merger.",
                              parameters=qwen3_tower_parameters, deepstack=_deepstack)
 
-#: Megatron-LM's flags for the language model; the tower, DeepStack and interleaved M-RoPE have none.
-_MLM = dict(qk_layernorm=True)
-
+#: No Megatron-LM args claim: a text checkpoint's args are Qwen3's or Qwen3-MoE's (those families claim them);
+#: Megatron-LM's own Qwen3-VL checkpoints are told by args.vision_model_type (pai_zoo.models.megatron_lm_vision).
 
 def _family(name, aliases, architecture, model_type, presets, config_map, weights, megatron_args, description):
     return Family(
@@ -96,9 +94,8 @@ def _family(name, aliases, architecture, model_type, presets, config_map, weight
 
 
 QWEN3_VL = _family("qwen3_vl", ("qwen3-vl",), "Qwen3VLForConditionalGeneration", "qwen3_vl", QWEN3_VL_PRESETS,
-                   QWEN3_VL_TEXT_CONFIG, qwen3_vl_weights, llama_megatron_args(**_MLM),
+                   QWEN3_VL_TEXT_CONFIG, qwen3_vl_weights, (),
                    "Qwen3-VL (Qwen3VLForConditionalGeneration): DeepStack, interleaved M-RoPE, timestamped video")
 QWEN3_VL_MOE = _family("qwen3_vl_moe", ("qwen3-vl-moe",), "Qwen3VLMoeForConditionalGeneration", "qwen3_vl_moe",
-                       QWEN3_VL_MOE_PRESETS, QWEN3_VL_MOE_TEXT_CONFIG, qwen3_vl_moe_weights,
-                       moe_megatron_args(**_MLM),
+                       QWEN3_VL_MOE_PRESETS, QWEN3_VL_MOE_TEXT_CONFIG, qwen3_vl_moe_weights, (),
                        "Qwen3-VL-MoE (Qwen3VLMoeForConditionalGeneration): Qwen3-VL on a Qwen3-MoE language model")
