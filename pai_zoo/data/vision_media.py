@@ -339,7 +339,8 @@ class VisionProcessor:
                 kwargs["video_metadata"] = [v.metadata or {"total_num_frames": len(v), "fps": None,
                                                            "frames_indices": list(range(len(v)))} for v in videos]
         try:
-            out = processor(text=[text], images=list(images) or None, return_tensors="pt", **kwargs)
+            out = processor(text=[text], images=list(images) or None, return_tensors="pt", add_special_tokens=False,
+                            **kwargs)
         except ValueError as exc:
             raise PaiZooError(f"{where}: the checkpoint's processor refuses the prompt: {exc}") from None
         ids = out["input_ids"]
