@@ -8,7 +8,7 @@ and its processor's ``create_mm_token_type_ids`` are what the tests compare with
   ``<|begin_of_image|> ... <|end_of_image|>`` followed by its timestamp as text). Text tokens count on all three
   axes; each run takes ``(t, h, w)`` ids over its merged grid offset by the position reached, after which the count
   goes on from ``offset + max(h, w) / merge``. Padding (``attention_mask`` 0) gets 0 and is skipped.
-* the tower's rotary ids are Qwen2-VL's (:func:`pai_zoo_qwen_vl.positions.patch_positions`: (row, column) of each
+* the tower's rotary ids are Qwen2-VL's (:func:`pai_zoo.mcore.patch_tower.patch_positions`: (row, column) of each
   patch, block-major over the merge blocks).
 """
 from __future__ import annotations

@@ -21,8 +21,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from pai_zoo.config_map import McoreConfig
-from pai_zoo_qwen_vl.positions import frame_segments, patch_positions
-from pai_zoo_qwen_vl.vision import RMSNorm, _mask
+from pai_zoo.mcore.patch_tower import VisionRMSNorm as RMSNorm
+from pai_zoo.mcore.patch_tower import frame_segments, patch_positions, patch_rotary, rotary_inv_freq
+from pai_zoo.mcore.patch_tower import segment_mask as _mask
 
 from .config import tower_settings
 from .positions import frame_grids
@@ -113,9 +114,7 @@ class GlmVisionTower(nn.Module):
         self.post_layernorm = RMSNorm(s["dim"], s["eps"])
         self.downsample = nn.Conv2d(s["dim"], s["out"], kernel_size=s["merge"], stride=s["merge"])
         self.merger = Merger(s["out"], s["ffn"])
-        spatial = s["dim"] // s["heads"] // 2
-        self.register_buffer("inv_freq", 1.0 / (s["theta"] ** (torch.arange(0, spatial, 2, dtype=torch.float)
-                                                                 / spatial)), persistent=False)
+        self.register_buffer("inv_freq", rotary_inv_freq(s["dim"] // s["heads"], s["theta"]), persistent=False)
 
     def forward(self, pixel_values, grid_thw):
         grid_thw = torch.as_tensor(grid_thw).long().cpu()
@@ -125,8 +124,7 @@ class GlmVisionTower(nn.Module):
         hidden = self.post_conv_layernorm(self.patch_embed(pixel_values))
         positions = patch_positions(grid_thw, m)
         hidden = hidden + self.embeddings(grid_thw, positions).to(hidden.device)
-        angles = positions.float()[..., None].to(hidden.device) * self.inv_freq.float()
-        rotary = torch.cat([angles.flatten(1)] * 2, dim=-1)[:, None, None, :]  # rows' angles, columns', twice
+        rotary = patch_rotary(positions.to(hidden.device), self.inv_freq)  # rows' angles, columns', twice
         mask = _mask(frame_segments(grid_thw).to(hidden.device))
         hidden = hidden.unsqueeze(1)  # [N, 1, dim]: megatron-core's [s, b, h]
         for layer in self.blocks:
@@ -141,7 +139,7 @@ class GlmVisionTower(nn.Module):
         from megatron.core import parallel_state
         from megatron.core.transformer.utils import sharded_state_dict_default
 
-        tp_group = parallel_state.get_tensor_model_parallel_group()  # replica ids over TP (see pai_zoo_qwen_vl)
+        tp_group = parallel_state.get_tensor_model_parallel_group()  # replica ids over TP (as the Qwen-VL towers)
         out = {}
         for i, layer in enumerate(self.blocks):
             out.update(layer.sharded_state_dict(f"{prefix}blocks.{i}.", sharded_offsets, metadata))

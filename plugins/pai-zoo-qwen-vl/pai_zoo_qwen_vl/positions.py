@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from pai_zoo.errors import PaiZooError
+from pai_zoo.mcore.patch_tower import frame_segments, patch_positions  # noqa: F401 (the towers' shared ids)
 
 TEXT, IMAGE, VIDEO = 0, 1, 2
 
@@ -87,24 +88,6 @@ def _mismatch(kind, input_ids, keep, image_token_id, video_token_id, image_grid_
     raise PaiZooError(f"the prompt holds {_blocks(input_ids, keep, token)} {name} placeholder runs (token id {token}) "
                       f"but {given} {name}s are given ({name}_grid_thw): give one {name} per placeholder run, "
                       f"processed by the model's own processor")
-
-
-def patch_positions(grid_thw, spatial_merge_size: int):
-    """(row, column) of every patch ``[N, 2]``, block-major over the merge blocks, repeated per frame."""
-    out = []
-    m = spatial_merge_size
-    for t, h, w in grid_thw.tolist():
-        rows = torch.arange(h).view(h // m, m, 1, 1).expand(h // m, m, w // m, m)
-        cols = torch.arange(w).view(1, 1, w // m, m).expand(h // m, m, w // m, m)
-        pair = torch.stack([rows.permute(0, 2, 1, 3).reshape(-1), cols.permute(0, 2, 1, 3).reshape(-1)], dim=-1)
-        out.append(pair.repeat(t, 1))
-    return torch.cat(out)
-
-
-def frame_segments(grid_thw):
-    """A segment id per patch: one segment per frame of each image or video (full attention stays inside it)."""
-    sizes = [h * w for t, h, w in grid_thw.tolist() for _ in range(t)]
-    return torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
 
 
 def window_order(grid_thw, spatial_merge_size: int, window_size: int, patch_size: int):

@@ -22,8 +22,8 @@ from torch import nn
 
 from pai_zoo.config_map import McoreConfig
 from pai_zoo.errors import PaiZooError
+from pai_zoo.mcore.patch_tower import frame_segments, patch_positions, patch_rotary, rotary_inv_freq, segment_mask
 
-from .positions import frame_segments, patch_positions
 from .qwen3_config import qwen3_tower_settings
 from .qwen3_positions import position_taps
 
@@ -98,15 +98,11 @@ class Qwen3VisionTower(nn.Module):
         self.merger = PatchMerger(s["dim"], s["out"], s["merge"], postshuffle=False)
         self.deepstack_merger_list = nn.ModuleList(
             [PatchMerger(s["dim"], s["out"], s["merge"], postshuffle=True) for _ in s["deepstack"]])
-        spatial = s["dim"] // s["heads"] // 2
-        self.register_buffer("inv_freq", 1.0 / (s["theta"] ** (torch.arange(0, spatial, 2, dtype=torch.float)
-                                                                 / spatial)), persistent=False)
+        self.register_buffer("inv_freq", rotary_inv_freq(s["dim"] // s["heads"], s["theta"]), persistent=False)
 
     def rotary(self, grid_thw):
         """megatron-core's rotary input ``[N, 1, 1, head_dim]``: (row, column) angles, each half repeated."""
-        angles = patch_positions(grid_thw, self.settings["merge"]).float()[..., None] * self.inv_freq.float()
-        half = angles.flatten(1)
-        return torch.cat([half, half], dim=-1)[:, None, None, :]
+        return patch_rotary(patch_positions(grid_thw, self.settings["merge"]), self.inv_freq)
 
     def forward(self, pixel_values, grid_thw):
         grid_thw = torch.as_tensor(grid_thw).long().cpu()
@@ -116,7 +112,7 @@ class Qwen3VisionTower(nn.Module):
         hidden = hidden + (self.pos_embed(index) * weight[:, :, None]).sum(1).to(hidden.dtype)
         rotary = self.rotary(grid_thw).to(hidden.device)
         frames = frame_segments(grid_thw).to(hidden.device)
-        mask = (frames[:, None] != frames[None, :])[None, None]
+        mask = segment_mask(frames)
         hidden = hidden.unsqueeze(1)  # [N, 1, dim]: megatron-core's [s, b, h]
         deep = []
         indexes = list(self.settings["deepstack"])

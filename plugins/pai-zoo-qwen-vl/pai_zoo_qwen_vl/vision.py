@@ -17,24 +17,12 @@ import torch
 from torch import nn
 
 from pai_zoo.config_map import McoreConfig
+from pai_zoo.mcore.patch_tower import VisionRMSNorm as RMSNorm
+from pai_zoo.mcore.patch_tower import frame_segments, patch_positions, patch_rotary, rotary_inv_freq
+from pai_zoo.mcore.patch_tower import segment_mask as _mask
 
 from .config import tower_settings
-from .positions import frame_segments, patch_positions, window_order
-
-
-class RMSNorm(nn.Module):
-    """transformers' Qwen2-VL RMSNorm (float32 statistics)."""
-
-    def __init__(self, size: int, eps: float = 1e-6):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x):
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+from .positions import window_order
 
 
 class PatchEmbed(nn.Module):
@@ -94,16 +82,11 @@ class QwenVisionTower(nn.Module):
         self.blocks = nn.ModuleList([build_module(spec, config=vconfig, layer_number=i + 1)
                                      for i in range(s["depth"])])
         self.merger = PatchMerger(s["dim"], s["out"], s["merge"], rms=s["qwen25"])
-        head_dim = s["dim"] // s["heads"]
-        spatial = head_dim // 2
-        self.register_buffer("inv_freq", 1.0 / (s["theta"] ** (torch.arange(0, spatial, 2, dtype=torch.float)
-                                                                 / spatial)), persistent=False)
+        self.register_buffer("inv_freq", rotary_inv_freq(s["dim"] // s["heads"], s["theta"]), persistent=False)
 
     def rotary(self, grid_thw):
         """megatron-core's rotary input ``[N, 1, 1, head_dim]``: (row, column) angles, each half repeated."""
-        angles = patch_positions(grid_thw, self.settings["merge"]).float()[..., None] * self.inv_freq.float()
-        half = angles.flatten(1)  # rows' angles, then columns'
-        return torch.cat([half, half], dim=-1)[:, None, None, :]
+        return patch_rotary(patch_positions(grid_thw, self.settings["merge"]), self.inv_freq)
 
     def forward(self, pixel_values, grid_thw):
         grid_thw = torch.as_tensor(grid_thw).long().cpu()
@@ -146,11 +129,6 @@ class QwenVisionTower(nn.Module):
             out.update(sharded_state_dict_default(getattr(self, name), f"{prefix}{name}.", sharded_offsets,
                                                   metadata, tp_group=tp_group))
         return out
-
-
-def _mask(segments):
-    """``[1, 1, N, N]`` True where two patches are in different segments."""
-    return (segments[:, None] != segments[None, :])[None, None]
 
 
 def build_tower(config: McoreConfig, lm_config) -> QwenVisionTower:
