@@ -16,6 +16,9 @@ from typing import Any, Callable
 
 from .errors import PaiZooError
 
+__all__ = ["VISION_INPUTS", "VISION_KEY", "VisionSpec", "accepted_inputs", "check_vision_inputs",
+           "expand_placeholders", "read_image"]
+
 #: The inputs a vision-language forward takes besides ``input_ids`` and ``attention_mask``: transformers' own
 #: argument names (``Qwen2VLForConditionalGeneration.forward``), and those of ``pai_zoo.load(...).logits``.
 VISION_INPUTS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
