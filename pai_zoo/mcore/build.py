@@ -18,6 +18,7 @@ from .biased_experts import expert_tensor_parallel_size
 from .chunked_attention import with_chunked_attention
 from .embedding_scale import apply_embedding_scale
 from .layer_rope import apply_layer_rope
+from .moe_aux_loss import reset_aux_loss_tracker
 from .mrope import apply as apply_mrope_layout
 from .mtp import mtp_block_spec, mtp_layers_of
 from .multimodal import attach_vision_tower, vision_language_class
@@ -142,6 +143,8 @@ def build_gpt_model(
 
     from .inference import use_inference_output_layer, with_inference_path
 
+    if config.get("num_moe_experts"):
+        reset_aux_loss_tracker()  # sized by this model's layers from here on
     model_class = family.model_class(config) if family.model_class else model_base()
     if family.vision is not None:  # the vision tower on the first stage (pai_zoo.mcore.multimodal)
         model_class = vision_language_class(model_class)

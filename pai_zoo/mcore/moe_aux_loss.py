@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import inspect
 
-__all__ = ["fix_aux_loss_scale"]
+__all__ = ["fix_aux_loss_scale", "reset_aux_loss_tracker"]
 
 
 @functools.cache
@@ -40,3 +40,12 @@ def fix_aux_loss_scale() -> bool:
 
     Router.attach_and_log_load_balancing_loss = counted_over_the_group
     return True
+
+
+def reset_aux_loss_tracker() -> None:
+    """Forget the auxiliary losses megatron-core logged per layer. Its process-wide tracker sizes each loss's
+    per-layer tensor by the first model that logs it; a later model with more layers in the same process (the
+    conformance suite, in-process commands) would index past it."""
+    from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker
+
+    get_moe_layer_wise_logging_tracker().clear()
