@@ -46,6 +46,11 @@ def reset_aux_loss_tracker() -> None:
     """Forget the auxiliary losses megatron-core logged per layer. Its process-wide tracker sizes each loss's
     per-layer tensor by the first model that logs it; a later model with more layers in the same process (the
     conformance suite, in-process commands) would index past it."""
-    from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker
+    try:  # megatron-core 0.19: a MoEMetricsTracker whose entries keep their size (its clear() only zeroes them)
+        from megatron.core.transformer.moe.moe_logging import get_moe_metrics_tracker
+    except ImportError:  # 0.16: a plain dict
+        from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker
 
-    get_moe_layer_wise_logging_tracker().clear()
+        get_moe_layer_wise_logging_tracker().clear()
+    else:
+        get_moe_metrics_tracker().metrics.clear()
