@@ -43,9 +43,14 @@ def fix_aux_loss_scale() -> bool:
 
 
 def reset_aux_loss_tracker() -> None:
-    """Forget the auxiliary losses megatron-core logged per layer. Its process-wide tracker sizes each loss's
-    per-layer tensor by the first model that logs it; a later model with more layers in the same process (the
-    conformance suite, in-process commands) would index past it."""
+    """Forget the auxiliary losses megatron-core logged per layer, and the auxiliary loss's backward scale. Its
+    process-wide tracker sizes each loss's per-layer tensor by the first model that logs it: a later model with more
+    layers in the same process (the conformance suite, in-process commands) would index past it. A backward before
+    any schedule set the scale leaves a 0-d scale that the schedule's ``[1]`` one cannot be copied into, and a
+    schedule's scale would otherwise outlive its run."""
+    from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
+
+    MoEAuxLossAutoScaler.main_loss_backward_scale = None
     try:  # megatron-core 0.19: a MoEMetricsTracker whose entries keep their size (its clear() only zeroes them)
         from megatron.core.transformer.moe.moe_logging import get_moe_metrics_tracker
     except ImportError:  # 0.16: a plain dict
