@@ -17,7 +17,7 @@ from pai_zoo import Family, hookimpl
 from pai_zoo.family import LazyClass
 from pai_zoo.vision import VisionSpec
 
-from .config import VisionLanguageConfig, token_key, tower_parameters
+from .config import VisionLanguageConfig, placeholder_ids, token_key, tower_parameters
 from .presets import QWEN2_5_VL_PRESETS, QWEN2_VL_PRESETS
 from .processor_files import write_test_tokenizer
 from .weights import qwen_vl_weights
@@ -27,10 +27,6 @@ def _tower(config, lm_config):
     from .vision import build_tower
 
     return build_tower(config, lm_config)
-
-
-def _placeholders(config) -> dict[str, int]:
-    return {"image": config[token_key("image_token_id")], "video": config[token_key("video_token_id")]}
 
 
 def _positions(config, input_ids, attention_mask=None, image_grid_thw=None, video_grid_thw=None,
@@ -67,7 +63,7 @@ def _tokens(config, grid) -> int:
     return t * h * w // tower_settings(config)["merge"] ** 2
 
 
-QWEN_VL_VISION = VisionSpec(tower=_tower, placeholders=_placeholders, positions=_positions, tokens=_tokens,
+QWEN_VL_VISION = VisionSpec(tower=_tower, placeholders=placeholder_ids, positions=_positions, tokens=_tokens,
                             example=_example, projector_prefix="vision_model.merger.",
                             parameters=tower_parameters)
 

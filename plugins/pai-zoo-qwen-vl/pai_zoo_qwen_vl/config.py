@@ -26,6 +26,11 @@ def token_key(name: str) -> str:
     return f"family.{name}"
 
 
+def placeholder_ids(config) -> dict[str, int]:
+    """:attr:`pai_zoo.vision.VisionSpec.placeholders` of the Qwen-VL families: the image and video pad ids."""
+    return {"image": config[token_key("image_token_id")], "video": config[token_key("video_token_id")]}
+
+
 class VisionLanguageConfig(ConfigMap):
     """Nested HF config <-> megatron-core config (see the module docstring)."""
 

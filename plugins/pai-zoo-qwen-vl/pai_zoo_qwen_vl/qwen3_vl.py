@@ -13,7 +13,7 @@ from pai_zoo import Family
 from pai_zoo.family import LazyClass
 from pai_zoo.vision import VisionSpec
 
-from .config import token_key
+from .config import placeholder_ids, token_key
 from .processor_files import write_qwen3_vl_test_tokenizer
 from .qwen3_config import (
     QWEN3_VL_MOE_TEXT_CONFIG,
@@ -30,10 +30,6 @@ def _tower(config, lm_config):
     from .qwen3_vision import build_qwen3_tower
 
     return build_qwen3_tower(config, lm_config)
-
-
-def _placeholders(config) -> dict[str, int]:
-    return {"image": config[token_key("image_token_id")], "video": config[token_key("video_token_id")]}
 
 
 def _positions(config, input_ids, attention_mask=None, image_grid_thw=None, video_grid_thw=None,
@@ -66,7 +62,7 @@ def _deepstack(config) -> tuple[int, ...]:
     return qwen3_tower_settings(config)["deepstack"]
 
 
-QWEN3_VL_VISION = VisionSpec(tower=_tower, placeholders=_placeholders, positions=_positions, tokens=_tokens,
+QWEN3_VL_VISION = VisionSpec(tower=_tower, placeholders=placeholder_ids, positions=_positions, tokens=_tokens,
                              example=_example, projector_prefix="vision_model.merger.",
                              parameters=qwen3_tower_parameters, deepstack=_deepstack)
 
