@@ -19,18 +19,17 @@ from __future__ import annotations
 import copy
 
 from pai_zoo import ConfigMap, ConfigTranslationError, Copy, WeightMap
-from pai_zoo.config_map import NON_ARCHITECTURE_KEYS, McoreConfig
+from pai_zoo.config_map import McoreConfig
+from pai_zoo.plugin.nested_config import TEXT_EXTRA, NestedVisionConfig, family_key
 from pai_zoo.tables.mapping.siglip_rows import check_siglip
 from pai_zoo.vision import VISION_KEY, VisionSpec
 
 #: Top-level keys of ``Gemma3Config`` kept under ``family.<key>``.
 TOKEN_KEYS = ("mm_tokens_per_image", "boi_token_index", "eoi_token_index", "image_token_index")
-TEXT_EXTRA = "text_config"  # hf_extra key of the text config's untranslated keys
 LM, TOWER, PROJECTOR = "language_model.", "vision_model.encoder.", "vision_model.projector."
 
 
-def token_key(name: str) -> str:
-    return f"family.{name}"
+token_key = family_key
 
 
 def pooling(settings: dict, mm_tokens: int) -> tuple[int, int, int]:
@@ -54,74 +53,45 @@ def _check(vision: dict, mm_tokens: int, text_vocab: int, image_token: int) -> N
                       "embeds the placeholders before the tower's rows replace them")
 
 
-class Gemma3VLConfig(ConfigMap):
+class Gemma3VLConfig(NestedVisionConfig):
     """``Gemma3Config`` (``text_config``, ``vision_config``, the image token ids) <-> one ``McoreConfig``: the text
-    config through Gemma 3's rules, the SigLIP settings under ``family.vision``, the token ids under ``family.*``."""
+    config through Gemma 3's rules, the SigLIP settings under ``family.vision``, the token ids under ``family.*``
+    (the core's :class:`~pai_zoo.plugin.nested_config.NestedVisionConfig` with Gemma 3's defaults and checks)."""
 
     def __init__(self, text_map: ConfigMap, text_model_type: str = "gemma3_text",
                  vision_model_type: str = "siglip_vision_model"):
-        super().__init__(*text_map.rules, passthrough=tuple(text_map.passthrough))
-        self.text_map = text_map
-        self.text_model_type, self.vision_model_type = text_model_type, vision_model_type
+        super().__init__(text_map, text_model_type, vision_model_type, top_keys=TOKEN_KEYS, tie_default=True,
+                         source="Gemma3Config")
 
-    @property
-    def consumed_keys(self) -> frozenset[str]:
-        return frozenset({"text_config", "vision_config", "tie_word_embeddings", *TOKEN_KEYS})
-
-    def to_mcore(self, family: str, hf: dict) -> McoreConfig:
-        if not isinstance(hf.get("text_config"), dict) or not isinstance(hf.get("vision_config"), dict):
-            raise ConfigTranslationError("a Gemma 3 vision-language config needs text_config and vision_config "
-                                         "(as transformers' Gemma3Config writes them)")
-        text = {k: v for k, v in hf["text_config"].items() if k != "model_type"}
-        text["tie_word_embeddings"] = hf.get("tie_word_embeddings", text.get("tie_word_embeddings", True))
+    def text_in(self, hf: dict) -> dict:
+        text = {k: v for k, v in super().text_in(hf).items() if k != "model_type"}
         if text.get("final_logit_softcapping") is not None:
             raise ConfigTranslationError(
                 f"text_config.final_logit_softcapping={text['final_logit_softcapping']!r}: transformers' "
                 "Gemma3ForConditionalGeneration does not apply it (only Gemma3ForCausalLM does), and no published "
                 "Gemma 3 sets it; set it to null")
-        inner = self.text_map.to_mcore(family, text)
-        arch = dict(inner.arch)
-        vision = {k: v for k, v in hf["vision_config"].items() if k != "model_type"}
+        return text
+
+    def vision_in(self, vision: dict) -> dict:
+        vision = super().vision_in(vision)
         check_siglip(vision)
+        return vision
+
+    def top_in(self, hf: dict, arch: dict) -> dict:
         tokens = {"mm_tokens_per_image": 256, "boi_token_index": 255_999, "eoi_token_index": 256_000,
                   "image_token_index": 262_144}  # Gemma3Config's defaults
         tokens.update({k: hf[k] for k in TOKEN_KEYS if hf.get(k) is not None})
-        _check(vision, int(tokens["mm_tokens_per_image"]), arch["vocab_size"], int(tokens["image_token_index"]))
-        arch[VISION_KEY] = vision
+        _check(arch[VISION_KEY], int(tokens["mm_tokens_per_image"]), arch["vocab_size"],
+               int(tokens["image_token_index"]))
         for key in TOKEN_KEYS:
             arch[token_key(key)] = int(tokens[key])
-        extra = {k: v for k, v in hf.items() if k not in self.consumed_keys}
-        extra[TEXT_EXTRA] = {k: v for k, v in inner.hf_extra.items() if k != "tie_word_embeddings"}
+        return {k: arch[token_key(k)] for k in TOKEN_KEYS if k not in hf}
+
+    def to_mcore(self, family: str, hf: dict) -> McoreConfig:
+        config = super().to_mcore(family, hf)
         if "tie_word_embeddings" in hf["text_config"]:  # the text config's own (the top-level one ties the head)
-            extra[TEXT_EXTRA]["tie_word_embeddings"] = hf["text_config"]["tie_word_embeddings"]
-        absent = {f"{TEXT_EXTRA}.{k}": v for k, v in (inner.hf_absent or {}).items()}
-        absent.update({k: arch[token_key(k)] for k in TOKEN_KEYS if k not in hf})
-        return McoreConfig(family=family, arch=arch, hf_extra=extra, hf_absent=absent)
-
-    def to_hf(self, config: McoreConfig, known_keys: frozenset[str] | None = None) -> dict:
-        arch = {k: v for k, v in config.arch.items() if k != VISION_KEY and k not in map(token_key, TOKEN_KEYS)}
-        extra = dict(config.hf_extra)
-        text_extra = dict(extra.pop(TEXT_EXTRA, {}))
-        text_tie = text_extra.pop("tie_word_embeddings", None)
-        text = self.text_map.to_hf(McoreConfig(family=config.family, arch=arch, hf_extra=text_extra, hf_absent={}))
-        for key, implied in (config.hf_absent or {}).items():
-            name = key.removeprefix(f"{TEXT_EXTRA}.")
-            if name != key and name in text and text[name] == implied:
-                del text[name]
-        tie = text.pop("tie_word_embeddings", True)
-        if text_tie is not None:
-            text["tie_word_embeddings"] = text_tie
-        text["model_type"] = self.text_model_type
-        vision = {**config[VISION_KEY], "model_type": self.vision_model_type}
-        hf = {**extra, "text_config": text, "vision_config": vision, "tie_word_embeddings": tie}
-        hf.update({key: config[token_key(key)] for key in TOKEN_KEYS})
-        return hf
-
-    def untranslated_architecture_keys(self, hf: dict) -> list[str]:
-        text = {k: v for k, v in (hf.get("text_config") or {}).items()}
-        inner = self.text_map.untranslated_architecture_keys(text)
-        top = sorted(k for k in hf if k not in self.consumed_keys | NON_ARCHITECTURE_KEYS)
-        return top + [f"text_config.{k}" for k in inner if k != "model_type"]
+            config.hf_extra[TEXT_EXTRA]["tie_word_embeddings"] = hf["text_config"]["tie_word_embeddings"]
+        return config
 
 
 def settings(config: McoreConfig) -> dict:

@@ -16,15 +16,15 @@ The vision settings travel as one dict under ``family.vision``, the special toke
 from __future__ import annotations
 
 from pai_zoo import ConfigMap, ConfigTranslationError, Field, Rope
-from pai_zoo.config_map import NON_ARCHITECTURE_KEYS, McoreConfig
+from pai_zoo.config_map import McoreConfig
 from pai_zoo.layouts import llama_config_rules
+from pai_zoo.plugin.nested_config import MropeSections, NestedVisionConfig, family_key
 from pai_zoo.vision import VISION_KEY
 from pai_zoo_glm import GLM4_MOE_CONFIG, POST_NORMS
 
 #: Top-level token ids of the nested config, kept under ``family.<key>``.
 TOKEN_KEYS = ("image_token_id", "video_token_id", "image_start_token_id", "image_end_token_id",
               "video_start_token_id", "video_end_token_id")
-TEXT_EXTRA = "text_config"  # hf_extra key of the text config's untranslated keys
 SECTION_ABSENT = "family.mrope_section_absent"
 ROPE_ALIAS = "family.rope_type_alias"  # rope_parameters' "type": transformers keeps a published rope_scaling's
 #: transformers' GLM-4V rotary embedding's sections when the config names none.
@@ -42,53 +42,29 @@ GLM4V_TEXT_CONFIG = ConfigMap(
 )
 
 
-def token_key(name: str) -> str:
-    return f"family.{name}"
+token_key = family_key
 
 
-class GlmVisionLanguageConfig(ConfigMap):
-    """Nested HF config <-> megatron-core config (see the module docstring)."""
+class GlmVisionLanguageConfig(NestedVisionConfig):
+    """Nested HF config <-> megatron-core config (see the module docstring): the core's
+    :class:`~pai_zoo.plugin.nested_config.NestedVisionConfig` with GLM-4V's data and checks."""
 
     def __init__(self, text: ConfigMap, text_model_type: str, vision_model_type: str, moe: bool):
-        super().__init__(*text.rules, passthrough=text.passthrough)
-        self.text, self.moe = text, moe
-        self.text_model_type, self.vision_model_type = text_model_type, vision_model_type
+        super().__init__(text, text_model_type, vision_model_type, top_keys=TOKEN_KEYS, source="Glm4vConfig",
+                         mrope=MropeSections(tuple(DEFAULT_MROPE_SECTION), ROPE_ALIAS, SECTION_ABSENT))
+        self.moe = moe
 
-    @property
-    def consumed_keys(self) -> frozenset[str]:
-        return frozenset({"text_config", "vision_config", "tie_word_embeddings", *TOKEN_KEYS})
-
-    def to_mcore(self, family: str, hf: dict) -> McoreConfig:
-        if not isinstance(hf.get("text_config"), dict) or not isinstance(hf.get("vision_config"), dict):
-            raise ConfigTranslationError("a GLM-4V config needs text_config and vision_config (as transformers' "
-                                         "Glm4vConfig writes them)")
-        text = dict(hf["text_config"])
-        text["tie_word_embeddings"] = hf.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
+    def text_in(self, hf: dict) -> dict:
+        text = super().text_in(hf)
         heads, hidden = text.get("num_attention_heads"), text.get("hidden_size")
         if not self.moe and text.get("head_dim") not in (None, hidden // heads if heads else None):
             raise ConfigTranslationError(f"text_config.head_dim={text['head_dim']}: GLM-4.1V's attention uses "
                                          f"hidden_size // num_attention_heads = {hidden // heads} channels a head; "
                                          "remove head_dim or make it that")
-        rope = dict(text.get("rope_parameters") or {})
-        section = rope.pop("mrope_section", None)
-        alias = rope.pop("type", None)
-        absent = section is None
-        section = list(DEFAULT_MROPE_SECTION if absent else section)
-        text["rope_parameters"] = rope
-        inner = self.text.to_mcore(family, text)
-        arch = dict(inner.arch)
-        rotary = int(inner.kv_channels * arch.get("rotary_percent", 1.0))
-        if sum(section) * 2 != rotary:
-            raise ConfigTranslationError(f"rope_parameters.mrope_section {section} covers {sum(section) * 2} "
-                                         f"channels, not the {rotary} rotary channels of a head (head_dim "
-                                         f"{inner.kv_channels} x partial_rotary_factor)")
-        arch.update(position_embedding_type="mrope", mrope_section=section)
-        if absent:
-            arch[SECTION_ABSENT] = True
-        if alias is not None:
-            arch[ROPE_ALIAS] = alias
-        vision = dict(hf["vision_config"])
-        vision.pop("model_type", None)
+        return text
+
+    def vision_in(self, vision: dict) -> dict:
+        vision = super().vision_in(vision)
         if vision.get("hidden_size", 0) % max(int(vision.get("num_heads", 1)), 1):
             raise ConfigTranslationError(f"vision_config.hidden_size={vision['hidden_size']} is not a multiple of "
                                          f"vision_config.num_heads={vision['num_heads']}")
@@ -96,43 +72,7 @@ class GlmVisionLanguageConfig(ConfigMap):
             raise ConfigTranslationError(f"vision_config.hidden_size / num_heads = "
                                          f"{vision.get('hidden_size', 1536) // int(vision.get('num_heads', 12))}: "
                                          "the tower's 2D rotary needs a head_dim that is a multiple of 4")
-        arch[VISION_KEY] = vision
-        for key in TOKEN_KEYS:
-            if key not in hf:
-                raise ConfigTranslationError(f"{key} is missing from the config")
-            arch[token_key(key)] = int(hf[key])
-        extra = {k: v for k, v in hf.items() if k not in self.consumed_keys}
-        extra[TEXT_EXTRA] = {k: v for k, v in inner.hf_extra.items() if k != "tie_word_embeddings"}
-        absent_keys = {f"{TEXT_EXTRA}.{k}": v for k, v in (inner.hf_absent or {}).items()}
-        return McoreConfig(family=family, arch=arch, hf_extra=extra, hf_absent=absent_keys)
-
-    def to_hf(self, config: McoreConfig, known_keys: frozenset[str] | None = None) -> dict:
-        own = {VISION_KEY, "mrope_section", SECTION_ABSENT, ROPE_ALIAS, *(token_key(k) for k in TOKEN_KEYS)}
-        arch = {k: v for k, v in config.arch.items() if k not in own}
-        arch["position_embedding_type"] = "rope"
-        extra = dict(config.hf_extra)
-        text_extra = dict(extra.pop(TEXT_EXTRA, {}))
-        text = self.text.to_hf(McoreConfig(family=config.family, arch=arch, hf_extra=text_extra, hf_absent={}))
-        for key, implied in (config.hf_absent or {}).items():
-            name = key.removeprefix(f"{TEXT_EXTRA}.")
-            if name != key and name in text and text[name] == implied:
-                del text[name]
-        tie = text.pop("tie_word_embeddings", False)
-        text["rope_parameters"] = dict(text["rope_parameters"])
-        if not config.get(SECTION_ABSENT):
-            text["rope_parameters"]["mrope_section"] = list(config["mrope_section"])
-        if config.get(ROPE_ALIAS) is not None:
-            text["rope_parameters"]["type"] = config[ROPE_ALIAS]
-        text["model_type"] = self.text_model_type
-        vision = {**config[VISION_KEY], "model_type": self.vision_model_type}
-        hf = {**extra, "text_config": text, "vision_config": vision, "tie_word_embeddings": tie}
-        hf.update({key: config[token_key(key)] for key in TOKEN_KEYS})
-        return hf
-
-    def untranslated_architecture_keys(self, hf: dict) -> list[str]:
-        inner = self.text.untranslated_architecture_keys(dict(hf.get("text_config") or {}))
-        top = sorted(k for k in hf if k not in self.consumed_keys | NON_ARCHITECTURE_KEYS)
-        return top + [f"text_config.{k}" for k in inner if k != "model_type"]
+        return vision
 
 
 GLM4V_CONFIG = GlmVisionLanguageConfig(GLM4V_TEXT_CONFIG, "glm4v_text", "glm4v_vision", moe=False)

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import re
 
-from pai_zoo import ConfigMap, ConfigTranslationError
-from pai_zoo.config_map import NON_ARCHITECTURE_KEYS, McoreConfig
+from pai_zoo import ConfigTranslationError
+from pai_zoo.config_map import McoreConfig
+from pai_zoo.plugin.config_map import FAMILY_KEY_PREFIX
+from pai_zoo.plugin.nested_config import NestedVisionConfig
 from pai_zoo.vision import VISION_KEY
 from pai_zoo_qwen import QWEN2_CONFIG
 
@@ -24,65 +26,49 @@ DEFAULTS = {"image_token_index": 151646, "video_token_index": 151647, "projector
             "vision_feature_select_strategy": "full", "vision_feature_layer": -1, "multimodal_projector_bias": True,
             "vision_aspect_ratio": "anyres_max_9",
             "image_grid_pinpoints": [[h * 384, w * 384] for h in range(1, 7) for w in range(1, 7)]}
-TEXT_EXTRA = "text_config"
 TEXT_TIE = "family.text_tie_word_embeddings"  # text_config's own tie_word_embeddings, where it has one
 _ALIASES = {"image_token_id": "image_token_index", "video_token_id": "video_token_index"}
 
 
-class LlavaOnevisionConfigMap(ConfigMap):
-    """Nested HF config <-> megatron-core config (see the module docstring)."""
+class LlavaOnevisionConfigMap(NestedVisionConfig):
+    """Nested HF config <-> megatron-core config (see the module docstring): the core's
+    :class:`~pai_zoo.plugin.nested_config.NestedVisionConfig`, the top-level keys as one dict."""
 
     def __init__(self):
-        super().__init__(*QWEN2_CONFIG.rules, passthrough=QWEN2_CONFIG.passthrough)
+        super().__init__(QWEN2_CONFIG, "qwen2", "siglip_vision_model", top_keys=(*LLAVA_KEYS, *_ALIASES),
+                         source="LlavaOnevisionConfig")
 
-    @property
-    def consumed_keys(self) -> frozenset[str]:
-        return frozenset({"text_config", "vision_config", "tie_word_embeddings", *LLAVA_KEYS, *_ALIASES})
-
-    def to_mcore(self, family: str, hf: dict) -> McoreConfig:
-        if not isinstance(hf.get("text_config"), dict) or not isinstance(hf.get("vision_config"), dict):
-            raise ConfigTranslationError("a LLaVA-OneVision config needs text_config and vision_config "
-                                         "(as transformers' LlavaOnevisionConfig writes them)")
+    def text_in(self, hf: dict) -> dict:
         text = dict(hf["text_config"])
         if text.get("model_type", "qwen2") != "qwen2":
             raise ConfigTranslationError(f"text_config.model_type {text['model_type']!r}: pai-zoo's LLaVA-OneVision "
                                          "reads a Qwen2 language model (model_type 'qwen2'), as published")
-        vision = {k: v for k, v in hf["vision_config"].items() if k != "model_type"}
-        if hf["vision_config"].get("model_type", "siglip_vision_model") != "siglip_vision_model":
-            raise ConfigTranslationError(f"vision_config.model_type {hf['vision_config']['model_type']!r}: pai-zoo's "
-                                         "LLaVA-OneVision reads a SigLIP tower (model_type 'siglip_vision_model')")
-        own_tie = text.get("tie_word_embeddings")  # LlavaOnevisionConfig ties when either config says so
-        text["tie_word_embeddings"] = bool(hf.get("tie_word_embeddings", False) or own_tie)
-        inner = QWEN2_CONFIG.to_mcore(family, text)
-        llava = {**{_ALIASES.get(k, k): v for k, v in hf.items() if _ALIASES.get(k, k) in LLAVA_KEYS}}
-        check_llava(llava, vision)
-        arch = {**inner.arch, VISION_KEY: vision, LLAVA_KEY: llava, TEXT_TIE: own_tie}
-        extra = {k: v for k, v in hf.items() if k not in self.consumed_keys}
-        extra[TEXT_EXTRA] = {k: v for k, v in inner.hf_extra.items() if k != "tie_word_embeddings"}
-        absent = {f"{TEXT_EXTRA}.{k}": v for k, v in (inner.hf_absent or {}).items()}
-        return McoreConfig(family=family, arch=arch, hf_extra=extra, hf_absent=absent)
+        # LlavaOnevisionConfig ties when either config says so
+        text["tie_word_embeddings"] = bool(hf.get("tie_word_embeddings", False) or text.get("tie_word_embeddings"))
+        return text
 
-    def to_hf(self, config: McoreConfig, known_keys: frozenset[str] | None = None) -> dict:
-        arch = {k: v for k, v in config.arch.items() if not k.startswith("family.")}
-        extra = dict(config.hf_extra)
-        inner = McoreConfig(family=config.family, arch=arch, hf_extra=dict(extra.pop(TEXT_EXTRA, {})), hf_absent={})
-        text = QWEN2_CONFIG.to_hf(inner)
-        for key, implied in (config.hf_absent or {}).items():
-            name = key.removeprefix(f"{TEXT_EXTRA}.")
-            if name != key and name in text and text[name] == implied:
-                del text[name]
-        tie = text.pop("tie_word_embeddings", False)
+    def vision_in(self, vision: dict) -> dict:
+        if vision.get("model_type", "siglip_vision_model") != "siglip_vision_model":
+            raise ConfigTranslationError(f"vision_config.model_type {vision['model_type']!r}: pai-zoo's "
+                                         "LLaVA-OneVision reads a SigLIP tower (model_type 'siglip_vision_model')")
+        return super().vision_in(vision)
+
+    def top_in(self, hf: dict, arch: dict) -> dict:
+        llava = {_ALIASES.get(k, k): v for k, v in hf.items() if _ALIASES.get(k, k) in LLAVA_KEYS}
+        check_llava(llava, arch[VISION_KEY])
+        arch.update({LLAVA_KEY: llava, TEXT_TIE: hf["text_config"].get("tie_word_embeddings")})
+        return {}
+
+    def top_out(self, config: McoreConfig) -> dict:
+        return config[LLAVA_KEY]
+
+    def own_keys(self, config: McoreConfig) -> set[str]:
+        return {k for k in config.arch if k.startswith(FAMILY_KEY_PREFIX)}
+
+    def text_out(self, config: McoreConfig, text: dict) -> None:
         if config.get(TEXT_TIE) is not None:
             text["tie_word_embeddings"] = config[TEXT_TIE]
-        text["model_type"] = "qwen2"
-        vision = {**config[VISION_KEY], "model_type": "siglip_vision_model"}
-        return {**extra, "text_config": text, "vision_config": vision, "tie_word_embeddings": tie,
-                **config[LLAVA_KEY]}
-
-    def untranslated_architecture_keys(self, hf: dict) -> list[str]:
-        inner = QWEN2_CONFIG.untranslated_architecture_keys(dict(hf.get("text_config") or {}))
-        top = sorted(k for k in hf if k not in self.consumed_keys | NON_ARCHITECTURE_KEYS)
-        return top + [f"text_config.{k}" for k in inner if k != "model_type"]
+        super().text_out(config, text)
 
 
 def check_llava(llava: dict, vision: dict) -> None:
