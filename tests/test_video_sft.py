@@ -16,6 +16,7 @@ from PIL import Image
 
 import pai_zoo
 from pai_zoo_conformance.cli_runs import run_cli
+from pai_zoo_conformance.vision_fixtures import save_preset
 
 pytestmark = pytest.mark.megatron_once  # pai-zoo's data path; the model's forward is checked in every pass
 
@@ -50,9 +51,7 @@ def _records(folder) -> list[dict]:
 
 
 def _setup(root, preset):
-    hf = pai_zoo.load(preset, backend="hf", seed=5)
-    hf.model.save_pretrained(root / "hf")
-    hf.family.test_tokenizer(root / "hf")
+    save_preset(preset, root / "hf", seed=5)
     data = root / "data"
     data.mkdir()
     (data / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _records(data)))

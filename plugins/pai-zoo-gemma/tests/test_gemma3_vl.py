@@ -166,22 +166,11 @@ def test_packed_training_row_keeps_image_blocks_and_records_apart():
 def test_a_checkpoint_saved_by_transformers_4_is_read_under_todays_names(tmp_path):
     """The published uploads name the tower vision_tower.vision_model.* (transformers 4): pai-zoo reads them
     (Family.hf_legacy_prefixes) and writes transformers 5's names back, bit-identical."""
-    from safetensors import safe_open
-    from safetensors.torch import save_file
-
-    import pai_zoo
     from pai_zoo.models.state_dicts import hf_state_dict
+    from pai_zoo_conformance.vision_fixtures import assert_legacy_tower_names_round_trip
 
     case = checks.shared_case(GEMMA3, GEMMA3.odd)
     state = {k: v.contiguous() for k, v in hf_state_dict(case.hf_model, case.mcore_config, GEMMA3).items()}
-    old = {("vision_tower.vision_model." + k.removeprefix("vision_tower.") if k.startswith("vision_tower.") else k): v
-           for k, v in state.items()}
     source = tmp_path / "hf"
     case.hf_model.save_pretrained(source)
-    save_file(old, source / "model.safetensors", metadata={"format": "pt"})
-    pai_zoo.convert(source, tmp_path / "mcore", "mcore")
-    pai_zoo.convert(tmp_path / "mcore", tmp_path / "back", "hf")
-    with safe_open(tmp_path / "back" / "model.safetensors", "pt") as f:
-        back = {k: f.get_tensor(k) for k in f.keys()}
-    assert sorted(back) == sorted(state)
-    assert all(torch.equal(back[k], state[k]) for k in state)
+    assert_legacy_tower_names_round_trip(state, source, tmp_path)

@@ -8,17 +8,12 @@ table no test grid divides evenly; GLM-4.5V's head_dim 20 != 48 / 6.
 """
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 import torch
-from PIL import Image
-from safetensors.torch import load_file
 
-import pai_zoo
 from pai_zoo.errors import PaiZooError
-from pai_zoo_conformance.cli_runs import run_cli
+from pai_zoo_conformance.vision_fixtures import assert_agree, assert_cli_round_trip, random_image, saved_models
 
 #: one megatron-core pass (0.19's venv, where torchvision loads for the video); the suite's forward checks, image
 #: batch included, run in both
@@ -28,18 +23,10 @@ PRESETS = ["glm4v-odd", "glm4v_moe-odd"]
 TOL = 1e-4
 
 
-def _image(seed: int, height: int, width: int) -> Image.Image:
-    return Image.fromarray((np.random.RandomState(seed).rand(height, width, 3) * 255).astype("uint8"))
-
-
 @pytest.fixture(scope="module", params=PRESETS)
 def models(request, tmp_path_factory):
     """The preset's transformers model saved with its tokenizer and processor files, and both backends loaded."""
-    folder = tmp_path_factory.mktemp(request.param) / "hf"
-    hf = pai_zoo.load(request.param, backend="hf", seed=1)
-    hf.model.save_pretrained(folder)
-    hf.family.test_tokenizer(folder)
-    return folder, pai_zoo.load(folder, backend="hf"), pai_zoo.load(folder, backend="mcore")
+    return saved_models(request.param, tmp_path_factory)
 
 
 def _ids(handle, *pieces) -> torch.Tensor:
@@ -64,15 +51,7 @@ def _agree(hf, mc, input_ids, attention_mask=None, token_types=None, **vision) -
     if token_types is not None:  # the processor's own
         assert torch.equal(types, token_types)
     want_pos = hf.model.model.get_rope_index(input_ids, types, attention_mask=attention_mask, **grids)[0]
-    got_pos = mc.family.vision.positions(mc.mcore_config, input_ids, attention_mask, **grids)
-    keep = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
-    assert torch.equal(got_pos[:, keep], want_pos[:, keep])
-    want = hf.logits(input_ids, attention_mask=attention_mask, **vision)
-    got = mc.logits(input_ids, attention_mask=attention_mask, **vision)
-    delta = (got - want)[keep].abs().max().item()
-    assert delta < TOL, delta
-    assert want[keep].abs().max().item() > 0.1  # not a degenerate comparison
-    return delta
+    return assert_agree(hf, mc, input_ids, want_pos, attention_mask, TOL, **vision)
 
 
 def test_one_image_two_images_text_only_and_a_padded_batch(models):
@@ -80,11 +59,11 @@ def test_one_image_two_images_text_only_and_a_padded_batch(models):
     from transformers import AutoImageProcessor
 
     processor = AutoImageProcessor.from_pretrained(folder)
-    one = processor(images=[_image(0, 100, 150)], return_tensors="pt")
+    one = processor(images=[random_image(0, 100, 150)], return_tensors="pt")
     (n,) = _merged(one["image_grid_thw"])
     _agree(hf, mc, _ids(hf, 5, 6, (n,), 7, 8, 9), pixel_values=one["pixel_values"],
            image_grid_thw=one["image_grid_thw"])
-    two = processor(images=[_image(1, 60, 200), _image(2, 130, 90)], return_tensors="pt")
+    two = processor(images=[random_image(1, 60, 200), random_image(2, 130, 90)], return_tensors="pt")
     first, second = _merged(two["image_grid_thw"])
     assert two["image_grid_thw"][0].tolist() != two["image_grid_thw"][1].tolist()
     _agree(hf, mc, _ids(hf, 5, (first,), 7, 8, (second,), 9, 10), pixel_values=two["pixel_values"],
@@ -108,7 +87,7 @@ def test_video_through_the_processor(models):
     except (ImportError, RuntimeError) as exc:
         pytest.skip(f"transformers' GLM-4V video processor needs torchvision, which does not load here: {exc}")
     processor = AutoProcessor.from_pretrained(folder)
-    frames = np.stack([np.asarray(_image(10 + i, 84, 112)) for i in range(4)])
+    frames = np.stack([np.asarray(random_image(10 + i, 84, 112)) for i in range(4)])
     out = processor(text=["a <|begin_of_video|><|video|><|end_of_video|> b"], videos=[frames], return_tensors="pt")
     assert out["video_grid_thw"][0, 0].item() == 2
     _agree(hf, mc, out["input_ids"], token_types=out["mm_token_type_ids"],
@@ -119,7 +98,7 @@ def test_placeholders_that_do_not_match_the_images_are_refused(models):
     folder, hf, mc = models
     from transformers import AutoImageProcessor
 
-    px = AutoImageProcessor.from_pretrained(folder)(images=[_image(0, 100, 150)], return_tensors="pt")
+    px = AutoImageProcessor.from_pretrained(folder)(images=[random_image(0, 100, 150)], return_tensors="pt")
     (n,) = _merged(px["image_grid_thw"])
     with pytest.raises(PaiZooError, match="more image placeholder runs .* than the 1 images given"):
         mc.logits(_ids(hf, 5, (n,), 6, (n,), 7), pixel_values=px["pixel_values"], image_grid_thw=px["image_grid_thw"])
@@ -130,16 +109,7 @@ def test_placeholders_that_do_not_match_the_images_are_refused(models):
 def test_conversion_through_tp2_pp2_shards_is_bit_identical(models, tmp_path):
     """HF -> Megatron-Core written as TP 2 x PP 2 shards -> HF: the same bytes and config.json."""
     folder, _, _ = models
-    proc = run_cli(["convert", folder, tmp_path / "mcore", "--to", "mcore", "--tp", "2", "--pp", "2"])
-    assert proc.returncode == 0, proc.stderr
-    proc = run_cli(["convert", tmp_path / "mcore", tmp_path / "back", "--to", "hf"])
-    assert proc.returncode == 0, proc.stderr
-    want, got = load_file(folder / "model.safetensors"), load_file(tmp_path / "back" / "model.safetensors")
-    assert sorted(want) == sorted(got) and any(k.startswith("model.visual.blocks.") for k in want)
-    for name, tensor in want.items():
-        assert got[name].dtype == tensor.dtype and torch.equal(got[name], tensor), name
-    back, source = (json.loads(f.read_text()) for f in (tmp_path / "back" / "config.json", folder / "config.json"))
-    assert back == source
+    assert_cli_round_trip(folder, tmp_path, "2", "2", tower_prefix="model.visual.blocks.")
 
 
 def test_tower_parameters_as_train_plan_counts_them(models):

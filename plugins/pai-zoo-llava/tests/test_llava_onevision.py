@@ -21,19 +21,14 @@ import types
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 
-import pai_zoo
 from pai_zoo import get_registry
 from pai_zoo.errors import ConfigTranslationError, PaiZooError
 from pai_zoo_conformance import ConformanceFailure, checks
+from pai_zoo_conformance.vision_fixtures import assert_legacy_tower_names_round_trip, random_image
 
 PRESET = "llava_onevision-odd"
 TOL = 1e-4
-
-
-def _image(seed: int, height: int, width: int) -> Image.Image:
-    return Image.fromarray((np.random.RandomState(seed).rand(height, width, 3) * 255).astype("uint8"))
 
 
 @pytest.fixture(scope="module")
@@ -122,14 +117,14 @@ def _agree(models, inputs) -> float:
 def test_one_image(models):
     """Wide (rows of padding cut, then the bilinear shrink) and tall (columns cut) images, each alone."""
     for seed, (h, w) in enumerate(((37, 55), (80, 31))):
-        inputs = _inputs(models, ["a b <image> c d"], images=[_image(seed, h, w)])
+        inputs = _inputs(models, ["a b <image> c d"], images=[random_image(seed, h, w)])
         assert inputs["pixel_values"].shape[1] > 1  # AnyRes: the whole image and its tiles
         _agree(models, inputs)
 
 
 def test_two_images_of_different_sizes(models):
     """Two rows with an image each (AnyRes, padded batch), and one row with both (one tile each)."""
-    pictures = [_image(3, 45, 70), _image(4, 29, 100)]
+    pictures = [random_image(3, 45, 70), random_image(4, 29, 100)]
     both = _inputs(models, ["a <image> b", "c d e <image>"], images=pictures)
     assert both["attention_mask"].min() == 0 and both["image_sizes"][0].tolist() != both["image_sizes"][1].tolist()
     _agree(models, both)
@@ -140,7 +135,7 @@ def test_two_images_of_different_sizes(models):
 
 def test_video_frames(models):
     """A 4-frame video between text: each frame's features pooled 2 x 2 (5 x 5 -> 3 x 3), then a newline."""
-    video = [_image(10 + i, 40, 50) for i in range(4)]
+    video = [random_image(10 + i, 40, 50) for i in range(4)]
     inputs = _inputs(models, ["x <video> y z"], videos=[video])
     assert inputs["pixel_values_videos"].shape[:2] == (1, 4)
     _agree(models, inputs)
@@ -164,7 +159,7 @@ def test_tower_parameters_and_bad_inputs_refused(models):
     tower = mc.model.vision_model
     assert mc.family.vision.parameters(mc.mcore_config, 1) == (
         sum(p.numel() for p in tower.parameters()), sum(p.numel() for p in tower.projector.parameters()))
-    inputs = _inputs(models, ["a <image> b"], images=[_image(5, 37, 55)])
+    inputs = _inputs(models, ["a <image> b"], images=[random_image(5, 37, 55)])
     ids = inputs["input_ids"][0].tolist()
     ids.remove(mc.family.vision.placeholders(mc.mcore_config)["image"])  # one placeholder short
     short = torch.tensor([ids])
@@ -176,25 +171,13 @@ def test_tower_parameters_and_bad_inputs_refused(models):
 def test_a_checkpoint_saved_by_transformers_4_is_read_under_todays_names(models, tmp_path):
     """The published uploads name the tower vision_tower.vision_model.* (transformers 4): pai-zoo reads them
     (Family.hf_legacy_prefixes) into the same megatron-core weights, and writes transformers 5's names back."""
-    from safetensors import safe_open
-    from safetensors.torch import save_file
-
     from pai_zoo.models.state_dicts import hf_state_dict
 
     folder, hf, _, _ = models
     state = hf_state_dict(hf.model, hf.mcore_config, hf.family)
-    old = {("vision_tower.vision_model." + k.removeprefix("vision_tower.") if k.startswith("vision_tower.") else k):
-           v.contiguous() for k, v in state.items()}
-    assert any(k.startswith("vision_tower.vision_model.") for k in old)
     source = tmp_path / "hf"
     shutil.copytree(folder, source)
-    save_file(old, source / "model.safetensors", metadata={"format": "pt"})
-    pai_zoo.convert(source, tmp_path / "mcore", "mcore")
-    pai_zoo.convert(tmp_path / "mcore", tmp_path / "back", "hf")
-    with safe_open(tmp_path / "back" / "model.safetensors", "pt") as f:
-        back = {k: f.get_tensor(k) for k in f.keys()}
-    assert sorted(back) == sorted(state)
-    assert all(torch.equal(back[k], state[k]) for k in state)
+    assert_legacy_tower_names_round_trip(state, source, tmp_path)
 
 
 @pytest.mark.parametrize("change, field", [

@@ -15,27 +15,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 import pai_zoo
 from pai_zoo_conformance import ConformanceFailure, checks
+from pai_zoo_conformance.vision_fixtures import assert_agree, random_image, saved_models
 
 PRESETS = ["qwen3_vl-odd", "qwen3_vl_moe-odd"]
 TOL = 1e-4
 
 
-def _image(seed: int, height: int, width: int) -> Image.Image:
-    return Image.fromarray((np.random.RandomState(seed).rand(height, width, 3) * 255).astype("uint8"))
-
-
 @pytest.fixture(scope="module", params=PRESETS)
 def models(request, tmp_path_factory):
     """The preset's transformers model saved with its tokenizer and processor files, and both backends loaded."""
-    folder = tmp_path_factory.mktemp(request.param) / "hf"
-    hf = pai_zoo.load(request.param, backend="hf", seed=1)
-    hf.model.save_pretrained(folder)
-    hf.family.test_tokenizer(folder)
-    return folder, pai_zoo.load(folder, backend="hf"), pai_zoo.load(folder, backend="mcore")
+    return saved_models(request.param, tmp_path_factory)
 
 
 def _rope_index(hf, input_ids, attention_mask=None, **grids):
@@ -48,15 +40,7 @@ def _rope_index(hf, input_ids, attention_mask=None, **grids):
 def _agree(hf, mc, input_ids, attention_mask=None, **vision) -> float:
     grids = {k: v for k, v in vision.items() if k in ("image_grid_thw", "video_grid_thw")}
     want_pos = _rope_index(hf, input_ids, attention_mask, **{k: v.clone() for k, v in grids.items()})
-    got_pos = mc.family.vision.positions(mc.mcore_config, input_ids, attention_mask, **grids)
-    keep = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
-    assert torch.equal(got_pos[:, keep], want_pos[:, keep])
-    want = hf.logits(input_ids, attention_mask=attention_mask, **vision)
-    got = mc.logits(input_ids, attention_mask=attention_mask, **vision)
-    delta = (got - want)[keep].abs().max().item()
-    assert delta < TOL, delta
-    assert want[keep].abs().max().item() > 0.1  # not a degenerate comparison
-    return delta
+    return assert_agree(hf, mc, input_ids, want_pos, attention_mask, TOL, **vision)
 
 
 def _prompt(folder, text: str) -> torch.Tensor:
@@ -71,12 +55,12 @@ def test_one_image_and_two_images_of_different_sizes(models):
 
     processor = AutoImageProcessor.from_pretrained(folder)
     wrap = "<|vision_start|>" + "<|image_pad|>" + "<|vision_end|>"
-    one = processor(images=[_image(0, 100, 150)], return_tensors="pt")
+    one = processor(images=[random_image(0, 100, 150)], return_tensors="pt")
     merge = processor.merge_size ** 2
     n = int(one["image_grid_thw"].prod()) // merge
     ids = _prompt(folder, "a cat " + wrap.replace("<|image_pad|>", "<|image_pad|>" * n) + " sat")
     _agree(hf, mc, ids, pixel_values=one["pixel_values"], image_grid_thw=one["image_grid_thw"])
-    two = processor(images=[_image(1, 60, 200), _image(2, 130, 90)], return_tensors="pt")
+    two = processor(images=[random_image(1, 60, 200), random_image(2, 130, 90)], return_tensors="pt")
     assert two["image_grid_thw"][0].tolist() != two["image_grid_thw"][1].tolist()
     first, second = (int(g.prod()) // merge for g in two["image_grid_thw"])
     text = ("one " + wrap.replace("<|image_pad|>", "<|image_pad|>" * first) + " two "
@@ -92,7 +76,7 @@ def test_video_of_four_frames(models):
     from transformers.video_utils import VideoMetadata
 
     video = Qwen3VLVideoProcessor.from_pretrained(folder)
-    frames = torch.tensor(np.stack([np.asarray(_image(10 + i, 64, 96)) for i in range(4)])).permute(0, 3, 1, 2)
+    frames = torch.tensor(np.stack([np.asarray(random_image(10 + i, 64, 96)) for i in range(4)])).permute(0, 3, 1, 2)
     mean, std = torch.tensor(video.image_mean).view(1, 3, 1, 1), torch.tensor(video.image_std).view(1, 3, 1, 1)
     pixels = (frames.float() / 255 - mean) / std
     patches, t, h, w = video.patchify(pixels[None], video.patch_size, video.merge_size, video.temporal_patch_size)

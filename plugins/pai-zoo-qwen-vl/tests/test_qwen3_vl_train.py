@@ -12,6 +12,7 @@ from PIL import Image
 
 import pai_zoo
 from pai_zoo_conformance.cli_runs import run_cli
+from pai_zoo_conformance.vision_fixtures import save_preset
 
 pytestmark = pytest.mark.megatron_once  # the losses agree in every pass's forward checks; one pass runs the CLI
 
@@ -22,9 +23,7 @@ COLORS = {"red": (220, 30, 30), "green": (30, 200, 40), "blue": (30, 40, 220)}
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("vl3-train")
-    hf = pai_zoo.load(PRESET, backend="hf", seed=5)
-    hf.model.save_pretrained(root / "hf")
-    hf.family.test_tokenizer(root / "hf")
+    save_preset(PRESET, root / "hf", seed=5)
     data = root / "data"
     data.mkdir()
     rng, lines = np.random.RandomState(0), []

@@ -14,30 +14,20 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from PIL import Image
-from safetensors.torch import load_file
 
-import pai_zoo
 from pai_zoo.errors import PaiZooError
 from pai_zoo_conformance.cli_runs import run_cli
+from pai_zoo_conformance.vision_fixtures import assert_agree, assert_cli_round_trip, random_image, saved_models
 
 # the odd presets (the tiny ones run the conformance suite, its image and video batch included)
 PRESETS = ["qwen2-vl-odd", "qwen2.5-vl-odd"]
 TOL = 1e-4
 
 
-def _image(seed: int, height: int, width: int) -> Image.Image:
-    return Image.fromarray((np.random.RandomState(seed).rand(height, width, 3) * 255).astype("uint8"))
-
-
 @pytest.fixture(scope="module", params=PRESETS)
 def models(request, tmp_path_factory):
     """The preset's transformers model saved with its tokenizer and processor files, and both backends loaded."""
-    folder = tmp_path_factory.mktemp(request.param) / "hf"
-    hf = pai_zoo.load(request.param, backend="hf", seed=1)
-    hf.model.save_pretrained(folder)
-    hf.family.test_tokenizer(folder)
-    return folder, pai_zoo.load(folder, backend="hf"), pai_zoo.load(folder, backend="mcore")
+    return saved_models(request.param, tmp_path_factory)
 
 
 def _ids(handle, *pieces) -> torch.Tensor:
@@ -69,15 +59,7 @@ def _rope_index(hf, input_ids, attention_mask=None, **grids):
 def _agree(hf, mc, input_ids, attention_mask=None, **vision) -> float:
     grids = {k: v for k, v in vision.items() if k in ("image_grid_thw", "video_grid_thw", "second_per_grid_ts")}
     want_pos = _rope_index(hf, input_ids, attention_mask, **grids)
-    got_pos = mc.family.vision.positions(mc.mcore_config, input_ids, attention_mask, **grids)
-    keep = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
-    assert torch.equal(got_pos[:, keep], want_pos[:, keep])
-    want = hf.logits(input_ids, attention_mask=attention_mask, **vision)
-    got = mc.logits(input_ids, attention_mask=attention_mask, **vision)
-    delta = (got - want)[keep].abs().max().item()
-    assert delta < TOL, delta
-    assert want[keep].abs().max().item() > 0.1  # not a degenerate comparison
-    return delta
+    return assert_agree(hf, mc, input_ids, want_pos, attention_mask, TOL, **vision)
 
 
 def test_one_image_and_two_images_of_different_sizes(models):
@@ -85,11 +67,11 @@ def test_one_image_and_two_images_of_different_sizes(models):
     from transformers import AutoImageProcessor
 
     processor = AutoImageProcessor.from_pretrained(folder)
-    one = processor(images=[_image(0, 100, 150)], return_tensors="pt")
+    one = processor(images=[random_image(0, 100, 150)], return_tensors="pt")
     (n,) = _merged(one["image_grid_thw"], hf)
     _agree(hf, mc, _ids(hf, 5, 6, ("image", n), 7, 8, 9), pixel_values=one["pixel_values"],
            image_grid_thw=one["image_grid_thw"])
-    two = processor(images=[_image(1, 60, 200), _image(2, 130, 90)], return_tensors="pt")
+    two = processor(images=[random_image(1, 60, 200), random_image(2, 130, 90)], return_tensors="pt")
     first, second = _merged(two["image_grid_thw"], hf)
     assert two["image_grid_thw"][0].tolist() != two["image_grid_thw"][1].tolist()
     _agree(hf, mc, _ids(hf, 5, ("image", first), 7, 8, ("image", second), 9, 10),
@@ -112,7 +94,7 @@ def test_video_frames(models):
     except (ImportError, RuntimeError) as exc:
         pytest.skip(f"transformers' Qwen2-VL video processor needs torchvision, which does not load here: {exc}")
     processor = AutoVideoProcessor.from_pretrained(folder)
-    frames = np.stack([np.asarray(_image(10 + i, 84, 112)) for i in range(4)])
+    frames = np.stack([np.asarray(random_image(10 + i, 84, 112)) for i in range(4)])
     out = processor(videos=[frames], return_tensors="pt")
     (n,) = _merged(out["video_grid_thw"], hf)
     assert out["video_grid_thw"][0, 0].item() == 2
@@ -126,33 +108,21 @@ def test_video_frames(models):
 def test_conversion_is_bit_identical(models, layout, tmp_path):
     """HF -> Megatron-Core (one process, or written as TP 2 x PP 2 shards) -> HF: the same bytes and config.json."""
     folder, _, _ = models
-    tp, pp = layout
-    assert run_cli(["convert", folder, tmp_path / "mcore", "--to", "mcore", "--tp", tp, "--pp", pp]).returncode == 0
-    proc = run_cli(["convert", tmp_path / "mcore", tmp_path / "back", "--to", "hf"])
-    assert proc.returncode == 0, proc.stderr
-    want, got = load_file(folder / "model.safetensors"), load_file(tmp_path / "back" / "model.safetensors")
-    assert sorted(want) == sorted(got) and any(k.startswith("visual.blocks.") for k in want)
-    for name, tensor in want.items():
-        assert got[name].dtype == tensor.dtype and torch.equal(got[name], tensor), name
-    back, source = (json.loads(f.read_text()) for f in (tmp_path / "back" / "config.json", folder / "config.json"))
-    for part in ("text_config", "vision_config"):
-        a, b = back.pop(part), source.pop(part)
-        assert a == b, (set(a) ^ set(b), {k: (a.get(k), b.get(k)) for k in set(a) | set(b) if a.get(k) != b.get(k)})
-    assert back == source
+    assert_cli_round_trip(folder, tmp_path, *layout, tower_prefix="visual.blocks.")
 
 
 def test_placeholders_that_do_not_match_the_images_are_refused(models):
     folder, hf, mc = models
     from transformers import AutoImageProcessor
 
-    px = AutoImageProcessor.from_pretrained(folder)(images=[_image(0, 100, 150)], return_tensors="pt")
+    px = AutoImageProcessor.from_pretrained(folder)(images=[random_image(0, 100, 150)], return_tensors="pt")
     (n,) = _merged(px["image_grid_thw"], hf)
     ids = _ids(hf, 5, ("image", n), 6, ("image", n), 7)  # two images named, one given
     for handle in (mc, hf):  # the family's positions refuse it before either backend runs
         with pytest.raises(PaiZooError, match="holds 2 image placeholder runs .* but 1 images are given"):
             handle.logits(ids, pixel_values=px["pixel_values"], image_grid_thw=px["image_grid_thw"])
     one = _ids(hf, 5, ("image", n), 6)  # one image named, two given
-    two = AutoImageProcessor.from_pretrained(folder)(images=[_image(0, 100, 150)] * 2, return_tensors="pt")
+    two = AutoImageProcessor.from_pretrained(folder)(images=[random_image(0, 100, 150)] * 2, return_tensors="pt")
     with pytest.raises(PaiZooError, match="holds 1 image placeholder runs .* but 2 images are given"):
         mc.logits(one, pixel_values=two["pixel_values"], image_grid_thw=two["image_grid_thw"])
     short = _ids(hf, 5, ("image", n - 1), 6)  # a run one placeholder short of the image's tokens
@@ -167,7 +137,7 @@ def test_placeholders_that_do_not_match_the_images_are_refused(models):
 def pictures(tmp_path_factory):
     root = tmp_path_factory.mktemp("pictures")
     for name, (seed, h, w) in {"a.png": (0, 100, 150), "b.png": (1, 60, 200)}.items():
-        _image(seed, h, w).save(root / name)
+        random_image(seed, h, w).save(root / name)
     return root
 
 
@@ -226,7 +196,7 @@ def test_generate_refuses_bad_images_in_one_line(models, pictures, tmp_path):
     config = json.loads((big / "preprocessor_config.json").read_text())
     config["size"]["longest_edge"] = 2000 * 28 * 28
     (big / "preprocessor_config.json").write_text(json.dumps(config))
-    _image(3, 1000, 900).save(tmp_path / "big.png")
+    random_image(3, 1000, 900).save(tmp_path / "big.png")
     cases.append((["--prompt", "x", "--image", tmp_path / "big.png", "--chat"], "positions; give smaller images"))
     for argv, message in cases:
         proc = run_cli(["generate", "--model", big if "big.png" in str(argv) else folder, *argv])

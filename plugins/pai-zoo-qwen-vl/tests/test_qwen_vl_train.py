@@ -21,6 +21,7 @@ from PIL import Image
 
 import pai_zoo
 from pai_zoo_conformance.cli_runs import run_cli, run_cli_on_ranks
+from pai_zoo_conformance.vision_fixtures import save_preset
 
 PRESET = "qwen2.5-vl-odd"
 COLORS = {"red": (220, 30, 30), "green": (30, 200, 40), "blue": (30, 40, 220)}
@@ -51,9 +52,7 @@ def _records(folder: Path) -> list[dict]:
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("vl-train")
-    hf = pai_zoo.load(PRESET, backend="hf", seed=5)
-    hf.model.save_pretrained(root / "hf")
-    hf.family.test_tokenizer(root / "hf")
+    save_preset(PRESET, root / "hf", seed=5)
     data = root / "data"
     data.mkdir()
     (data / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _records(data)))
