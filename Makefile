@@ -54,9 +54,9 @@ test-one: $(STAMP)
 	$(PY) -m ruff check .
 	@export OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1}; rc=0; \
 	$(if $(MEGATRON_ONLY),,echo "== the tests that never import megatron-core (once) =="; \
-	  $(PY) -m pytest -q --durations=10 --pai-zoo-megatron-free $(PYTEST_ARGS) || rc=1;) \
+	  $(PY) -m pytest -q --durations=40 --pai-zoo-megatron-free $(PYTEST_ARGS) || rc=1;) \
 	echo "== the tests of megatron-core $$($(PY) -c 'import importlib.metadata as m; print(m.version("megatron-core"))') =="; \
-	$(PY) -m pytest -q --durations=10 --pai-zoo-megatron-only $(if $(ONCE_PASS),--pai-zoo-once-pass=$(ONCE_PASS)) \
+	$(PY) -m pytest -q --durations=40 --pai-zoo-megatron-only $(if $(ONCE_PASS),--pai-zoo-once-pass=$(ONCE_PASS)) \
 	  $(PYTEST_ARGS) || rc=1; \
 	exit $$rc
 
