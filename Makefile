@@ -45,7 +45,7 @@ demo: $(STAMP)
 # per process (OMP_NUM_THREADS=1: the floats do not depend on the machine's cores). The tests marked no_megatron
 # (they never import megatron-core, which --pai-zoo-megatron-free checks by forbidding it) run first, then the rest;
 # MEGATRON_ONLY=1 runs the rest alone: the second megatron-core version's pass. pytest's last lines say where the
-# time went: the ten slowest tests, then the total.
+# time went: the forty slowest tests, then the total.
 MEGATRON_ONLY ?=
 # ONCE_PASS=first|second: this is one of two megatron-core passes; it runs only its share of the tests marked
 # megatron_once (first: those marked megatron_once(first=True); second: the others). Empty: all of them.
