@@ -71,3 +71,50 @@ def test_family_repr_is_one_line():
     text = repr(family)
     assert text == f"Family('llama', {len(family.presets)} presets, plugin {family.plugin!r})"
     assert "\n" not in text and len(text) < 80
+
+
+def test_hidden_warnings_go_to_the_runs_log_and_child_processes_are_quiet(tmp_path):
+    from pai_zoo.plugin.errors import PaiZooWarning
+    from pai_zoo.util.quiet import LOG_FILE, log_warnings_beside
+
+    child = [sys.executable, "-c", "import warnings; warnings.warn('from a child', FutureWarning)"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with quiet_run():
+            warnings.warn_explicit("before the log", FutureWarning, "/x/site-packages/torch/a.py", 7)
+            assert log_warnings_beside(tmp_path) == tmp_path / LOG_FILE
+            warnings.warn_explicit("after", UserWarning, "/x/site-packages/megatron/core/b.py", 9)
+            warnings.warn("ours", PaiZooWarning)
+            warnings.warn_explicit("the user's", UserWarning, "/home/me/script.py", 1)
+            quiet_child = subprocess.run(child, capture_output=True, text=True, timeout=60)
+        assert log_warnings_beside(tmp_path / "other") is None  # outside a quiet run: nothing is logged
+    assert [str(w.message) for w in caught] == ["ours", "the user's"]
+    log = (tmp_path / LOG_FILE).read_text()
+    assert "torch/a.py:7: FutureWarning: before the log" in log and "core/b.py:9: UserWarning: after" in log
+    assert "ours" not in log and "the user's" not in log
+    assert "FutureWarning" not in quiet_child.stderr
+    loud_child = subprocess.run(child, capture_output=True, text=True, timeout=60)
+    assert "FutureWarning: from a child" in loud_child.stderr
+
+
+@pytest.mark.megatron
+@pytest.mark.megatron_once
+def test_demo_is_quiet_and_logs_the_library_warnings(tmp_path, capsys, recwarn):
+    """``make demo``: no library warning or transformers bar on the console; they are in the run's pai-zoo.log
+    (``--verbose`` shows them as every command's does: test_convert_verify_is_quiet_unless_verbose)."""
+    import torch
+
+    from pai_zoo.cli import demo
+
+    threads = torch.get_num_threads()
+    try:
+        demo.main(["--steps", "4", "--out", str(tmp_path)])
+    finally:
+        torch.set_num_threads(threads)
+    quiet = capsys.readouterr()
+    console = quiet.out + quiet.err
+    assert "[5/5]" in console
+    for noise in ("Warning", "Loading weights", "Writing model shards"):
+        assert noise not in console, console
+    assert not [w for w in recwarn.list if issubclass(w.category, (FutureWarning, DeprecationWarning))]
+    assert "FutureWarning" in (tmp_path / "mcore" / "pai-zoo.log").read_text()

@@ -6,6 +6,7 @@ import dataclasses
 import inspect
 
 from ..families import registry as _registry
+from ..util.hub import hub_paths, local_path
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -43,3 +44,22 @@ def family_or_preset(name: str):
     if reg.is_preset(name):
         return reg.preset(name)[0]
     return reg.family(name)
+
+
+def add_revision(parser: argparse.ArgumentParser, what: str = "the model") -> None:
+    """``--revision``: the branch, tag or commit of a Hugging Face Hub id given as ``what`` (docs/hub.md)."""
+    parser.add_argument("--revision", help=f"when {what} is a Hugging Face Hub id (org/name): the branch, tag or "
+                                           "commit to read (default: the default branch; docs/hub.md)")
+
+
+def hub_args(args, *models: str) -> None:
+    """The Hub ids among ``args``' attributes ``models`` (at ``--revision``), ``tokenizer`` and ``adapter``
+    (default branch) replaced by their snapshot folders in the Hugging Face cache, downloaded when missing
+    (:mod:`pai_zoo.util.hub`); the command then reads folders, as if it had been given them."""
+    values = hub_paths(getattr(args, "revision", None), *(getattr(args, m) for m in models),
+                       tokenizer=getattr(args, "tokenizer", None), flag="--revision ")
+    for name, value in zip((*models, "tokenizer"), values):
+        if hasattr(args, name) and value is not None:
+            setattr(args, name, str(value))
+    if getattr(args, "adapter", None) is not None:
+        args.adapter = str(local_path(args.adapter))

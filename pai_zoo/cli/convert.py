@@ -4,7 +4,7 @@ from __future__ import annotations
 from ..conversion.checks import check_request
 from ..conversion.settings import DEFAULTS, QUANTIZE_CHOICES
 from ..models.verification import VERIFY_TOLERANCES
-from ._common import add_command
+from ._common import add_command, add_revision, hub_args
 
 #: exit code of a conversion whose ``--verify`` comparison failed
 VERIFY_FAILED = 3
@@ -12,9 +12,10 @@ VERIFY_FAILED = 3
 
 def add_parser(subparsers) -> None:
     p = add_command(subparsers, "convert", "convert a Hugging Face folder <-> a Megatron-Core checkpoint")
-    p.add_argument("src", help="Hugging Face folder (--to mcore) or Megatron checkpoint, pai-zoo's or Megatron-LM's "
-                               "(--to hf; a Megatron-LM one also --to mcore)")
+    p.add_argument("src", help="Hugging Face folder or Hub id, org/name (--to mcore) or Megatron checkpoint, "
+                               "pai-zoo's or Megatron-LM's (--to hf; a Megatron-LM one also --to mcore)")
     p.add_argument("dst", help="output folder (must not exist unless --force)")
+    add_revision(p, "SRC")
     p.add_argument("--to", required=True, choices=("mcore", "hf", "hf-peft"),
                    help="mcore, hf, or hf-peft: a LoRA run's adapters as a Hugging Face PEFT folder")
     p.add_argument("--family", help="family name (default: detected from config.json / pai_zoo.json / the args)")
@@ -58,6 +59,7 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
+    hub_args(args, "src")  # a Hub id: its snapshot in the Hugging Face cache
     # the source, the flags that go together and DST, refused before torch and megatron-core are imported
     check_request(args.src, args.dst, args.to, family=args.family, tp=args.tp, pp=args.pp, dtype=args.dtype,
                   force=args.force, tokenizer=args.tokenizer, iteration=args.iteration,

@@ -7,7 +7,7 @@ from ..plugin.errors import PaiZooError
 from ..tokenizers.names import resolve_tokenizer
 from ..util.outputs import check_dataset_outputs, check_output
 from ._checks import check_inputs
-from ._common import add_command
+from ._common import add_command, hub_args
 
 
 def add_parser(subparsers) -> None:
@@ -46,6 +46,7 @@ def run_prepare(args) -> int:
 
 
 def run_inspect(args) -> int:
+    hub_args(args)  # a Hub id --tokenizer: its tokenizer files in the Hugging Face cache
     from ..data.indexed import IndexedDatasetReader, read_sidecar, statistics
 
     prefix = resolve_prefix(args.prefix)

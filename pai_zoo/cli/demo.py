@@ -21,6 +21,7 @@ from pai_zoo.data import toy
 from pai_zoo.data.preprocess import preprocess
 from pai_zoo.tokenizers import load_tokenizer
 from pai_zoo.training import TrainConfig, train
+from pai_zoo.util.quiet import quiet_run
 
 PROMPT = "the cat"
 
@@ -29,8 +30,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pai_zoo.cli.demo", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="build/demo", help="folder for every artifact (replaced)")
     parser.add_argument("--steps", type=int, default=40, help="training steps")
+    parser.add_argument("--verbose", action="store_true",
+                        help="show third-party warnings and progress bars (else in OUT/mcore/pai-zoo.log)")
     args = parser.parse_args(argv)
+    with quiet_run(verbose=args.verbose):  # as every pai-zoo command: library warnings to the run's log
+        return run(args)
 
+
+def run(args) -> int:
     import torch
 
     from pai_zoo.conversion.entry import convert

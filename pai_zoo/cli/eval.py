@@ -26,7 +26,7 @@ from ..util.dist import is_rank0, rank, shared_temporary_folder, world_size
 from ..util.outputs import check_output
 from ..util.progress import Progress
 from ._checks import check_inputs, check_model_name
-from ._common import add_command, registry
+from ._common import add_command, add_revision, hub_args, registry
 
 #: sequences (or lm-eval requests) per forward pass when the command line does not say
 MICRO_BATCH_SIZE = 4
@@ -42,7 +42,7 @@ def add_parser(subparsers) -> None:
                            "  pai-zoo eval RUN --tasks hellaswag,arc_easy --num-fewshot 0 --limit 100\n"
                            "see docs/evaluation.md")
     p.add_argument("model", metavar="CKPT", help="Hugging Face folder, pai-zoo Megatron-Core checkpoint or run, "
-                                                 "Megatron-LM checkpoint, or preset")
+                                                 "Megatron-LM checkpoint, Hugging Face Hub id (org/name), or preset")
     data = p.add_argument_group("held-out loss (--data)")
     data.add_argument("--data", nargs="+", action="extend", metavar="PREFIX",
                       help="datasets: .bin/.idx prefixes (PREFIX or PREFIX_text_document) or JSON Lines files "
@@ -80,6 +80,7 @@ def add_parser(subparsers) -> None:
     model.add_argument("--tokenizer", metavar="DIR",
                        help="a Hugging Face tokenizer folder (Megatron-LM checkpoint: the original HF folder)")
     model.add_argument("--iteration", help="Megatron checkpoint: a saved iteration other than the tracker's")
+    add_revision(model, "CKPT")
     model.add_argument("--adapter", metavar="DIR",
                        help="apply a LoRA adapter (a LoRA run folder or a Hugging Face PEFT folder)")
     model.add_argument("--threads", type=int, help="torch CPU threads")
@@ -181,6 +182,7 @@ def run(args) -> int:
     if args.backend == "hf" and (args.tp > 1 or args.pp > 1):
         raise SettingError("--backend hf runs in one process; --tp/--pp shard the megatron-core model")
     check_world(args.tp, args.pp)  # in one process: the torchrun command to use, before anything loads
+    hub_args(args, "model")  # Hub ids: their snapshots in the Hugging Face cache
     check_model_name(args.model, registry())  # the flags' values were checked as argparse read them (_checks)
     check_inputs((args.tokenizer, "--tokenizer"), (args.adapter, "--adapter"), (args.include_path, "--include-path"))
     if args.output:  # exists, not writable: refused before anything loads

@@ -14,7 +14,7 @@ from ..plugin.errors import SettingError
 from ..util.dist import is_rank0
 from ..util.outputs import check_output, output_file
 from ._checks import check_inputs, check_model_name
-from ._common import add_command, defaults, registry
+from ._common import add_command, add_revision, defaults, hub_args, registry
 
 #: prompts per forward pass when the command line does not say
 BATCH_SIZE = 8
@@ -24,10 +24,11 @@ def add_parser(subparsers) -> None:
     sampling = defaults(SamplingParams)
     p = add_command(subparsers, "generate", "complete prompts (JSON Lines in and out, or one streamed --prompt)")
     p.add_argument("--model", required=True, help="Megatron checkpoint (pai-zoo's or Megatron-LM's), Hugging Face "
-                                                  "folder or preset")
+                                                  "folder or Hub id (org/name), or preset")
     p.add_argument("--tokenizer", metavar="DIR", help="Megatron-LM checkpoint: the original HF folder (its tokenizer "
                                                       "and config.json)")
     p.add_argument("--iteration", help="Megatron checkpoint: a saved iteration other than the tracker's")
+    add_revision(p, "--model")
     p.add_argument("--prompts", help='JSON Lines: {"prompt": ...} (or {"messages": [...]} with --chat) per line')
     p.add_argument("--output", help="JSON Lines: each input record plus completion, token_ids, stop_reason (must "
                                     "not exist unless --force)")
@@ -80,6 +81,7 @@ def run(args, out=None) -> int:
         raise GenerationError(f"--tp must be positive (got {args.tp})")
 
     check_world(args.tp)  # --tp 3 in one process: the torchrun command to use, before anything loads
+    hub_args(args, "model")  # Hub ids: their snapshots in the Hugging Face cache
     check_model_name(args.model, registry())  # the flags' values were checked as argparse read them (_checks)
     check_inputs((args.tokenizer, "--tokenizer"), (args.adapter, "--adapter"), (args.prompts, "--prompts"),
                  *((image, "--image") for image in args.image or ()),

@@ -9,18 +9,20 @@ from ..models.inspection import inspect_checkpoint
 from ..plugin.errors import UnknownModelError
 from ..testing import conformance_record
 from ..tokenizers.names import describe_tokenizer
-from ._common import add_command, family_or_preset, registry
+from ._common import add_command, add_revision, family_or_preset, hub_args, registry
 
 
 def add_parser(subparsers) -> None:
     p = add_command(subparsers, "info", "a family's presets, config translation and weight table; for a "
                                         "checkpoint folder, what it holds (as inspect) and then its family's")
     p.add_argument("name", metavar="name|checkpoint", help="family, alias or preset, or a checkpoint folder: Hugging "
-                                                           "Face, or Megatron (pai-zoo's or Megatron-LM's)")
+                                                           "Face (or a Hub id, org/name), or Megatron (pai-zoo's or "
+                                                           "Megatron-LM's)")
     p.add_argument("--family", help="checkpoint: the family name, when a Megatron-LM checkpoint's args fit several")
     p.add_argument("--tokenizer", metavar="DIR", help="checkpoint: the original HF folder of a Megatron-LM one")
     p.add_argument("--iteration", help="checkpoint: a saved iteration other than the tracker's (a number or "
                                        "'release')")
+    add_revision(p, "the checkpoint")
     p.set_defaults(func=run)
 
 
@@ -48,6 +50,7 @@ def _size(cfg: dict) -> str:
 
 def run(args) -> int:
     if _is_folder_argument(args.name):
+        hub_args(args, "name")  # a Hub id: its snapshot in the Hugging Face cache
         report = inspect_checkpoint(args.name, family=args.family, tokenizer=args.tokenizer,
                                     iteration=args.iteration)
         print("\n".join(report.lines()))

@@ -7,7 +7,7 @@ import sys
 from ..data.preprocess import output_prefix, preprocess, preprocess_sft
 from ..util.outputs import check_dataset_outputs
 from ._checks import check_inputs
-from ._common import add_command, defaults
+from ._common import add_command, defaults, hub_args
 
 
 def add_parser(subparsers) -> None:
@@ -17,7 +17,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--output-prefix", required=True,
                    help="writes PREFIX_{key}_document.bin/.idx (train --data and dataset take PREFIX or "
                         "PREFIX_text_document)")
-    p.add_argument("--tokenizer", required=True, help="checkpoint folder, tokenizer file, family or preset")
+    p.add_argument("--tokenizer", required=True, help="checkpoint folder, tokenizer file, family or preset, or a "
+                                                         "Hugging Face Hub id (org/name)")
     p.add_argument("--json-keys", nargs="+", default=list(plain["json_keys"]),
                    help="keys to tokenize (one dataset each)")
     p.add_argument("--append-eod", action="store_true", help="end every document with the end-of-document token")
@@ -41,6 +42,7 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
+    hub_args(args)  # a Hub id --tokenizer: its tokenizer files in the Hugging Face cache
     check_inputs(*((path, "--input") for path in args.input if not glob.has_magic(path)))  # before the tokenizer
     keys = ("text", "loss_mask") if args.sft else tuple(args.json_keys)
     if all(key and not any(bad in key for bad in ("/", "\\", "..", "\0")) for key in keys):  # else refused below

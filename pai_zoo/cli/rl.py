@@ -22,9 +22,10 @@ from ..plugin.errors import PaiZooError, SettingError
 from ..rl import list_trainers
 from ..training.save_dir import check_save_dir, cleanup_on_failure
 from ..util.dist import is_rank0
+from ..util.hub import hub_paths
 from ..util.yaml_settings import read_settings_yaml
 from ._checks import RULES, check_trainer_inputs, check_value
-from ._common import add_command, registry
+from ._common import add_command, add_revision, registry
 
 RESERVED = ("list", "run")  # subcommands of ``rl`` that a trainer's name cannot shadow
 #: A trainer's settings that name a model folder: each one's tokenizer is checked against its config before it loads.
@@ -68,6 +69,9 @@ def _add_trainers(subparsers, trainers: dict) -> None:
                            help="go on with a model whose tokenizer does not fit its config (another model's "
                                 "vocabulary or special-token ids), which is refused otherwise")
         names = {name: a for a in own for name in (a.dest, *(o.lstrip("-") for o in a.option_strings))}
+        if "--revision" not in q._option_string_actions:  # the Hub ids among the model flags: their revision
+            add_revision(q, "a model flag")
+            names["revision"] = q._option_string_actions["--revision"]
         q.set_defaults(func=run_trainer, rl_class=cls, rl_settings=tuple(a.dest for a in own), rl_names=names,
                        rl_required=tuple(required), rl_name=name, rl_parser=q)
 
@@ -126,6 +130,13 @@ def run_trainer(args) -> int:
         args.rl_parser.error(f"the following arguments are required: {', '.join(missing)} (on the command line or "
                              "in --config FILE.yaml)")
     flags = {a.dest: a.option_strings[0] for a in args.rl_names.values() if a.option_strings}
+    if "revision" not in args.rl_settings:  # Hub ids among the models: their snapshots in the Hugging Face cache
+        revision = args.revision if args.revision is not None else settings.pop("revision", None)
+        settings.pop("revision", None)
+        dests = [d for d in MODEL_SETTINGS if isinstance(settings.get(d), str) and settings[d]
+                 and not settings[d].startswith("rule:")]
+        for dest, path in zip(dests, hub_paths(revision, *(settings[d] for d in dests), flag="--revision ")):
+            settings[dest] = str(path)
     check_trainer_inputs(settings, flags, registry())  # the models and files named, before anything is read
     for dest in MODEL_SETTINGS:  # a model folder holding another model's tokenizer: refused before it loads
         value = settings.get(dest)

@@ -21,6 +21,7 @@ from ..training.config import SETTINGS, TrainConfig, TrainConfigError
 from ..training.plan import make_plan, plan_lines
 from ..training.save_dir import check_save_dir
 from ..util.dist import is_rank0, world_size
+from ..util.hub import hub_paths
 from ._checks import check_model_name
 from ._common import add_command, defaults, registry
 
@@ -67,6 +68,8 @@ def add_parser(subparsers) -> None:
 
 def run(args) -> int:
     cfg = TrainConfig.load(args.config, getattr(args, GIVEN, None) or {})
+    if cfg.model:  # a Hub id: its snapshot in the Hugging Face cache (at --revision), read from there on
+        cfg.model, cfg.revision = str(hub_paths(cfg.revision, cfg.model, flag="--revision ")[0]), None
     if args.plan:
         return plan(cfg, args.gpus, args.gpu_memory)
     cfg.check_required()

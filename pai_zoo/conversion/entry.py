@@ -18,6 +18,7 @@ from ..formats.base import FolderWriter
 from ..formats.hf_folder import HFFolderWriter, read_safetensors_header
 from ..formats.mcore_dist import McoreDistWriter
 from ..models.verification import describe_verification
+from ..util.hub import hub_paths
 from .checks import check_request
 from .lora_export import merge_run, run_to_peft
 from .report import ConversionReport, parse_dtype
@@ -34,7 +35,7 @@ def convert(src, dst, to: str, *, family: str | None = None, tp: int = DEFAULTS.
             dtype=None, force: bool = False, max_shard_size: str | int = DEFAULTS.max_shard_size, verify: bool = False,
             progress: bool | None = None, tokenizer=None, iteration=None, verify_tolerance=None,
             ep: int = DEFAULTS.ep, etp: int | None = None, quantize: str | None = None,
-            no_mtp: bool = False, merge_lora: bool = False) -> ConversionReport:
+            no_mtp: bool = False, merge_lora: bool = False, revision: str | None = None) -> ConversionReport:
     """Convert ``src`` to ``dst``: ``to="mcore"`` (HF folder, or a Megatron-LM checkpoint -> pai-zoo's Megatron-Core
     checkpoint with a ``tp``/``pp`` layout) or ``to="hf"`` (Megatron-Core checkpoint, pai-zoo's or Megatron-LM's ->
     HF folder). ``ep``/``etp``: the expert-parallel and expert-tensor-parallel sizes a mixture-of-experts checkpoint
@@ -50,8 +51,12 @@ def convert(src, dst, to: str, *, family: str | None = None, tp: int = DEFAULTS.
     ``num_nextn_predict_layers``) convert with the rest; ``no_mtp`` leaves them out (a note says what was dropped),
     as does an HF folder whose config counts them but whose files hold none (transformers saves none). A LoRA run
     (``train --peft lora``) converts ``to="hf-peft"`` (its adapters as a PEFT folder) or ``to="hf"`` with
-    ``merge_lora`` (its base with the adapters merged)."""
+    ``merge_lora`` (its base with the adapters merged). ``src`` (and ``tokenizer``) may be a Hugging Face Hub id,
+    ``"org/name"``: its snapshot in the Hugging Face cache, downloaded when missing, at ``revision``
+    (:mod:`pai_zoo.util.hub`)."""
     import time
+
+    src, tokenizer = hub_paths(revision, src, tokenizer=tokenizer)
 
     request = check_request(src, dst, to, family=family, tp=tp, pp=pp, dtype=dtype, force=force, tokenizer=tokenizer,
                             iteration=iteration, verify_tolerance=verify_tolerance, ep=ep, etp=etp, quantize=quantize,

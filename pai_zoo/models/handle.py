@@ -22,6 +22,7 @@ from ..plugin.vision import check_vision_inputs
 from ..tables.mapping import TO_MCORE, MappingContext
 from ..tokenizers.names import model_files_folder, model_tokenizer
 from ..util.dist import is_rank0, shared_temporary_folder, single_process_env
+from ..util.hub import hub_paths, local_path
 from .state_dicts import hf_state_dict, load_hf_checkpoint_state, load_into, mcore_tensors, mcore_to_hf
 
 BACKENDS = ("mcore", "hf")
@@ -168,9 +169,12 @@ class Source:
                              record=self.record if described else None)
 
 
-def resolve(name_or_path, checkpoint=None, *, tokenizer=None, iteration=None) -> Source:
+def resolve(name_or_path, checkpoint=None, *, tokenizer=None, iteration=None, revision=None) -> Source:
     """Work out what ``name_or_path`` (and ``checkpoint``) name; see :func:`load`. A folder's format is
-    :func:`pai_zoo.formats.detect`'s."""
+    :func:`pai_zoo.formats.detect`'s. A Hugging Face Hub id (``org/name``, no local path) is its snapshot in the
+    Hugging Face cache, downloaded when missing (:mod:`pai_zoo.util.hub`; ``revision`` picks a branch, tag or
+    commit)."""
+    name_or_path, checkpoint, tokenizer = hub_paths(revision, name_or_path, checkpoint, tokenizer=tokenizer)
     registry = get_registry()
     name = str(name_or_path)
     path = Path(checkpoint) if checkpoint is not None else Path(name)
@@ -250,6 +254,7 @@ def load(
     iteration=None,
     mtp: bool = False,
     adapter=None,
+    revision=None,
     **overrides,
 ) -> ModelHandle:
     """Load a model as a :class:`ModelHandle`.
@@ -269,14 +274,17 @@ def load(
     loads them; by default they are left out, as transformers leaves them out. ``adapter``: a LoRA run folder
     (``train --peft lora --save RUN``, checked to be trained on this base) or a Hugging Face PEFT LoRA folder,
     applied without merging (megatron-core: pai-zoo's adapters, :mod:`pai_zoo.lora.adapters`; transformers: PEFT's
-    ``PeftModel``, for a PEFT folder).
+    ``PeftModel``, for a PEFT folder). ``name_or_path`` (or ``checkpoint``, ``tokenizer``) may be a Hugging Face
+    Hub id, ``"org/name"``: its snapshot in the Hugging Face cache, downloaded when missing, at ``revision`` (a
+    branch, tag or commit; default the default branch); see docs/hub.md.
     """
     import torch
 
 
     if backend not in BACKENDS:
         raise SettingError(f"backend={backend!r}: use one of {', '.join(BACKENDS)} (megatron-core or transformers)")
-    source = resolve(name_or_path, checkpoint, tokenizer=tokenizer, iteration=iteration)
+    source = resolve(name_or_path, checkpoint, tokenizer=tokenizer, iteration=iteration, revision=revision)
+    adapter = local_path(adapter)  # a Hub id: its snapshot (default branch)
     family = source.family
     if overrides and source.kind in ("mcore", "megatron-lm"):
         raise PaiZooError(

@@ -19,6 +19,7 @@ from ..tables.layer_kinds import layers_line
 from ..tables.mapping import MappingContext
 from ..tokenizers.fit import TokenizerMismatchError, tokenizer_side
 from ..tokenizers.names import TokenizerRef
+from ..util.hub import hub_paths
 from . import inspection_fast
 from .inspection_report import SHOWN, Inspection, _architecture, _vision_line
 from .tokenizer_fit import fit_notes, folder_misfit
@@ -27,11 +28,13 @@ __all__ = ["SHOWN", "Inspection", "inspect_checkpoint"]
 
 
 def inspect_checkpoint(path, *, family: str | None = None, tokenizer=None, iteration=None, deep: bool = False,
-                       tokenizer_mismatch_ok: bool = False) -> Inspection:
+                       tokenizer_mismatch_ok: bool = False, revision: str | None = None) -> Inspection:
     """Describe the checkpoint folder ``path``; ``family``, ``tokenizer`` and ``iteration`` as for ``convert``.
     Its files are checked against their indexes and metadata first (``deep``: every tensor read and checked
     finite); a tokenizer that does not fit the config is a
-    :class:`~pai_zoo.tokenizers.fit.TokenizerMismatchError` unless ``tokenizer_mismatch_ok``."""
+    :class:`~pai_zoo.tokenizers.fit.TokenizerMismatchError` unless ``tokenizer_mismatch_ok``. A Hugging Face Hub
+    id (``"org/name"``) is its snapshot in the Hugging Face cache at ``revision`` (:mod:`pai_zoo.util.hub`)."""
+    path, tokenizer = hub_paths(revision, path, tokenizer=tokenizer)
     path = Path(path)
     if not path.exists():
         raise no_such_path(path, "the checkpoint to inspect")

@@ -60,6 +60,7 @@ class TrainConfig:
     flags, Megatron-LM's name and meaning (``docs/configuration.md`` is generated from both)."""
 
     model: str = ""
+    revision: str | None = None
     data: list[str] = field(default_factory=list)
     save: str = ""
     batch_size: int = 1

@@ -43,8 +43,10 @@ def _s(*flags: str, help: str, megatron: str | None = None, switch: bool | None 
 #: TrainConfig field -> its spellings and meaning; every field has one (tests/test_configuration_docs.py).
 SETTINGS: dict[str, Setting] = {
     "model": _s("--model", megatron="--load",
-                help="the model to start from: a preset, a Hugging Face folder or a Megatron checkpoint "
-                     "(pai-zoo's or Megatron-LM's); required"),
+                help="the model to start from: a preset, a Hugging Face folder or Hub id (org/name) or a "
+                     "Megatron checkpoint (pai-zoo's or Megatron-LM's); required"),
+    "revision": _s("--revision", help="when --model is a Hugging Face Hub id: the branch, tag or commit to read "
+                                      "(default: the default branch; docs/hub.md)"),
     "data": _s("--data", megatron="--data-path",
                help="PREFIX (preprocess output) or WEIGHT PREFIX WEIGHT PREFIX ... to blend"),
     "save": _s("--save", megatron="--save",

@@ -71,7 +71,7 @@ class Trainer(ModelSetup):
     # -- set-up -------------------------------------------------------------------------------
     def _source(self):
         try:
-            source = resolve(self.cfg.model)
+            source = resolve(self.cfg.model, revision=self.cfg.revision)
         except PaiZooError as e:
             raise TrainConfigError(f"--model {self.cfg.model}: {e}") from None
         check_tokenizer_fit(source, ok=self.cfg.tokenizer_mismatch_ok, where=self.cfg.model)  # before the model

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from .dist import is_rank0
 from .files import write_text_atomic
+from .quiet import log_warnings_beside
 
 __all__ = ["COMMON_KEYS", "METRICS_FILE", "MetricsLog", "format_record"]
 
@@ -48,6 +49,7 @@ class MetricsLog:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(self.path, "".join(line + "\n" for line in kept))
         self.file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - open for the whole run
+        log_warnings_beside(self.path.parent)  # a quiet run's hidden library warnings: pai-zoo.log beside it
 
     def write(self, record: dict) -> None:
         if self.file is None:

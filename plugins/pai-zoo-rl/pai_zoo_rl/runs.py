@@ -7,7 +7,8 @@ from pai_zoo.errors import SettingError
 def add_model_arguments(parser, reference_role: str) -> None:
     """``--model`` (the policy), ``--ref-model`` (what the reference is for: ``reference_role``) and ``--save``."""
     a = parser.add_argument
-    a("--model", required=True, help="the policy to train: preset, HF folder or Megatron-Core checkpoint")
+    a("--model", required=True, help="the policy to train: preset, HF folder or Hub id (org/name), or Megatron-Core "
+                                    "checkpoint")
     a("--ref-model", help=f"reference model {reference_role} (default: the starting policy, --model)")
     a("--save", required=True, help="output folder: Megatron-Core checkpoints, metrics.jsonl")
 
