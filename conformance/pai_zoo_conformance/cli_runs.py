@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import subprocess
 
 #: torch's intra-op threads for a run: what ``OMP_NUM_THREADS=1`` gives a subprocess, so that a run's floats do not
@@ -63,3 +64,25 @@ def run_cli_on_ranks(argv: list[str], workers=None, timeout: float | None = None
     code = next((r.returncode for r in ranks if r.returncode), 0)
     return subprocess.CompletedProcess(["torchrun", "pai-zoo", *map(str, argv)], code,
                                        "".join(r.stdout for r in ranks), "".join(r.stderr for r in ranks))
+
+
+def assert_convert_round_trip(folder, tmp_path, tp: str, pp: str, tower_prefix: str) -> None:
+    """HF -> Megatron-Core (written as ``tp`` x ``pp`` shards) -> HF through ``pai-zoo convert``: the same tensors,
+    bit for bit (some named ``tower_prefix...`` among them), and the same config.json (a nested config's
+    ``text_config`` and ``vision_config`` compared part by part first, for a readable failure)."""
+    import torch
+    from safetensors.torch import load_file
+
+    proc = run_cli(["convert", folder, tmp_path / "mcore", "--to", "mcore", "--tp", tp, "--pp", pp])
+    assert proc.returncode == 0, proc.stderr
+    proc = run_cli(["convert", tmp_path / "mcore", tmp_path / "back", "--to", "hf"])
+    assert proc.returncode == 0, proc.stderr
+    want, got = load_file(folder / "model.safetensors"), load_file(tmp_path / "back" / "model.safetensors")
+    assert sorted(want) == sorted(got) and any(k.startswith(tower_prefix) for k in want)
+    for name, tensor in want.items():
+        assert got[name].dtype == tensor.dtype and torch.equal(got[name], tensor), name
+    back, source = (json.loads(f.read_text()) for f in (tmp_path / "back" / "config.json", folder / "config.json"))
+    for part in ("text_config", "vision_config"):
+        a, b = back.pop(part, {}), source.pop(part, {})
+        assert a == b, (set(a) ^ set(b), {k: (a.get(k), b.get(k)) for k in set(a) | set(b) if a.get(k) != b.get(k)})
+    assert back == source

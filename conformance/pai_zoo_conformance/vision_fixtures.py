@@ -1,17 +1,15 @@
 """What the vision-language families' own tests share: random images, a preset saved as a transformers folder and
 loaded by both backends, the positions-and-logits comparison against transformers, and the bit-identical conversion
-round trips (through the CLI, and from a checkpoint with the older ``vision_tower.vision_model.`` names)."""
+round trip from a checkpoint with the older ``vision_tower.vision_model.`` names (the CLI round trip is
+:func:`pai_zoo_conformance.cli_runs.assert_convert_round_trip`)."""
 from __future__ import annotations
-
-import json
 
 import numpy as np
 import torch
 from PIL import Image
 
-import pai_zoo
-
-from .cli_runs import run_cli
+from pai_zoo.conversion.entry import convert
+from pai_zoo.models.handle import load
 
 
 def random_image(seed: int, height: int, width: int) -> Image.Image:
@@ -22,7 +20,7 @@ def random_image(seed: int, height: int, width: int) -> Image.Image:
 def save_preset(preset: str, folder, seed: int = 1):
     """The preset's transformers model saved under ``folder`` with its test tokenizer and processor files; the
     ``hf`` handle."""
-    hf = pai_zoo.load(preset, backend="hf", seed=seed)
+    hf = load(preset, backend="hf", seed=seed)
     hf.model.save_pretrained(folder)
     hf.family.test_tokenizer(folder)
     return hf
@@ -32,7 +30,7 @@ def saved_models(preset: str, tmp_path_factory, seed: int = 1):
     """``(folder, hf handle, mcore handle)``: :func:`save_preset` in a fresh folder, loaded by both backends."""
     folder = tmp_path_factory.mktemp(preset) / "hf"
     save_preset(preset, folder, seed)
-    return folder, pai_zoo.load(folder, backend="hf"), pai_zoo.load(folder, backend="mcore")
+    return folder, load(folder, backend="hf"), load(folder, backend="mcore")
 
 
 def assert_agree(hf, mc, input_ids, want_positions, attention_mask=None, tol: float = 1e-4, **vision) -> float:
@@ -50,26 +48,6 @@ def assert_agree(hf, mc, input_ids, want_positions, attention_mask=None, tol: fl
     return delta
 
 
-def assert_cli_round_trip(folder, tmp_path, tp: str, pp: str, tower_prefix: str) -> None:
-    """HF -> Megatron-Core (written as ``tp`` x ``pp`` shards) -> HF through the CLI: the same tensors, bit for bit,
-    the tower's among them, and the same config.json."""
-    from safetensors.torch import load_file
-
-    proc = run_cli(["convert", folder, tmp_path / "mcore", "--to", "mcore", "--tp", tp, "--pp", pp])
-    assert proc.returncode == 0, proc.stderr
-    proc = run_cli(["convert", tmp_path / "mcore", tmp_path / "back", "--to", "hf"])
-    assert proc.returncode == 0, proc.stderr
-    want, got = load_file(folder / "model.safetensors"), load_file(tmp_path / "back" / "model.safetensors")
-    assert sorted(want) == sorted(got) and any(k.startswith(tower_prefix) for k in want)
-    for name, tensor in want.items():
-        assert got[name].dtype == tensor.dtype and torch.equal(got[name], tensor), name
-    back, source = (json.loads(f.read_text()) for f in (tmp_path / "back" / "config.json", folder / "config.json"))
-    for part in ("text_config", "vision_config"):
-        a, b = back.pop(part), source.pop(part)
-        assert a == b, (set(a) ^ set(b), {k: (a.get(k), b.get(k)) for k in set(a) | set(b) if a.get(k) != b.get(k)})
-    assert back == source
-
-
 def assert_legacy_tower_names_round_trip(state: dict, source, tmp_path) -> None:
     """A checkpoint in ``source`` (its config already there) whose SigLIP tower is saved under the older
     ``vision_tower.vision_model.`` names converts to Megatron-Core and back to ``state`` (today's names), bit
@@ -81,8 +59,8 @@ def assert_legacy_tower_names_round_trip(state: dict, source, tmp_path) -> None:
            v.contiguous() for k, v in state.items()}
     assert any(k.startswith("vision_tower.vision_model.") for k in old)
     save_file(old, source / "model.safetensors", metadata={"format": "pt"})
-    pai_zoo.convert(source, tmp_path / "mcore", "mcore")
-    pai_zoo.convert(tmp_path / "mcore", tmp_path / "back", "hf")
+    convert(source, tmp_path / "mcore", "mcore")
+    convert(tmp_path / "mcore", tmp_path / "back", "hf")
     with safe_open(tmp_path / "back" / "model.safetensors", "pt") as f:
         back = {k: f.get_tensor(k) for k in f.keys()}
     assert sorted(back) == sorted(state)

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from pai_zoo.errors import PaiZooError
-from pai_zoo_conformance.vision_fixtures import assert_agree, assert_cli_round_trip, random_image, saved_models
+from pai_zoo_conformance.cli_runs import assert_convert_round_trip
+from pai_zoo_conformance.vision_fixtures import assert_agree, random_image, saved_models
 
 #: one megatron-core pass (0.19's venv, where torchvision loads for the video); the suite's forward checks, image
 #: batch included, run in both
@@ -109,7 +110,7 @@ def test_placeholders_that_do_not_match_the_images_are_refused(models):
 def test_conversion_through_tp2_pp2_shards_is_bit_identical(models, tmp_path):
     """HF -> Megatron-Core written as TP 2 x PP 2 shards -> HF: the same bytes and config.json."""
     folder, _, _ = models
-    assert_cli_round_trip(folder, tmp_path, "2", "2", tower_prefix="model.visual.blocks.")
+    assert_convert_round_trip(folder, tmp_path, "2", "2", tower_prefix="model.visual.blocks.")
 
 
 def test_tower_parameters_as_train_plan_counts_them(models):

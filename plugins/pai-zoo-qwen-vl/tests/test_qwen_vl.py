@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from pai_zoo.errors import PaiZooError
-from pai_zoo_conformance.cli_runs import run_cli
-from pai_zoo_conformance.vision_fixtures import assert_agree, assert_cli_round_trip, random_image, saved_models
+from pai_zoo_conformance.cli_runs import assert_convert_round_trip, run_cli
+from pai_zoo_conformance.vision_fixtures import assert_agree, random_image, saved_models
 
 # the odd presets (the tiny ones run the conformance suite, its image and video batch included)
 PRESETS = ["qwen2-vl-odd", "qwen2.5-vl-odd"]
@@ -108,7 +108,7 @@ def test_video_frames(models):
 def test_conversion_is_bit_identical(models, layout, tmp_path):
     """HF -> Megatron-Core (one process, or written as TP 2 x PP 2 shards) -> HF: the same bytes and config.json."""
     folder, _, _ = models
-    assert_cli_round_trip(folder, tmp_path, *layout, tower_prefix="visual.blocks.")
+    assert_convert_round_trip(folder, tmp_path, *layout, tower_prefix="visual.blocks.")
 
 
 def test_placeholders_that_do_not_match_the_images_are_refused(models):
