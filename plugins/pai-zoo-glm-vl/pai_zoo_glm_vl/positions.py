@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from pai_zoo.errors import PaiZooError
+from pai_zoo.mcore.vision_positions import frame_grids, mrope_position_ids
 
 TEXT, IMAGE, VIDEO = 0, 1, 2
 
@@ -30,60 +31,32 @@ def token_types(input_ids, image_token_id: int, video_start_id: int, video_end_i
     return out
 
 
-def frame_grids(video_grid_thw):
-    """A video's grid ``(t, h, w)`` as ``t`` frame grids ``(1, h, w)``, in order."""
-    if video_grid_thw is None:
-        return None
-    grids = torch.as_tensor(video_grid_thw).long()
-    out = torch.repeat_interleave(grids, grids[:, 0], dim=0)
-    out[:, 0] = 1
-    return out
-
-
 def glm_positions(input_ids, attention_mask, image_grid_thw, video_grid_thw, *, image_token_id: int,
                   video_start_id: int, video_end_id: int, merge: int):
-    """Position ids ``[3, b, s]`` for a batch whose placeholder runs match the image grids and the videos' frames."""
-    b, s = input_ids.shape
-    keep = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+    """Position ids ``[3, b, s]`` for a batch whose placeholder runs match the image grids and the videos' frames
+    (the core's :func:`pai_zoo.mcore.vision_positions.mrope_position_ids`, a video frame by frame)."""
     kinds = token_types(input_ids, image_token_id, video_start_id, video_end_id)
     given = {IMAGE: [] if image_grid_thw is None else torch.as_tensor(image_grid_thw).tolist(),
              VIDEO: [] if video_grid_thw is None else frame_grids(video_grid_thw).tolist()}
     grids = {k: iter(v) for k, v in given.items()}
     used = {IMAGE: 0, VIDEO: 0}
-    out = torch.zeros(3, b, s, dtype=torch.long)
-    for row in range(b):
-        types = kinds[row][keep[row]].tolist()
-        pieces, pos, start = [], 0, 0
-        while start < len(types):
-            end = start
-            while end < len(types) and types[end] == types[start]:
-                end += 1
-            kind = types[start]
-            if kind == TEXT:
-                pieces.append(torch.arange(pos, pos + end - start).expand(3, -1))
-                pos += end - start
-            else:
-                name = "image" if kind == IMAGE else "video frame"
-                grid = next(grids[kind], None)
-                if grid is None:
-                    raise PaiZooError(f"the prompt holds more {name} placeholder runs (token id {image_token_id}) "
-                                      f"than the {len(given[kind])} {name}s given; give one {name} per run, "
-                                      "processed by the model's own processor")
-                used[kind] += 1
-                t, h, w = grid
-                if (end - start) * merge ** 2 != t * h * w:
-                    raise PaiZooError(f"{name}s: a run of {end - start} placeholder tokens (id {image_token_id}) "
-                                      f"but its {name} gives {t * h * w // merge ** 2} embeddings (grid "
-                                      f"{[t, h, w]}); let the model's processor expand the prompt")
-                h, w = h // merge, w // merge
-                tt = torch.arange(t).view(-1, 1, 1).expand(t, h, w)
-                hh = torch.arange(h).view(1, -1, 1).expand(t, h, w)
-                ww = torch.arange(w).view(1, 1, -1).expand(t, h, w)
-                pieces.append(torch.stack([tt, hh, ww]).reshape(3, -1) + pos)
-                pos += max(h, w)
-            start = end
-        if pieces:
-            out[:, row, keep[row]] = torch.cat(pieces, dim=1)
+
+    def grid_of(kind: int, length: int):
+        name = "image" if kind == IMAGE else "video frame"
+        grid = next(grids[kind], None)
+        if grid is None:
+            raise PaiZooError(f"the prompt holds more {name} placeholder runs (token id {image_token_id}) "
+                              f"than the {len(given[kind])} {name}s given; give one {name} per run, "
+                              "processed by the model's own processor")
+        used[kind] += 1
+        t, h, w = grid
+        if length * merge ** 2 != t * h * w:
+            raise PaiZooError(f"{name}s: a run of {length} placeholder tokens (id {image_token_id}) "
+                              f"but its {name} gives {t * h * w // merge ** 2} embeddings (grid "
+                              f"{[t, h, w]}); let the model's processor expand the prompt")
+        return t, h, w, 1
+
+    out = mrope_position_ids(kinds, attention_mask, grid_of, merge)
     for kind, name in ((IMAGE, "image"), (VIDEO, "video frame")):
         if used[kind] != len(given[kind]):
             raise PaiZooError(f"the prompt holds {used[kind]} {name} placeholder runs (token id {image_token_id}) "

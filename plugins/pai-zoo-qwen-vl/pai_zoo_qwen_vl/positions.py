@@ -18,6 +18,7 @@ import torch
 
 from pai_zoo.errors import PaiZooError
 from pai_zoo.mcore.patch_tower import frame_segments, patch_positions  # noqa: F401 (the towers' shared ids)
+from pai_zoo.mcore.vision_positions import mrope_position_ids
 
 TEXT, IMAGE, VIDEO = 0, 1, 2
 
@@ -25,8 +26,8 @@ TEXT, IMAGE, VIDEO = 0, 1, 2
 def mrope_positions(input_ids, attention_mask, image_grid_thw, video_grid_thw, *, image_token_id: int,
                     video_token_id: int, spatial_merge_size: int, tokens_per_second: float | None = None,
                     second_per_grid_ts=None):
-    """Position ids ``[3, b, s]`` (padding 0) for a batch whose placeholders match the grids in order."""
-    b, s = input_ids.shape
+    """Position ids ``[3, b, s]`` (padding 0) for a batch whose placeholders match the grids in order (the core's
+    :func:`pai_zoo.mcore.vision_positions.mrope_position_ids`)."""
     keep = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
     kinds = torch.zeros_like(input_ids)
     kinds[input_ids == image_token_id] = IMAGE
@@ -34,39 +35,23 @@ def mrope_positions(input_ids, attention_mask, image_grid_thw, video_grid_thw, *
     grids = {IMAGE: iter([] if image_grid_thw is None else image_grid_thw.tolist()),
              VIDEO: iter([] if video_grid_thw is None else video_grid_thw.tolist())}
     seconds = iter([] if second_per_grid_ts is None else torch.as_tensor(second_per_grid_ts).tolist())
-    out = torch.zeros(3, b, s, dtype=torch.long)
-    for row in range(b):
-        types = kinds[row][keep[row]].tolist()
-        pieces, pos, start = [], 0, 0
-        while start < len(types):
-            end = start
-            while end < len(types) and types[end] == types[start]:
-                end += 1
-            kind = types[start]
-            if kind == TEXT:
-                pieces.append(torch.arange(pos, pos + end - start).expand(3, -1))
-                pos += end - start
-            else:
-                grid = next(grids[kind], None)
-                if grid is None:
-                    _mismatch(kind, input_ids, keep, image_token_id, video_token_id, image_grid_thw, video_grid_thw)
-                t, h, w = grid
-                if (end - start) * spatial_merge_size ** 2 != t * h * w:
-                    name, token = ("image", image_token_id) if kind == IMAGE else ("video", video_token_id)
-                    raise PaiZooError(f"{name}s: the prompt holds {end - start} placeholder tokens (id {token}) in a "
-                                      f"run, but its {name} gives {t * h * w // spatial_merge_size ** 2} embeddings "
-                                      f"({name}_grid_thw {[t, h, w]}); let the model's processor expand the prompt")
-                h, w = h // spatial_merge_size, w // spatial_merge_size
-                step = 1.0
-                if kind == VIDEO and tokens_per_second is not None:
-                    step = tokens_per_second * next(seconds, 1.0)
-                tt = (torch.arange(t) * step).long().view(-1, 1, 1).expand(t, h, w)
-                hh = torch.arange(h).view(1, -1, 1).expand(t, h, w)
-                ww = torch.arange(w).view(1, 1, -1).expand(t, h, w)
-                pieces.append(torch.stack([tt, hh, ww]).reshape(3, -1) + pos)
-                pos += max(h, w)
-            start = end
-        out[:, row, keep[row]] = torch.cat(pieces, dim=1) if pieces else out[:, row, keep[row]]
+
+    def grid_of(kind: int, length: int):
+        grid = next(grids[kind], None)
+        if grid is None:
+            _mismatch(kind, input_ids, keep, image_token_id, video_token_id, image_grid_thw, video_grid_thw)
+        t, h, w = grid
+        if length * spatial_merge_size ** 2 != t * h * w:
+            name, token = ("image", image_token_id) if kind == IMAGE else ("video", video_token_id)
+            raise PaiZooError(f"{name}s: the prompt holds {length} placeholder tokens (id {token}) in a "
+                              f"run, but its {name} gives {t * h * w // spatial_merge_size ** 2} embeddings "
+                              f"({name}_grid_thw {[t, h, w]}); let the model's processor expand the prompt")
+        step = 1.0
+        if kind == VIDEO and tokens_per_second is not None:
+            step = tokens_per_second * next(seconds, 1.0)
+        return t, h, w, step
+
+    out = mrope_position_ids(kinds, attention_mask, grid_of, spatial_merge_size)
     for kind in (IMAGE, VIDEO):
         if next(grids[kind], None) is not None:
             _mismatch(kind, input_ids, keep, image_token_id, video_token_id, image_grid_thw, video_grid_thw)

@@ -13,17 +13,9 @@ from __future__ import annotations
 
 import torch
 
+from pai_zoo.mcore.vision_positions import frame_grids as frames_of
+
 from .positions import mrope_positions
-
-
-def frames_of(video_grid_thw):
-    """Each video's ``t`` temporal patches as ``t`` grids ``(1, h, w)``, in order."""
-    if video_grid_thw is None:
-        return None
-    grids = torch.as_tensor(video_grid_thw).long()
-    frames = torch.repeat_interleave(grids, grids[:, 0], dim=0)
-    frames[:, 0] = 1
-    return frames
 
 
 def qwen3_mrope_positions(input_ids, attention_mask, image_grid_thw, video_grid_thw, *, image_token_id: int,
