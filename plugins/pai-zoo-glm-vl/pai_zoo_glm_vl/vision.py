@@ -21,8 +21,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from pai_zoo.config_map import McoreConfig
+from pai_zoo.mcore.patch_tower import (
+    PatchEmbed,
+    frame_segments,
+    patch_positions,
+    patch_rotary,
+    rotary_inv_freq,
+    tower_blocks,
+    tower_transformer_config,
+)
 from pai_zoo.mcore.patch_tower import VisionRMSNorm as RMSNorm
-from pai_zoo.mcore.patch_tower import frame_segments, patch_positions, patch_rotary, rotary_inv_freq
 from pai_zoo.mcore.patch_tower import segment_mask as _mask
 
 from .config import tower_settings
@@ -50,17 +58,6 @@ class PositionEmbedding(nn.Module):
         return sampled[0, :, :, 0].t().to(weight.dtype)
 
 
-class PatchEmbed(nn.Module):
-    def __init__(self, channels: int, temporal: int, patch: int, dim: int):
-        super().__init__()
-        self.shape = (-1, channels, temporal, patch, patch)
-        kernel = (temporal, patch, patch)
-        self.proj = nn.Conv3d(channels, dim, kernel_size=kernel, stride=kernel)
-
-    def forward(self, pixels):
-        return self.proj(pixels.view(self.shape).to(self.proj.weight.dtype)).flatten(1)
-
-
 class Merger(nn.Module):
     """transformers' ``Glm4vVisionPatchMerger``: ``proj`` -> LayerNorm -> GELU -> ``down(silu(gate) * up)``."""
 
@@ -79,18 +76,10 @@ class Merger(nn.Module):
 
 def vision_transformer_config(config: McoreConfig, lm_config):
     """The tower layers' ``TransformerConfig``: the language model's parallel sizes and dtype, the tower's shape."""
-    from pai_zoo.mcore.build import transformer_config
-
     s = tower_settings(config)
-    arch = {
-        "num_layers": s["depth"], "hidden_size": s["dim"], "num_attention_heads": s["heads"],
-        "ffn_hidden_size": s["out"], "kv_channels": s["dim"] // s["heads"], "add_bias_linear": False,
-        "add_qkv_bias": s["qkv_bias"], "layernorm_epsilon": s["eps"], "activation_func": s["act"],
-        "normalization": "RMSNorm", "gated_linear_unit": True,
-    }
-    return transformer_config(McoreConfig(family=config.family, arch=arch), lm_config.params_dtype,
-                              tensor_model_parallel_size=lm_config.tensor_model_parallel_size,
-                              pipeline_model_parallel_size=1, sequence_parallel=False)
+    return tower_transformer_config(config, lm_config, depth=s["depth"], dim=s["dim"], heads=s["heads"],
+                                    ffn=s["out"], act=s["act"], norm="RMSNorm", eps=s["eps"], bias=False,
+                                    qkv_bias=s["qkv_bias"], glu=True)
 
 
 class GlmVisionTower(nn.Module):
@@ -98,19 +87,12 @@ class GlmVisionTower(nn.Module):
 
     def __init__(self, config: McoreConfig, lm_config):
         super().__init__()
-        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-        from megatron.core.transformer.enums import AttnMaskType
-        from megatron.core.transformer.spec_utils import build_module
-
         s = self.settings = tower_settings(config)
         vconfig = self.config = vision_transformer_config(config, lm_config)
-        spec = get_gpt_layer_local_spec(normalization="RMSNorm")
-        spec.submodules.self_attention.params = {"attn_mask_type": AttnMaskType.padding}  # bidirectional
-        self.patch_embed = PatchEmbed(s["channels"], s["temporal"], s["patch"], s["dim"])
+        self.patch_embed = PatchEmbed(s["channels"], s["temporal"], s["patch"], s["dim"], bias=True)
         self.post_conv_layernorm = RMSNorm(s["dim"], s["eps"])
         self.embeddings = PositionEmbedding(s["image_size"] // s["patch"], s["dim"])
-        self.blocks = nn.ModuleList([build_module(spec, config=vconfig, layer_number=i + 1)
-                                     for i in range(s["depth"])])
+        self.blocks = tower_blocks(vconfig, s["depth"])
         self.post_layernorm = RMSNorm(s["dim"], s["eps"])
         self.downsample = nn.Conv2d(s["dim"], s["out"], kernel_size=s["merge"], stride=s["merge"])
         self.merger = Merger(s["out"], s["ffn"])

@@ -22,21 +22,19 @@ from torch import nn
 
 from pai_zoo.config_map import McoreConfig
 from pai_zoo.errors import PaiZooError
-from pai_zoo.mcore.patch_tower import frame_segments, patch_positions, patch_rotary, rotary_inv_freq, segment_mask
+from pai_zoo.mcore.patch_tower import (
+    PatchEmbed,
+    frame_segments,
+    patch_positions,
+    patch_rotary,
+    rotary_inv_freq,
+    segment_mask,
+    tower_blocks,
+    tower_transformer_config,
+)
 
 from .qwen3_config import qwen3_tower_settings
 from .qwen3_positions import position_taps
-
-
-class PatchEmbed(nn.Module):
-    def __init__(self, channels: int, temporal: int, patch: int, dim: int):
-        super().__init__()
-        self.shape = (-1, channels, temporal, patch, patch)
-        kernel = (temporal, patch, patch)
-        self.proj = nn.Conv3d(channels, dim, kernel_size=kernel, stride=kernel, bias=True)
-
-    def forward(self, pixels):
-        return self.proj(pixels.view(self.shape).to(self.proj.weight.dtype)).flatten(1)
 
 
 class PatchMerger(nn.Module):
@@ -58,23 +56,14 @@ class PatchMerger(nn.Module):
 
 def vision_transformer_config(config: McoreConfig, lm_config):
     """The tower layers' ``TransformerConfig``: the language model's parallel sizes and dtype, the tower's shape."""
-    from pai_zoo.mcore.build import transformer_config
-
     s = qwen3_tower_settings(config)
     tp = lm_config.tensor_model_parallel_size
     if s["heads"] % tp or s["ffn"] % tp:
         raise PaiZooError(f"vision_config.num_heads={s['heads']} and intermediate_size={s['ffn']}: the tower's "
                           f"heads and MLP split over tensor parallelism, so both must be multiples of --tp {tp}")
     act = {"gelu_pytorch_tanh": "gelu_tanh"}.get(s["act"], s["act"])
-    arch = {
-        "num_layers": s["depth"], "hidden_size": s["dim"], "num_attention_heads": s["heads"],
-        "ffn_hidden_size": s["ffn"], "kv_channels": s["dim"] // s["heads"], "add_bias_linear": True,
-        "add_qkv_bias": True, "layernorm_epsilon": 1e-6, "activation_func": act, "normalization": "LayerNorm",
-        "gated_linear_unit": False,
-    }
-    return transformer_config(McoreConfig(family=config.family, arch=arch), lm_config.params_dtype,
-                              tensor_model_parallel_size=lm_config.tensor_model_parallel_size,
-                              pipeline_model_parallel_size=1, sequence_parallel=False)
+    return tower_transformer_config(config, lm_config, depth=s["depth"], dim=s["dim"], heads=s["heads"],
+                                    ffn=s["ffn"], act=act, norm="LayerNorm")
 
 
 class Qwen3VisionTower(nn.Module):
@@ -82,19 +71,12 @@ class Qwen3VisionTower(nn.Module):
 
     def __init__(self, config: McoreConfig, lm_config):
         super().__init__()
-        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-        from megatron.core.transformer.enums import AttnMaskType
-        from megatron.core.transformer.spec_utils import build_module
-
         s = self.settings = qwen3_tower_settings(config)
         vconfig = self.config = vision_transformer_config(config, lm_config)
-        spec = get_gpt_layer_local_spec(normalization="LayerNorm")
-        spec.submodules.self_attention.params = {"attn_mask_type": AttnMaskType.padding}  # bidirectional
-        self.patch_embed = PatchEmbed(s["channels"], s["temporal"], s["patch"], s["dim"])
+        self.patch_embed = PatchEmbed(s["channels"], s["temporal"], s["patch"], s["dim"], bias=True)
         self.pos_embed = nn.Embedding(s["positions"], s["dim"])
         self.side = int(s["positions"] ** 0.5)
-        self.blocks = nn.ModuleList([build_module(spec, config=vconfig, layer_number=i + 1)
-                                     for i in range(s["depth"])])
+        self.blocks = tower_blocks(vconfig, s["depth"])
         self.merger = PatchMerger(s["dim"], s["out"], s["merge"], postshuffle=False)
         self.deepstack_merger_list = nn.ModuleList(
             [PatchMerger(s["dim"], s["out"], s["merge"], postshuffle=True) for _ in s["deepstack"]])

@@ -17,23 +17,20 @@ import torch
 from torch import nn
 
 from pai_zoo.config_map import McoreConfig
+from pai_zoo.mcore.patch_tower import (
+    PatchEmbed,
+    frame_segments,
+    patch_positions,
+    patch_rotary,
+    rotary_inv_freq,
+    tower_blocks,
+    tower_transformer_config,
+)
 from pai_zoo.mcore.patch_tower import VisionRMSNorm as RMSNorm
-from pai_zoo.mcore.patch_tower import frame_segments, patch_positions, patch_rotary, rotary_inv_freq
 from pai_zoo.mcore.patch_tower import segment_mask as _mask
 
 from .config import tower_settings
 from .positions import window_order
-
-
-class PatchEmbed(nn.Module):
-    def __init__(self, channels: int, temporal: int, patch: int, dim: int):
-        super().__init__()
-        self.shape = (-1, channels, temporal, patch, patch)
-        kernel = (temporal, patch, patch)
-        self.proj = nn.Conv3d(channels, dim, kernel_size=kernel, stride=kernel, bias=False)
-
-    def forward(self, pixels):
-        return self.proj(pixels.view(self.shape).to(self.proj.weight.dtype)).flatten(1)
 
 
 class PatchMerger(nn.Module):
@@ -51,18 +48,10 @@ class PatchMerger(nn.Module):
 
 def vision_transformer_config(config: McoreConfig, lm_config):
     """The tower layers' ``TransformerConfig``: the language model's parallel sizes and dtype, the tower's shape."""
-    from pai_zoo.mcore.build import transformer_config
-
     s = tower_settings(config)
-    arch = {
-        "num_layers": s["depth"], "hidden_size": s["dim"], "num_attention_heads": s["heads"],
-        "ffn_hidden_size": s["ffn"], "kv_channels": s["dim"] // s["heads"], "add_bias_linear": True,
-        "add_qkv_bias": True, "layernorm_epsilon": 1e-6, "activation_func": s["act"],
-        "normalization": "RMSNorm" if s["qwen25"] else "LayerNorm", "gated_linear_unit": s["qwen25"],
-    }
-    return transformer_config(McoreConfig(family=config.family, arch=arch), lm_config.params_dtype,
-                              tensor_model_parallel_size=lm_config.tensor_model_parallel_size,
-                              pipeline_model_parallel_size=1, sequence_parallel=False)
+    return tower_transformer_config(config, lm_config, depth=s["depth"], dim=s["dim"], heads=s["heads"],
+                                    ffn=s["ffn"], act=s["act"], norm="RMSNorm" if s["qwen25"] else "LayerNorm",
+                                    glu=s["qwen25"])
 
 
 class QwenVisionTower(nn.Module):
@@ -70,17 +59,10 @@ class QwenVisionTower(nn.Module):
 
     def __init__(self, config: McoreConfig, lm_config):
         super().__init__()
-        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-        from megatron.core.transformer.enums import AttnMaskType
-        from megatron.core.transformer.spec_utils import build_module
-
         s = self.settings = tower_settings(config)
         vconfig = self.config = vision_transformer_config(config, lm_config)
-        spec = get_gpt_layer_local_spec(normalization=vconfig.normalization)
-        spec.submodules.self_attention.params = {"attn_mask_type": AttnMaskType.padding}  # bidirectional
         self.patch_embed = PatchEmbed(s["channels"], s["temporal"], s["patch"], s["dim"])
-        self.blocks = nn.ModuleList([build_module(spec, config=vconfig, layer_number=i + 1)
-                                     for i in range(s["depth"])])
+        self.blocks = tower_blocks(vconfig, s["depth"])
         self.merger = PatchMerger(s["dim"], s["out"], s["merge"], rms=s["qwen25"])
         self.register_buffer("inv_freq", rotary_inv_freq(s["dim"] // s["heads"], s["theta"]), persistent=False)
 
