@@ -174,7 +174,7 @@ def test_incomplete_snapshot_is_not_a_model(offline_cache, tmp_path, monkeypatch
     shutil.copy(offline_cache[1]["main"] / "config.json", only_config)
     add_revision(cache, REPO, only_config, ("main",))
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
-    with pytest.raises(hub.HubError, match="is not in the Hugging Face cache"):
+    with pytest.raises(hub.HubError, match="no such local folder, and not in the Hugging Face cache"):
         hub.snapshot(REPO)
     assert hub.snapshot(REPO, weights=False) == cache / f"models--{REPO.replace('/', '--')}" / "snapshots" / \
         next(iter((cache / f"models--{REPO.replace('/', '--')}" / "snapshots").iterdir())).name
@@ -207,7 +207,7 @@ def test_cli_inspect_and_generate_take_hub_ids(offline_cache, tmp_path):
     assert out.returncode == 0 and commits["main"] in out.stdout, out.stderr
     out = run_cli(["inspect", "tiny-org/absent"])
     assert out.returncode == 1 and out.stderr.count("\n") == 1, out.stderr
-    assert "pai-zoo: error: tiny-org/absent is not in the Hugging Face cache" in out.stderr
+    assert "pai-zoo: error: tiny-org/absent: no such local folder, and not in the Hugging Face cache" in out.stderr
     out = run_cli(["generate", "--model", REPO, "--revision", "narrow", "--backend", "hf", "--prompt", "the cat",
                    "--max-new-tokens", "3"])
     assert out.returncode == 0, out.stderr
@@ -241,7 +241,106 @@ def test_train_and_rl_take_hub_ids_and_revision(offline_cache, tmp_path):
     out = run_cli(["rl", "dpo", "--model", "tiny-org/absent", "--revision", "v2", "--data", tmp_path / "pairs.jsonl",
                    "--save", tmp_path / "dpo"])
     assert out.returncode == 1 and out.stderr.count("\n") == 1, out.stderr
-    assert "tiny-org/absent (revision v2) is not in the Hugging Face cache" in out.stderr
+    assert "tiny-org/absent (revision v2): no such local folder, and not in the Hugging Face cache" in out.stderr
     out = run_cli(["rl", "dpo", "--model", "llama3-tiny", "--revision", "v2", "--data", tmp_path / "pairs.jsonl",
                    "--save", tmp_path / "dpo"])
     assert out.returncode == 1 and "--revision v2: a revision is for a Hugging Face Hub id" in out.stderr, out.stderr
+
+
+def _mock_hub(repos: dict[str, Path], commit: str):
+    """An ``httpx2.MockTransport`` handler answering huggingface_hub's requests as the Hub would for ``repos`` (id ->
+    folder, one commit each), and the errors of the ids ``org/gated``, ``org/missing`` and any revision ``nope``."""
+    import httpx2
+
+    requested = []
+
+    def error(status, code):
+        return httpx2.Response(status, headers={"X-Error-Code": code, "X-Error-Message": code}, json={"error": code})
+
+    def handle(request):
+        path = request.url.path
+        requested.append((request.method, path))
+        if "/org/gated" in path:
+            return error(403, "GatedRepo")
+        if "/revision/nope" in path or "/resolve/nope/" in path:
+            return error(404, "RevisionNotFound")
+        repo = next((r for r in repos if f"/{r}/" in path + "/"), None)
+        if repo is None:
+            return error(404, "RepoNotFound")
+        files = sorted(p for p in repos[repo].iterdir() if p.is_file())
+        if path.startswith(f"/api/models/{repo}/tree/"):
+            entries = [{"type": "file", "path": f.name, "size": f.stat().st_size,
+                        "oid": _blob_name(f.read_bytes(), False)} for f in files]
+            return httpx2.Response(200, json=entries)
+        if path.startswith(f"/api/models/{repo}"):
+            return httpx2.Response(200, json={"id": repo, "sha": commit, "siblings": [{"rfilename": f.name}
+                                                                                         for f in files]})
+        name = path.rsplit("/", 1)[-1]
+        data = (repos[repo] / name).read_bytes()
+        headers = {"X-Repo-Commit": commit, "ETag": f'"{_blob_name(data, False)}"', "Content-Length": str(len(data))}
+        return httpx2.Response(200, headers=headers, content=b"" if request.method == "HEAD" else data)
+
+    return httpx2.MockTransport(handle), requested
+
+
+@pytest.mark.no_megatron
+def test_online_download_through_a_mocked_hub_and_its_errors(hub_cache, tmp_path, monkeypatch, no_network):
+    """Online, a model missing from the cache is downloaded (model files only) into huggingface_hub's cache; gated,
+    missing and unknown revisions are one line each. The Hub is an httpx2 mock transport: no socket is opened."""
+    import httpx2
+    from huggingface_hub import constants
+    from huggingface_hub.utils import _http
+
+    folder = tmp_path / "repo"
+    shutil.copytree(hub_cache[1]["narrow"], folder)
+    (folder / "model.gguf").write_bytes(b"not wanted")  # an export pai-zoo does not read: not downloaded
+    commit = "a" * 40
+    transport, requested = _mock_hub({"org/online": folder}, commit)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    _http.set_client_factory(lambda: httpx2.Client(transport=transport))
+    try:
+        got = pai_zoo.load("org/online", backend="hf")
+        snapshot = tmp_path / "cache" / "models--org--online" / "snapshots" / commit
+        assert got.checkpoint == snapshot and got.hf_config.hidden_size == 32
+        assert not (snapshot / "model.gguf").exists() and (snapshot / "model.safetensors").is_file()
+        assert (snapshot / "model.safetensors").is_symlink()  # huggingface_hub's own layout
+        requested.clear()
+        assert hub.snapshot("org/online") == snapshot and requested == []  # cached now: no request
+        for repo, revision, expected in (("org/gated", None, "a gated model on the Hugging Face Hub"),
+                                         ("org/missing", None, "no such local folder, and no model org/missing"),
+                                         ("org/online", "nope", "no revision 'nope' on the Hugging Face Hub")):
+            with pytest.raises(hub.HubError, match=expected) as err:
+                hub.snapshot(repo, revision)
+            assert "\n" not in str(err.value)
+    finally:
+        _http.set_client_factory(_http.default_client_factory)
+    assert no_network == []
+
+
+def download_on_a_rank(folder: str, cache: str, commit: str) -> tuple[str, int]:
+    """A worker rank resolving ``org/ranks`` from a mocked Hub into ``cache``: its folder and the requests it made."""
+    import httpx2
+    from huggingface_hub import constants
+    from huggingface_hub.utils import _http
+
+    before = constants.HF_HUB_CACHE, constants.HF_HUB_OFFLINE
+    constants.HF_HUB_CACHE, constants.HF_HUB_OFFLINE = cache, False
+    transport, requested = _mock_hub({"org/ranks": Path(folder)}, commit)
+    _http.set_client_factory(lambda: httpx2.Client(transport=transport))
+    try:
+        return str(hub.snapshot("org/ranks")), len(requested)
+    finally:
+        _http.set_client_factory(_http.default_client_factory)
+        constants.HF_HUB_CACHE, constants.HF_HUB_OFFLINE = before
+
+
+@pytest.mark.megatron_once
+def test_one_process_per_machine_downloads(hub_cache, tmp_path, pai_zoo_workers):
+    """Two ranks resolving the same missing id at once: one downloads, the other waits for the lock and then finds
+    the snapshot cached, without a request."""
+    commit = "b" * 40
+    results = pai_zoo_workers.run(download_on_a_rank, str(hub_cache[1]["main"]), str(tmp_path / "cache"), commit)
+    assert {path for path, _ in results} == {str(tmp_path / "cache" / "models--org--ranks" / "snapshots" / commit)}
+    counts = sorted(count for _, count in results)
+    assert counts[0] == 0 and counts[1] > 0, counts

@@ -274,9 +274,9 @@ def load(
     loads them; by default they are left out, as transformers leaves them out. ``adapter``: a LoRA run folder
     (``train --peft lora --save RUN``, checked to be trained on this base) or a Hugging Face PEFT LoRA folder,
     applied without merging (megatron-core: pai-zoo's adapters, :mod:`pai_zoo.lora.adapters`; transformers: PEFT's
-    ``PeftModel``, for a PEFT folder). ``name_or_path`` (or ``checkpoint``, ``tokenizer``) may be a Hugging Face
-    Hub id, ``"org/name"``: its snapshot in the Hugging Face cache, downloaded when missing, at ``revision`` (a
-    branch, tag or commit; default the default branch); see docs/hub.md.
+    ``PeftModel``, for a PEFT folder). ``name_or_path`` (or ``checkpoint``) may be a Hugging Face Hub id,
+    ``"org/name"``: its snapshot in the Hugging Face cache, downloaded when missing, at ``revision`` (a branch, tag
+    or commit; default the default branch); ``tokenizer`` and ``adapter`` too, at their default branch (docs/hub.md).
     """
     import torch
 

@@ -124,9 +124,9 @@ def _named(repo_id: str, revision: str | None) -> str:
 def _not_cached(repo_id: str, revision: str | None, why: str) -> HubError:
     fill = f"hf download {repo_id}" + (f" --revision {revision}" if revision else "")
     cache = cache_folder()
-    return HubError(f"{_named(repo_id, revision)} is not in the Hugging Face cache {cache} and {why}; fill it on a "
-                    f"machine with network (`{fill}` with HF_HUB_CACHE={cache}, or copy its "
-                    f"{_folder_name(repo_id)} folder into {cache}), then run this again")
+    return HubError(f"{_named(repo_id, revision)}: no such local folder, and not in the Hugging Face cache {cache} "
+                    f"while {why}; fill the cache on a machine with network (`{fill}` with HF_HUB_CACHE={cache}, or "
+                    f"copy its {_folder_name(repo_id)} folder into {cache}), then run this again")
 
 
 def _folder_name(repo_id: str) -> str:
