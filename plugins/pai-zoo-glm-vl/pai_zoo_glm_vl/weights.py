@@ -8,8 +8,9 @@ The tower's fused ``attn.qkv`` is ``[q; k; v]`` over all heads; megatron-core's 
 """
 from __future__ import annotations
 
-from pai_zoo import Copy, FusedQKV, GateUp, WeightMap
+from pai_zoo import Copy, WeightMap
 from pai_zoo.config_map import McoreConfig
+from pai_zoo.tables.mapping.patch_tower_rows import patch_block_rows
 from pai_zoo_glm import glm4_moe_weights
 from pai_zoo_glm import weights as glm4_weights
 
@@ -20,19 +21,9 @@ TEXT = "model.language_model."
 
 
 def _block_rows(i: int, s: dict) -> list:
-    hf, mc = f"{V}blocks.{i}.", f"{MV}blocks.{i}."
-    heads = (s["heads"], s["heads"], s["dim"] // s["heads"])
-    rows = [
-        Copy(hf + "norm1.weight", mc + "input_layernorm.weight"),
-        Copy(hf + "norm2.weight", mc + "pre_mlp_layernorm.weight"),
-        FusedQKV(hf + "attn.qkv.weight", mc + "self_attention.linear_qkv.weight", heads=heads),
-        Copy(hf + "attn.proj.weight", mc + "self_attention.linear_proj.weight"),
-        GateUp(hf + "mlp.{gate,up}_proj.weight", mc + "mlp.linear_fc1.weight"),
-        Copy(hf + "mlp.down_proj.weight", mc + "mlp.linear_fc2.weight"),
-    ]
-    if s["qkv_bias"]:
-        rows.append(FusedQKV(hf + "attn.qkv.bias", mc + "self_attention.linear_qkv.bias", heads=heads))
-    return rows
+    """RMSNorm, SwiGLU, no linear biases; the QKV bias where ``attention_bias``."""
+    return patch_block_rows(f"{V}blocks.{i}.", f"{MV}blocks.{i}.", (s["heads"], s["heads"], s["dim"] // s["heads"]),
+                            norm_bias=False, qkv_bias=s["qkv_bias"], proj_bias=False, mlp_bias=False)
 
 
 def tower_rows(config: McoreConfig) -> list:

@@ -11,10 +11,11 @@ transformers' own layout (a published folder converted back is transformers' ``s
 """
 from __future__ import annotations
 
-from pai_zoo import Copy, FusedQKV, GateUp, WeightMap
+from pai_zoo import Copy, GateUp, WeightMap
 from pai_zoo.config_map import McoreConfig
 from pai_zoo.layouts import HF_LAYER, MCORE_LAYER, llama_layout
 from pai_zoo.mapping import StackedExperts, on_layers
+from pai_zoo.tables.mapping.patch_tower_rows import patch_block_rows
 
 from .qwen3_config import qwen3_tower_settings
 
@@ -46,15 +47,8 @@ def qwen3_tower_rows(config: McoreConfig) -> list:
     rows.append(Copy(V + "pos_embed.weight", MV + "pos_embed.weight"))
     heads = (s["heads"], s["heads"], s["dim"] // s["heads"])
     for i in range(s["depth"]):
-        hf, mc = f"{V}blocks.{i}.", f"{MV}blocks.{i}."
-        rows += [Copy(hf + f"{n}.{p}", mc + f"{m}.{p}") for n, m in (("norm1", "input_layernorm"),
-                                                                    ("norm2", "pre_mlp_layernorm"))
-                 for p in ("weight", "bias")]
-        rows += [FusedQKV(hf + f"attn.qkv.{p}", mc + f"self_attention.linear_qkv.{p}", heads=heads)
-                 for p in ("weight", "bias")]
-        rows += [Copy(hf + f"attn.proj.{p}", mc + f"self_attention.linear_proj.{p}") for p in ("weight", "bias")]
-        rows += [Copy(hf + f"mlp.{n}.{p}", mc + f"mlp.{n}.{p}") for n in ("linear_fc1", "linear_fc2")
-                 for p in ("weight", "bias")]
+        rows += patch_block_rows(f"{V}blocks.{i}.", f"{MV}blocks.{i}.", heads, norm_bias=True, qkv_bias=True,
+                                 proj_bias=True, mlp_bias=True, mlp_names=("linear_fc1", "linear_fc2"))
     rows += _merger_rows(V + "merger.", MV + "merger.")
     for j in range(len(s["deepstack"])):
         rows += _merger_rows(f"{V}deepstack_merger_list.{j}.", f"{MV}deepstack_merger_list.{j}.")

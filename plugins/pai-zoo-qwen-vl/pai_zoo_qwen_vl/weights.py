@@ -7,9 +7,10 @@ megatron-core's ``linear_qkv`` groups it per head: :class:`~pai_zoo.FusedQKV` wi
 """
 from __future__ import annotations
 
-from pai_zoo import Copy, FusedQKV, GateUp, WeightMap
+from pai_zoo import Copy, WeightMap
 from pai_zoo.config_map import McoreConfig
 from pai_zoo.layouts import llama_layout, qkv_bias
+from pai_zoo.tables.mapping.patch_tower_rows import patch_block_rows
 
 from .config import tower_settings
 
@@ -17,25 +18,10 @@ V, MV = "visual.", "vision_model."
 
 
 def _block_rows(i: int, s: dict) -> list:
-    hf, mc = f"{V}blocks.{i}.", f"{MV}blocks.{i}."
-    heads = (s["heads"], s["heads"], s["dim"] // s["heads"])
-    rows = [
-        Copy(hf + "norm1.weight", mc + "input_layernorm.weight"),
-        Copy(hf + "norm2.weight", mc + "pre_mlp_layernorm.weight"),
-        FusedQKV(hf + "attn.qkv.weight", mc + "self_attention.linear_qkv.weight", heads=heads),
-        FusedQKV(hf + "attn.qkv.bias", mc + "self_attention.linear_qkv.bias", heads=heads),
-        Copy(hf + "attn.proj.weight", mc + "self_attention.linear_proj.weight"),
-        Copy(hf + "attn.proj.bias", mc + "self_attention.linear_proj.bias"),
-    ]
-    if s["qwen25"]:  # RMSNorm, SwiGLU with biases
-        rows += [GateUp(hf + "mlp.{gate,up}_proj." + p, mc + "mlp.linear_fc1." + p) for p in ("weight", "bias")]
-        rows += [Copy(hf + "mlp.down_proj." + p, mc + "mlp.linear_fc2." + p) for p in ("weight", "bias")]
-    else:  # LayerNorm, fc1 -> quick_gelu -> fc2
-        rows += [Copy(hf + "norm1.bias", mc + "input_layernorm.bias"),
-                 Copy(hf + "norm2.bias", mc + "pre_mlp_layernorm.bias")]
-        rows += [Copy(hf + f"mlp.{n}." + p, mc + f"mlp.linear_{n}." + p) for n in ("fc1", "fc2")
-                 for p in ("weight", "bias")]
-    return rows
+    """Qwen2-VL: LayerNorm, ``fc1 -> quick_gelu -> fc2``; Qwen2.5-VL: RMSNorm, SwiGLU; biases on every linear."""
+    return patch_block_rows(f"{V}blocks.{i}.", f"{MV}blocks.{i}.", (s["heads"], s["heads"], s["dim"] // s["heads"]),
+                            norm_bias=not s["qwen25"], qkv_bias=True, proj_bias=True, mlp_bias=True,
+                            mlp_names=None if s["qwen25"] else ("fc1", "fc2"))
 
 
 def tower_rows(config: McoreConfig) -> list:
