@@ -33,6 +33,16 @@ def saved_models(preset: str, tmp_path_factory, seed: int = 1):
     return folder, load(folder, backend="hf"), load(folder, backend="mcore")
 
 
+def rope_index(hf, input_ids, attention_mask=None, types=None, **grids):
+    """transformers' own M-RoPE position ids (``model.model.get_rope_index``) for ``input_ids``; the token types
+    (1 image, 2 video) from the family's placeholders unless given."""
+    if types is None:
+        pad = hf.family.vision.placeholders(hf.mcore_config)
+        types = torch.zeros_like(input_ids)
+        types[input_ids == pad["image"]], types[input_ids == pad["video"]] = 1, 2
+    return hf.model.model.get_rope_index(input_ids, types, attention_mask=attention_mask, **grids)[0]
+
+
 def assert_agree(hf, mc, input_ids, want_positions, attention_mask=None, tol: float = 1e-4, **vision) -> float:
     """The family's position ids equal ``want_positions`` (transformers' own) and the logits of the two backends
     agree within ``tol`` on the unmasked tokens; the largest difference."""

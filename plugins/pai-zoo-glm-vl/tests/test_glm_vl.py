@@ -14,7 +14,7 @@ import torch
 
 from pai_zoo.errors import PaiZooError
 from pai_zoo_conformance.cli_runs import assert_convert_round_trip
-from pai_zoo_conformance.vision_fixtures import assert_agree, random_image, saved_models
+from pai_zoo_conformance.vision_fixtures import assert_agree, random_image, rope_index, saved_models
 
 #: one megatron-core pass (0.19's venv, where torchvision loads for the video); the suite's forward checks, image
 #: batch included, run in both
@@ -51,7 +51,7 @@ def _agree(hf, mc, input_ids, attention_mask=None, token_types=None, **vision) -
     types = hf.hf_vision_inputs(input_ids)["mm_token_type_ids"]
     if token_types is not None:  # the processor's own
         assert torch.equal(types, token_types)
-    want_pos = hf.model.model.get_rope_index(input_ids, types, attention_mask=attention_mask, **grids)[0]
+    want_pos = rope_index(hf, input_ids, attention_mask, types, **grids)
     return assert_agree(hf, mc, input_ids, want_pos, attention_mask, TOL, **vision)
 
 

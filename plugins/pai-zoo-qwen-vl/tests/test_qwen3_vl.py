@@ -18,7 +18,7 @@ import torch
 
 import pai_zoo
 from pai_zoo_conformance import ConformanceFailure, checks
-from pai_zoo_conformance.vision_fixtures import assert_agree, random_image, saved_models
+from pai_zoo_conformance.vision_fixtures import assert_agree, random_image, rope_index, saved_models
 
 PRESETS = ["qwen3_vl-odd", "qwen3_vl_moe-odd"]
 TOL = 1e-4
@@ -30,16 +30,9 @@ def models(request, tmp_path_factory):
     return saved_models(request.param, tmp_path_factory)
 
 
-def _rope_index(hf, input_ids, attention_mask=None, **grids):
-    pad = hf.family.vision.placeholders(hf.mcore_config)
-    types = torch.zeros_like(input_ids)
-    types[input_ids == pad["image"]], types[input_ids == pad["video"]] = 1, 2
-    return hf.model.model.get_rope_index(input_ids, types, attention_mask=attention_mask, **grids)[0]
-
-
 def _agree(hf, mc, input_ids, attention_mask=None, **vision) -> float:
     grids = {k: v for k, v in vision.items() if k in ("image_grid_thw", "video_grid_thw")}
-    want_pos = _rope_index(hf, input_ids, attention_mask, **{k: v.clone() for k, v in grids.items()})
+    want_pos = rope_index(hf, input_ids, attention_mask, **{k: v.clone() for k, v in grids.items()})
     return assert_agree(hf, mc, input_ids, want_pos, attention_mask, TOL, **vision)
 
 

@@ -17,7 +17,7 @@ import torch
 
 from pai_zoo.errors import PaiZooError
 from pai_zoo_conformance.cli_runs import assert_convert_round_trip, run_cli
-from pai_zoo_conformance.vision_fixtures import assert_agree, random_image, saved_models
+from pai_zoo_conformance.vision_fixtures import assert_agree, random_image, rope_index, saved_models
 
 # the odd presets (the tiny ones run the conformance suite, its image and video batch included)
 PRESETS = ["qwen2-vl-odd", "qwen2.5-vl-odd"]
@@ -49,16 +49,9 @@ def _merged(grid: torch.Tensor, handle) -> list[int]:
     return (grid.prod(-1) // merge ** 2).tolist()
 
 
-def _rope_index(hf, input_ids, attention_mask=None, **grids):
-    pad = hf.family.vision.placeholders(hf.mcore_config)
-    types = torch.zeros_like(input_ids)
-    types[input_ids == pad["image"]], types[input_ids == pad["video"]] = 1, 2
-    return hf.model.model.get_rope_index(input_ids, types, attention_mask=attention_mask, **grids)[0]
-
-
 def _agree(hf, mc, input_ids, attention_mask=None, **vision) -> float:
     grids = {k: v for k, v in vision.items() if k in ("image_grid_thw", "video_grid_thw", "second_per_grid_ts")}
-    want_pos = _rope_index(hf, input_ids, attention_mask, **grids)
+    want_pos = rope_index(hf, input_ids, attention_mask, **grids)
     return assert_agree(hf, mc, input_ids, want_pos, attention_mask, TOL, **vision)
 
 
