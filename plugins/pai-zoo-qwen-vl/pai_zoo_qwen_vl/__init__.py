@@ -13,11 +13,10 @@ The language model is megatron-core's ``GPTModel`` (``position_embedding_type="m
 """
 from __future__ import annotations
 
-from pai_zoo import Family, hookimpl
-from pai_zoo.family import LazyClass
+from pai_zoo import hookimpl
 from pai_zoo.vision import VisionSpec
 
-from .config import VisionLanguageConfig, placeholder_ids, token_key, tower_parameters
+from .config import VisionLanguageConfig, placeholder_ids, qwen_vl_family, token_key, tower_parameters
 from .presets import QWEN2_5_VL_PRESETS, QWEN2_VL_PRESETS
 from .processor_files import write_test_tokenizer
 from .weights import qwen_vl_weights
@@ -73,23 +72,10 @@ MODULE_PREFIXES = (("model.", "model.language_model."), ("visual.", "model.visua
 
 def _family(name: str, aliases: tuple, architecture: str, model_type: str, presets: dict, description: str):
     """One Qwen-VL family: the nested config, the table, transformers' class, the tower, the test tokenizer."""
-    return Family(
-        name=name,
-        aliases=aliases,
-        hf_architectures=(architecture,),
-        model_types=(model_type,),
-        presets=presets,
-        tiny=f"{name}-tiny",
-        odd=f"{name}-odd",
-        config_map=VisionLanguageConfig(f"{model_type}_text", f"{model_type}_vision"),
-        weight_map=qwen_vl_weights,
-        hf_model_class=LazyClass(f"transformers:{architecture}"),
-        test_tokenizer=write_test_tokenizer,
-        vision=QWEN_VL_VISION,
-        hf_module_prefixes=MODULE_PREFIXES,
-        backends=("local",),  # the tower is megatron-core's local layers; Transformer Engine is untested here
-        description=description,
-    )
+    return qwen_vl_family(name, aliases, architecture, model_type, presets, description,
+                          config_map=VisionLanguageConfig(f"{model_type}_text", f"{model_type}_vision"),
+                          weight_map=qwen_vl_weights, test_tokenizer=write_test_tokenizer, vision=QWEN_VL_VISION,
+                          hf_module_prefixes=MODULE_PREFIXES)
 
 
 QWEN2_VL = _family("qwen2-vl", ("qwen2_vl",), "Qwen2VLForConditionalGeneration", "qwen2_vl", QWEN2_VL_PRESETS,

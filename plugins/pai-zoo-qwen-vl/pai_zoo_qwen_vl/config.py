@@ -8,8 +8,9 @@ as one dict under ``family.vision`` and the placeholder ids under ``family.*_tok
 """
 from __future__ import annotations
 
-from pai_zoo import ConfigMap
+from pai_zoo import ConfigMap, Family
 from pai_zoo.config_map import McoreConfig
+from pai_zoo.family import LazyClass
 from pai_zoo.plugin.config_map import FAMILY_KEY_PREFIX
 from pai_zoo.plugin.nested_config import MropeSections, NestedVisionConfig, family_key
 from pai_zoo.vision import VISION_KEY
@@ -41,6 +42,17 @@ class VisionLanguageConfig(NestedVisionConfig):
 
     def own_keys(self, config: McoreConfig) -> set[str]:
         return {k for k in config.arch if k.startswith(FAMILY_KEY_PREFIX)} | {VISION_KEY, "mrope_section"}
+
+
+def qwen_vl_family(name: str, aliases: tuple, architecture: str, model_type: str, presets: dict, description: str,
+                   **fields) -> Family:
+    """One Qwen-VL family: what Qwen2-VL's and Qwen3-VL's share (names, presets, transformers' class, the local
+    layers only: the tower is megatron-core's local layers, Transformer Engine is untested here), ``fields`` the
+    rest (config and weight maps, the tower, the test tokenizer)."""
+    return Family(name=name, aliases=aliases, hf_architectures=(architecture,), model_types=(model_type,),
+                  presets=presets, tiny=f"{name}-tiny", odd=f"{name}-odd",
+                  hf_model_class=LazyClass(f"transformers:{architecture}"), backends=("local",),
+                  description=description, **fields)
 
 
 def tower_settings(config: McoreConfig) -> dict:

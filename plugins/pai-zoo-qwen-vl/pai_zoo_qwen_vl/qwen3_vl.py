@@ -9,11 +9,9 @@ their own, their timestamps text (:mod:`pai_zoo_qwen_vl.qwen3_positions`).
 """
 from __future__ import annotations
 
-from pai_zoo import Family
-from pai_zoo.family import LazyClass
 from pai_zoo.vision import VisionSpec
 
-from .config import placeholder_ids, token_key
+from .config import placeholder_ids, qwen_vl_family, token_key
 from .processor_files import write_qwen3_vl_test_tokenizer
 from .qwen3_config import (
     QWEN3_VL_MOE_TEXT_CONFIG,
@@ -70,23 +68,11 @@ QWEN3_VL_VISION = VisionSpec(tower=_tower, placeholders=placeholder_ids, positio
 #: Megatron-LM's own Qwen3-VL checkpoints are told by args.vision_model_type (pai_zoo.models.megatron_lm_vision).
 
 def _family(name, aliases, architecture, model_type, presets, config_map, weights, megatron_args, description):
-    return Family(
-        name=name,
-        aliases=aliases,
-        hf_architectures=(architecture,),
-        model_types=(model_type,),
-        presets=presets,
-        tiny=f"{name}-tiny",
-        odd=f"{name}-odd",
-        config_map=Qwen3VisionLanguageConfig(f"{model_type}_text", f"{model_type}_vision", config_map),
-        weight_map=weights,
-        hf_model_class=LazyClass(f"transformers:{architecture}"),
-        test_tokenizer=write_qwen3_vl_test_tokenizer,
-        vision=QWEN3_VL_VISION,
-        megatron_args=megatron_args,
-        backends=("local",),  # the tower is megatron-core's local layers; Transformer Engine is untested here
-        description=description,
-    )
+    return qwen_vl_family(name, aliases, architecture, model_type, presets, description,
+                          config_map=Qwen3VisionLanguageConfig(f"{model_type}_text", f"{model_type}_vision",
+                                                               config_map),
+                          weight_map=weights, test_tokenizer=write_qwen3_vl_test_tokenizer, vision=QWEN3_VL_VISION,
+                          megatron_args=megatron_args)
 
 
 QWEN3_VL = _family("qwen3_vl", ("qwen3-vl",), "Qwen3VLForConditionalGeneration", "qwen3_vl", QWEN3_VL_PRESETS,
