@@ -288,8 +288,11 @@ def test_online_download_through_a_mocked_hub_and_its_errors(hub_cache, tmp_path
     """Online, a model missing from the cache is downloaded (model files only) into huggingface_hub's cache; gated,
     missing and unknown revisions are one line each. The Hub is an httpx2 mock transport: no socket is opened."""
     import httpx2
+    import huggingface_hub
     from huggingface_hub import constants
-    from huggingface_hub.utils import _http
+    from huggingface_hub.utils import _http, are_progress_bars_disabled
+
+    from pai_zoo.util.quiet import quiet_run
 
     folder = tmp_path / "repo"
     shutil.copytree(hub_cache[1]["narrow"], folder)
@@ -299,8 +302,18 @@ def test_online_download_through_a_mocked_hub_and_its_errors(hub_cache, tmp_path
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     _http.set_client_factory(lambda: httpx2.Client(transport=transport))
+    bars = []
+    download = huggingface_hub.snapshot_download
+
+    def watched(*args, **kwargs):  # huggingface_hub's progress bars are on while it downloads, in a quiet run too
+        bars.append((kwargs.get("local_files_only", False), are_progress_bars_disabled()))
+        return download(*args, **kwargs)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", watched)
     try:
-        got = pai_zoo.load("org/online", backend="hf")
+        with quiet_run():
+            got = pai_zoo.load("org/online", backend="hf")
+        assert (False, False) in bars and are_progress_bars_disabled() is False  # on in the download; restored
         snapshot = tmp_path / "cache" / "models--org--online" / "snapshots" / commit
         assert got.checkpoint == snapshot and got.hf_config.hidden_size == 32
         assert not (snapshot / "model.gguf").exists() and (snapshot / "model.safetensors").is_file()

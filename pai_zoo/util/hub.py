@@ -13,6 +13,7 @@ cache folder lets one download while the others wait, then find the snapshot cac
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -142,7 +143,8 @@ def _download(repo_id: str, revision: str | None, weights: bool) -> Path:
     try:
         info = hh.HfApi().model_info(repo_id, revision=revision)
         patterns = model_patterns([s.rfilename for s in info.siblings or ()], weights)
-        return Path(hh.snapshot_download(repo_id, revision=revision, allow_patterns=patterns))
+        with _download_bars():
+            return Path(hh.snapshot_download(repo_id, revision=revision, allow_patterns=patterns))
     except errors.GatedRepoError:
         raise HubError(f"{named}: a gated model on the Hugging Face Hub; accept its terms at "
                        f"https://huggingface.co/{repo_id} and give a token of that account (HF_TOKEN=..., or "
@@ -160,10 +162,25 @@ def _download(repo_id: str, revision: str | None, weights: bool) -> Path:
         raise HubError(f"{named}: the Hugging Face Hub answered {status} ({str(exc).splitlines()[0]})") from None
 
 
+@contextlib.contextmanager
+def _download_bars():
+    """huggingface_hub's progress bars on for a download, also in a quiet run (which turns transformers' bars off,
+    and with them huggingface_hub's); ``HF_HUB_DISABLE_PROGRESS_BARS=1`` still keeps them off."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+
+    was_off = are_progress_bars_disabled()
+    if was_off and not constants.HF_HUB_DISABLE_PROGRESS_BARS:
+        enable_progress_bars()
+    try:
+        yield
+    finally:
+        if was_off and not constants.HF_HUB_DISABLE_PROGRESS_BARS:
+            disable_progress_bars()
+
+
 def _lock(repo_id: str):
     """A lock per model in the cache folder, or a no-op where the cache cannot take one (a read-only cache)."""
-    import contextlib
-
     from filelock import FileLock
 
     folder = cache_folder() / ".locks" / "pai-zoo"
