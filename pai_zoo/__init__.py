@@ -111,6 +111,22 @@ def load(name_or_path, backend: str = "mcore", checkpoint=None, **kwargs):
     return _load(name_or_path, backend=backend, checkpoint=checkpoint, **kwargs)
 
 
+def export_hf_weights(model, **kwargs):
+    """Stream a live (sharded) megatron-core model's weights in Hugging Face names; see
+    :func:`pai_zoo.models.live_weights.export_hf_weights`."""
+    from .models.live_weights import export_hf_weights as _export
+
+    return _export(model, **kwargs)
+
+
+def import_hf_weights(model, pairs, **kwargs):
+    """Load ``(hf_name, tensor)`` pairs into a live (sharded) megatron-core model; see
+    :func:`pai_zoo.models.live_weights.import_hf_weights`."""
+    from .models.live_weights import import_hf_weights as _import
+
+    return _import(model, pairs, **kwargs)
+
+
 def generate(handle, prompts, **kwargs):
     """Complete ``prompts`` with a loaded model's handle; see :func:`pai_zoo.generation.generate`."""
     from .generation import generate as _generate
@@ -145,8 +161,10 @@ __all__ = [
     "Vocab",
     "WeightMap",
     "convert",
+    "export_hf_weights",
     "generate",
     "get_registry",
     "hookimpl",
+    "import_hf_weights",
     "load",
 ]

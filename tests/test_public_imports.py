@@ -61,7 +61,8 @@ PUBLIC_MODULES = {
 TOP_LEVEL = ("ConfigMap", "ConfigTranslationError", "Copy", "Dropped", "Family", "Field", "Fixed", "FixedIfPresent",
              "FusedQKV", "GateUp", "LazyClass", "MappingContext", "MappingError", "McoreConfig", "Output",
              "PaiZooError", "PluginError", "QKV", "Require", "Rope", "Row", "Rule", "UnknownModelError", "Vocab",
-             "WeightMap", "convert", "generate", "get_registry", "hookimpl", "load")
+             "WeightMap", "convert", "export_hf_weights", "generate", "get_registry", "hookimpl", "import_hf_weights",
+             "load")
 
 
 @pytest.mark.parametrize("old,new", sorted(PUBLIC_MODULES.items()))

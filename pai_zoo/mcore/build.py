@@ -198,7 +198,18 @@ def build_gpt_model(
     set_inverse_frequencies(model, config)  # float32, like megatron-core's own
     apply_layer_rope(model, config)  # the layer kinds with their own RoPE (pai_zoo.mcore.layer_rope)
     apply_mrope_layout(model, config)  # interleaved M-RoPE (Qwen3-VL; pai_zoo.mcore.mrope)
+    model.pai_zoo_origin = ModelOrigin(family, config)  # for pai_zoo.export_hf_weights / import_hf_weights
     return model
+
+
+class ModelOrigin:
+    """The family and config a model was built from (``model.pai_zoo_origin``); a copy of the model shares it."""
+
+    def __init__(self, family: Family, config: McoreConfig):
+        self.family, self.config = family, config
+
+    def __deepcopy__(self, memo):
+        return self
 
 
 def mask_padded_vocab(model, vocab_size: int) -> None:
