@@ -11,7 +11,7 @@ float32-statistics RMSNorm their towers use.
 * :func:`frame_segments` and :func:`segment_mask`: one attention segment per frame of each image or video;
 * :func:`tower_transformer_config` and :func:`tower_blocks`: the tower's megatron-core layers (bidirectional).
 
-megatron-core is imported only when the layers are built.
+megatron-core's layer modules are imported only when the layers are built.
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from ..plugin.config_map import McoreConfig
+from .build import transformer_config
 
 __all__ = ["PatchEmbed", "VisionRMSNorm", "frame_segments", "patch_positions", "patch_rotary", "rotary_inv_freq",
            "segment_mask", "tower_blocks", "tower_transformer_config"]
@@ -95,8 +96,6 @@ def tower_transformer_config(config, lm_config, *, depth: int, dim: int, heads: 
     """The tower layers' megatron-core ``TransformerConfig``: the tower's shape (``depth`` layers of width ``dim``
     in ``heads`` heads, an MLP ``ffn`` wide, ``norm`` "LayerNorm" or "RMSNorm"), the language model's tensor-parallel
     size and dtype (``lm_config``), one pipeline stage, no sequence parallelism."""
-    from .build import transformer_config
-
     arch = {
         "num_layers": depth, "hidden_size": dim, "num_attention_heads": heads, "ffn_hidden_size": ffn,
         "kv_channels": dim // heads, "add_bias_linear": bias, "add_qkv_bias": qkv_bias, "layernorm_epsilon": eps,
