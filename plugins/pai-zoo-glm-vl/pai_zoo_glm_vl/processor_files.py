@@ -6,9 +6,9 @@ tests make a few dozen patches per image.
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
+from pai_zoo.testing.processor_files import save_image_processor, video_settings, write_json
 from pai_zoo_glm.tokenizer_files import GLM4_SPECIAL_TOKENS, write_glm4_tokenizer
 
 _LEARNT = 400
@@ -54,15 +54,11 @@ def write_processor_files(folder, *, patch_size: int = 14, merge_size: int = 2, 
     folder = Path(folder)
     sizes = {"patch_size": patch_size, "merge_size": merge_size, "temporal_patch_size": temporal_patch_size}
     bounds = {"shortest_edge": TEST_MIN_PIXELS, "longest_edge": TEST_MAX_PIXELS}
-    Glm4vImageProcessorPil(size=bounds, **sizes).save_pretrained(folder)
-    config = json.loads((folder / "preprocessor_config.json").read_text())
-    config["image_processor_type"] = "Glm4vImageProcessor"  # as published: AutoImageProcessor picks the backend
-    (folder / "preprocessor_config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    video = {**{k: v for k, v in config.items() if k not in ("image_processor_type", "backend")},
-             "video_processor_type": "Glm4vVideoProcessor", "do_sample_frames": False, "fps": 2,
-             "max_image_size": {"longest_edge": TEST_MAX_PIXELS}}
-    (folder / "video_preprocessor_config.json").write_text(json.dumps(video, indent=2, sort_keys=True) + "\n")
-    (folder / "processor_config.json").write_text(json.dumps({"processor_class": "Glm4vProcessor"}, indent=2) + "\n")
+    config = save_image_processor(Glm4vImageProcessorPil(size=bounds, **sizes), folder, "Glm4vImageProcessor")
+    write_json(folder / "video_preprocessor_config.json",
+               {**video_settings(config), "video_processor_type": "Glm4vVideoProcessor", "do_sample_frames": False,
+                "fps": 2, "max_image_size": {"longest_edge": TEST_MAX_PIXELS}})
+    write_json(folder / "processor_config.json", {"processor_class": "Glm4vProcessor"})
     return folder
 
 

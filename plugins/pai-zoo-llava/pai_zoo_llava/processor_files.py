@@ -11,6 +11,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+from pai_zoo.testing.processor_files import save_image_processor, write_json
 from pai_zoo_qwen.tokenizer_files import ENDOFTEXT, IM_END, IM_START, write_qwen2_tokenizer
 
 IMAGE, VIDEO = "<image>", "<video>"
@@ -68,19 +69,17 @@ def write_processor_files(folder) -> Path:
     folder = Path(folder)
     s = _settings(folder)
     size = {"height": s["tile"], "width": s["tile"]}
-    LlavaOnevisionImageProcessorPil(size=size, image_grid_pinpoints=s["pinpoints"]).save_pretrained(folder)
-    config = json.loads((folder / "preprocessor_config.json").read_text())
-    config["image_processor_type"] = "LlavaOnevisionImageProcessor"  # as published: AutoImageProcessor picks
-    (folder / "preprocessor_config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    config = save_image_processor(LlavaOnevisionImageProcessorPil(size=size, image_grid_pinpoints=s["pinpoints"]),
+                                  folder, "LlavaOnevisionImageProcessor")
     video = {"video_processor_type": "LlavaOnevisionVideoProcessor", "size": size, "do_resize": True,
              "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True, "do_convert_rgb": True,
              "image_mean": config["image_mean"], "image_std": config["image_std"], "resample": config["resample"],
              "do_sample_frames": False, "processor_class": "LlavaOnevisionProcessor"}
-    (folder / "video_preprocessor_config.json").write_text(json.dumps(video, indent=2, sort_keys=True) + "\n")
+    write_json(folder / "video_preprocessor_config.json", video)
     processor = {"processor_class": "LlavaOnevisionProcessor", "num_image_tokens": (s["tile"] // s["patch"]) ** 2,
                  "vision_feature_select_strategy": s["strategy"], "vision_aspect_ratio": s["aspect"],
                  "image_token": IMAGE, "video_token": VIDEO}
-    (folder / "processor_config.json").write_text(json.dumps(processor, indent=2, sort_keys=True) + "\n")
+    write_json(folder / "processor_config.json", processor)
     return folder
 
 

@@ -11,6 +11,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+from pai_zoo.testing.processor_files import save_image_processor, video_settings, write_json
 from pai_zoo_qwen.tokenizer_files import ENDOFTEXT, IM_END, IM_START, write_qwen2_tokenizer
 
 VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD = "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"
@@ -57,14 +58,10 @@ def write_processor_files(folder, *, patch_size: int = 14, merge_size: int = 2, 
     folder = Path(folder)
     sizes = {"patch_size": patch_size, "merge_size": merge_size, "temporal_patch_size": temporal_patch_size}
     bounds = {"shortest_edge": TEST_MIN_PIXELS, "longest_edge": TEST_MAX_PIXELS}
-    Qwen2VLImageProcessorPil(size=bounds, **sizes).save_pretrained(folder)
-    config = json.loads((folder / "preprocessor_config.json").read_text())
-    config["image_processor_type"] = "Qwen2VLImageProcessor"  # as published: AutoImageProcessor picks the backend
-    (folder / "preprocessor_config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    video = {**{k: v for k, v in config.items() if k not in ("image_processor_type", "backend")},
-             "video_processor_type": "Qwen2VLVideoProcessor", "do_sample_frames": False,
-             "min_frames": 4, "max_frames": 768}
-    (folder / "video_preprocessor_config.json").write_text(json.dumps(video, indent=2, sort_keys=True) + "\n")
+    config = save_image_processor(Qwen2VLImageProcessorPil(size=bounds, **sizes), folder, "Qwen2VLImageProcessor")
+    write_json(folder / "video_preprocessor_config.json",
+               {**video_settings(config), "video_processor_type": "Qwen2VLVideoProcessor", "do_sample_frames": False,
+                "min_frames": 4, "max_frames": 768})
     return folder
 
 
@@ -85,6 +82,5 @@ def write_qwen3_vl_test_tokenizer(folder) -> Path:
                         ("video_preprocessor_config.json", {"video_processor_type": "Qwen3VLVideoProcessor",
                                                             "cap_pixels_per_frame": False})):
         path = Path(folder) / name
-        config = {**json.loads(path.read_text()), "image_mean": [0.5] * 3, "image_std": [0.5] * 3, **extra}
-        path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        write_json(path, {**json.loads(path.read_text()), "image_mean": [0.5] * 3, "image_std": [0.5] * 3, **extra})
     return folder
