@@ -29,11 +29,13 @@ $(PY):
 # torch first, pinned to 2.13.0 (on Python 3.11 the registry's CPU build; an unpinned torch would pull a
 # multi-GB CUDA build), then megatron-core (pyproject: >=0.16.1,<0.20, so 0.16.1 on 3.11, the newest 0.19.x
 # on 3.12), transformers and the rest through the packages' own dependencies, then the core, the
-# conformance suite and every plugin, editable.
+# conformance suite and every plugin, editable. The editable projects (and the few dependencies published as
+# sources) build with the venv's own setuptools (--no-build-isolation): every pyproject here asks for setuptools
+# alone, and pip's isolation would make a fresh build environment, setuptools installed, for each of the 26 projects.
 $(STAMP): $(PY) pyproject.toml conformance/pyproject.toml $(addsuffix /pyproject.toml,$(PLUGINS))
-	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q --upgrade pip "setuptools>=70.1"
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[test]" -e conformance $(foreach p,$(PLUGINS),-e "$(p)[test]")
+	$(PY) -m pip install -q --no-build-isolation -e ".[test]" -e conformance $(foreach p,$(PLUGINS),-e "$(p)[test]")
 	touch $(STAMP)
 
 setup: $(STAMP)
