@@ -60,9 +60,10 @@ class WorkerError(AssertionError):
 class WorkerGroup:
     """``nproc`` ranks under one ``torchrun``, started on the first :meth:`run` and kept for the next ones."""
 
-    def __init__(self, nproc: int = 2, timeout: float = CALL_TIMEOUT):
+    def __init__(self, nproc: int = 2, timeout: float = CALL_TIMEOUT, grace: float = GRACE):
         self.nproc = nproc
         self.timeout = timeout
+        self.grace = grace  # seconds the other ranks get once one has failed (:data:`GRACE` by default)
         self.starts = 0  # how many times the ranks were started (a restart after a failure counts)
         self._proc: subprocess.Popen | None = None
         self._conns: list[Connection] = []
@@ -74,7 +75,7 @@ class WorkerGroup:
         """Call ``fn(*args, **kwargs)`` on every rank, with this process's environment and working directory;
         returns the results by rank. Raises :class:`WorkerError` when a rank raises, dies or takes longer than
         ``timeout`` seconds (default :attr:`timeout`). ``failed(result)``, when given, says that a rank's result
-        is a failure (a non-zero exit code): the other ranks then get :data:`GRACE` seconds, as after a raise.
+        is a failure (a non-zero exit code): the other ranks then get :attr:`grace` seconds, as after a raise.
         A rank that does not answer has its Python stack written to the error before the group is stopped."""
         task = {"module": fn.__module__, "name": fn.__qualname__, "file": _file_of(fn), "args": args,
                 "kwargs": kwargs, "env": dict(os.environ), "cwd": os.getcwd()}
@@ -114,7 +115,7 @@ class WorkerGroup:
                 if failed is not None and failed(value):
                     failures.append(rank)
             if errors or failures:  # the others may wait in a collective the failed rank never reached
-                deadline = min(deadline, time.monotonic() + GRACE)
+                deadline = min(deadline, time.monotonic() + self.grace)
         if pending or died:
             if pending:
                 late = ", ".join(map(str, pending))

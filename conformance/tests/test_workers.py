@@ -81,7 +81,8 @@ def test_a_call_gets_the_callers_environment_and_directory(pai_zoo_workers, monk
 
 @pytest.fixture(scope="module")
 def group():
-    workers = WorkerGroup(2, timeout=60)
+    # a 4 s grace (the session's group: 10 s): the two tests of a rank left waiting after another failed wait it out
+    workers = WorkerGroup(2, timeout=60, grace=4)
     yield workers
     workers.close()
 
