@@ -24,17 +24,19 @@ def tensors(folder) -> dict:
 def sources(tmp_path_factory):
     """preset -> (HF folder, megatron-core checkpoint converted from it)."""
     out = {}
-    for preset in ("qwen2-tiny", "qwen3-moe-tiny"):
+    for preset, overrides in (("qwen2-tiny", {}), ("qwen3-moe-tiny", {}), ("qwen2-4-layers", {"num_hidden_layers": 4})):
         root = tmp_path_factory.mktemp(preset)
-        pai_zoo.load(preset, backend="hf", seed=3).model.save_pretrained(root / "hf")
+        pai_zoo.load(preset.replace("-4-layers", "-tiny"), backend="hf", seed=3, **overrides).model.save_pretrained(
+            root / "hf")
         convert(root / "hf", root / "mcore", "mcore")
         out[preset] = (root / "hf", root / "mcore")
     return out
 
 
 # -- on every rank of the worker group --------------------------------------------------------------------------
-def _build(checkpoint, tp=1, pp=1, ep=1):
-    """``checkpoint``'s model with this layout, its weights loaded by megatron-core's own loader."""
+def _build(checkpoint, tp=1, pp=1, ep=1, vpp=1):
+    """``checkpoint``'s model with this layout (``vpp`` > 1: a list of virtual-pipeline chunks), its weights loaded
+    by megatron-core's own loader."""
     from megatron.core import parallel_state
 
     from pai_zoo.families.registry import get_registry
@@ -47,28 +49,49 @@ def _build(checkpoint, tp=1, pp=1, ep=1):
     torch.set_num_threads(1)
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()
-    ensure_model_parallel(tp, pp, expert_model_parallel_size=ep if ep > 1 else None)
+    ensure_model_parallel(tp, pp, expert_model_parallel_size=ep if ep > 1 else None,
+                          virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None)
     config, record = mcore_dist.mcore_config_of(checkpoint)
-    model = build_gpt_model(get_registry().family(config.family), config,
-                            padded_vocab_size=record.get("padded_vocab_size"),
-                            pre_process=parallel_state.is_pipeline_first_stage(),
-                            post_process=parallel_state.is_pipeline_last_stage(),
-                            **({"expert_model_parallel_size": ep} if ep > 1 else {})).eval()
+    chunks = []
+    for i in range(vpp):
+        stage = i if vpp > 1 else None
+        overrides = {**({"expert_model_parallel_size": ep} if ep > 1 else {}),
+                     **({"virtual_pipeline_model_parallel_size": vpp} if vpp > 1 else {})}
+        chunks.append(build_gpt_model(
+            get_registry().family(config.family), config, padded_vocab_size=record.get("padded_vocab_size"),
+            pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=stage is None, vp_stage=stage),
+            post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=stage is None, vp_stage=stage),
+            vp_stage=stage, **overrides).eval())
+    model = chunks if vpp > 1 else chunks[0]
     dist_ckpt.load_model_weights(model, iteration_dir(checkpoint))
     return model
 
 
-def export_worker(checkpoint, tp, pp, ep, save):
+def export_worker(checkpoint, tp, pp, ep, vpp, save):
     """Every rank's export (copies) and peak bytes; the model saved into ``save`` by megatron-core."""
-    from pai_zoo_conformance.parallel_worker import _save_like_megatron
+    import shutil
 
-    model = _build(checkpoint, tp, pp, ep)
+    from megatron.core import dist_checkpointing
+
+    from pai_zoo.formats import mcore_dist
+    from pai_zoo.mcore.dist_ckpt import model_sharded_state
+
+    model = _build(checkpoint, tp, pp, ep, vpp)
     stream = pai_zoo.export_hf_weights(model)
     got = {}
     for name, tensor in stream:
         got[name] = tensor.clone()
         del tensor
-    _save_like_megatron(model, checkpoint, save)
+    save, source = Path(save), Path(checkpoint)  # as a training run with this layout saves it
+    if torch.distributed.get_rank() == 0:
+        (save / mcore_dist.RELEASE).mkdir(parents=True)
+        for name in (mcore_dist.TRACKER, mcore_dist.PAI_ZOO_CONFIG):
+            shutil.copy2(source / name, save / name)
+        shutil.copytree(source / mcore_dist.HF_DIR, save / mcore_dist.HF_DIR)
+    torch.distributed.barrier()
+    chunks = model if isinstance(model, list) else [model]
+    dist_checkpointing.save({f"model{i}": model_sharded_state(c) for i, c in enumerate(chunks)},
+                            str(save / mcore_dist.RELEASE))
     return got, stream.peak_bytes
 
 
@@ -108,14 +131,14 @@ def adapters_worker(checkpoint, save):
 
 
 # -- the tests ---------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("preset,tp,pp,ep", [("qwen2-tiny", 2, 1, 1), ("qwen2-tiny", 1, 2, 1),
-                                              ("qwen3-moe-tiny", 1, 1, 2)])
-def test_export_equals_convert_to_hf_bit_for_bit(sources, tmp_path, pai_zoo_workers, preset, tp, pp, ep):
+@pytest.mark.parametrize("preset,tp,pp,ep,vpp", [("qwen2-tiny", 2, 1, 1, 1), ("qwen2-tiny", 1, 2, 1, 1),
+                                                  ("qwen3-moe-tiny", 1, 1, 2, 1), ("qwen2-4-layers", 1, 2, 1, 2)])
+def test_export_equals_convert_to_hf_bit_for_bit(sources, tmp_path, pai_zoo_workers, preset, tp, pp, ep, vpp):
     _, checkpoint = sources[preset]
-    results = pai_zoo_workers.run(export_worker, str(checkpoint), tp, pp, ep, str(tmp_path / "saved"))
+    results = pai_zoo_workers.run(export_worker, str(checkpoint), tp, pp, ep, vpp, str(tmp_path / "saved"))
     convert(tmp_path / "saved", tmp_path / "hf", "hf")
     written = tensors(tmp_path / "hf")
-    assert written and (preset != "qwen2-tiny" or "lm_head.weight" not in written)  # tied: left out
+    assert written and (preset == "qwen3-moe-tiny" or "lm_head.weight" not in written)  # tied: left out
     for got, _ in results:  # every rank receives every tensor
         assert got.keys() == written.keys()
         for name, tensor in written.items():

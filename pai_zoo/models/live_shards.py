@@ -57,21 +57,32 @@ class Fragment:
 
 
 class _Bytes:
-    """The bytes of the tensors a stream assembled that are still referenced somewhere (a weak reference per
-    tensor): :attr:`LiveShards.peak_bytes` is their most at once."""
+    """The bytes of the storages of the tensors a stream assembled or produced that are still referenced somewhere
+    (a weak reference per tensor; views of one storage count it once): :attr:`LiveShards.peak_bytes` is their most
+    at once."""
 
     def __init__(self):
         self.now = self.peak = 0
+        self._held: dict[int, list[int]] = {}  # storage address -> [bytes, live tensors]
 
     def hold(self, tensor: torch.Tensor) -> torch.Tensor:
-        size = tensor.numel() * tensor.element_size()
-        self.now += size
-        self.peak = max(self.peak, self.now)
-        weakref.finalize(tensor, self._free, size)
+        storage = tensor.untyped_storage()
+        ptr = storage.data_ptr()
+        entry = self._held.get(ptr)
+        if entry is None:
+            entry = self._held[ptr] = [storage.nbytes(), 0]
+            self.now += entry[0]
+            self.peak = max(self.peak, self.now)
+        entry[1] += 1
+        weakref.finalize(tensor, self._free, ptr)
         return tensor
 
-    def _free(self, size: int) -> None:
-        self.now -= size
+    def _free(self, ptr: int) -> None:
+        entry = self._held[ptr]
+        entry[1] -= 1
+        if not entry[1]:
+            self.now -= entry[0]
+            del self._held[ptr]
 
 
 def _single_name(local: str, key: str, offsets: tuple, prepend: int, layers: dict[int, int]) -> str:
