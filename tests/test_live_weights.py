@@ -33,6 +33,9 @@ def sources(tmp_path_factory):
     return out
 
 
+IDS = torch.tensor([[5, 1, 7, 2, 9, 3, 11, 4]])
+
+
 # -- on every rank of the worker group --------------------------------------------------------------------------
 def _build(checkpoint, tp=1, pp=1, ep=1, vpp=1):
     """``checkpoint``'s model with this layout (``vpp`` > 1: a list of virtual-pipeline chunks), its weights loaded
@@ -106,7 +109,7 @@ def import_worker(checkpoint, hf_folder, tp, pp, whole_model):
             p.zero_()
     hf = pai_zoo.load(hf_folder, backend="hf").model
     pai_zoo.import_hf_weights(handle.model, hf if whole_model else hf.state_dict().items())
-    return handle.logits(torch.tensor([[5, 1, 7, 2, 9, 3, 11, 4]]))
+    return handle.logits(IDS)
 
 
 def adapters_worker(checkpoint, save):
@@ -116,8 +119,11 @@ def adapters_worker(checkpoint, save):
 
     from pai_zoo.lora.adapters import adapters_of, add_lora, sharded_state
     from pai_zoo.lora.settings import LoraSettings
+    from pai_zoo.models.handle import load
 
-    model = _build(checkpoint, tp=2)
+    torch.set_num_threads(1)
+    handle = load(checkpoint, backend="mcore", tensor_parallel_size=2)
+    model = handle.model
     origin = model.pai_zoo_origin
     add_lora(model, origin.family, origin.config, LoraSettings(rank=4, alpha=8.0), seed=5)
     with torch.no_grad():
@@ -127,7 +133,7 @@ def adapters_worker(checkpoint, save):
             b.copy_(torch.sin(rows[:, None] * 0.37 + torch.arange(b.shape[1]) * 1.3 + len(name)))
     got = {n: t.clone() for n, t in pai_zoo.export_hf_weights(model, adapters_only=True)}
     dist_checkpointing.save(sharded_state(model), str(save))
-    return got
+    return got, handle.logits(IDS)
 
 
 # -- the tests ---------------------------------------------------------------------------------------------------
@@ -165,20 +171,23 @@ def test_import_gives_transformers_logits(sources, tmp_path, pai_zoo_workers, pr
     other = tmp_path / "other"  # other weights than the checkpoint's, so that the import must replace them all
     pai_zoo.load(preset, backend="hf", seed=11).model.save_pretrained(other)
     logits = pai_zoo_workers.run(import_worker, str(checkpoint), str(other), tp, pp, whole_model)[0]
-    expected = pai_zoo.load(other, backend="hf").logits(torch.tensor([[5, 1, 7, 2, 9, 3, 11, 4]]))
+    expected = pai_zoo.load(other, backend="hf").logits(IDS)
     result = compare_logits(expected, logits, "fp32")
     assert result["ok"], result
 
 
-def test_adapters_only_export_equals_the_peft_file(sources, tmp_path, pai_zoo_workers):
+def test_adapters_only_export_equals_the_peft_file_that_peft_applies_as_pai_zoo(sources, tmp_path, pai_zoo_workers):
+    from peft import PeftModel
+
     from pai_zoo.families.registry import get_registry
     from pai_zoo.formats.mcore_dist import DistCheckpointReader, mcore_config_of
     from pai_zoo.formats.peft_adapter import write_peft_adapter
     from pai_zoo.lora.settings import LoraSettings
     from pai_zoo.lora.targets import lora_targets, to_hf_form
+    from pai_zoo.models.verification import compare_logits
     from pai_zoo.tables.mapping import MappingContext
 
-    _, checkpoint = sources["qwen2-tiny"]
+    hf_folder, checkpoint = sources["qwen2-tiny"]
     (tmp_path / "run").mkdir()
     results = pai_zoo_workers.run(adapters_worker, str(checkpoint), str(tmp_path / "run"))
     # what convert RUN --to hf-peft does with a run's saved adapters (pai_zoo.conversion.lora_export)
@@ -192,10 +201,17 @@ def test_adapters_only_export_equals_the_peft_file(sources, tmp_path, pai_zoo_wo
     write_peft_adapter(tmp_path / "peft", LoraSettings(rank=4, alpha=8.0), hf, base=str(checkpoint), family=family)
     written = load_file(tmp_path / "peft" / "adapter_model.safetensors")
     assert any(n.endswith("q_proj.lora_B.weight") for n in written)
-    for got in results:
+    for got, _ in results:
         assert got.keys() == written.keys()
         for name, tensor in written.items():
             assert got[name].dtype == tensor.dtype and torch.equal(got[name], tensor), name
+    base = pai_zoo.load(hf_folder, backend="hf").model
+    with torch.no_grad():
+        plain = base(IDS).logits
+        expected = PeftModel.from_pretrained(base, tmp_path / "peft").eval()(IDS).logits
+    assert (expected - plain).abs().max() > 1e-2  # the adapters change the logits
+    result = compare_logits(expected, results[0][1], "fp32")
+    assert result["ok"], result
 
 
 def test_import_names_the_bad_tensor(sources):
