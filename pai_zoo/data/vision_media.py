@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..plugin.errors import PaiZooError
-from ..plugin.vision import accepted_inputs, read_image
+from ..plugin.vision import accepted_inputs, expand_media, read_image
 
 __all__ = ["FRAME_SUFFIXES", "VisionProcessor", "count_runs", "expand_media", "frames_as_video", "read_video"]
 
@@ -91,27 +91,6 @@ def read_video(path, where: str = "video") -> Video:
 def count_runs(ids: Sequence[int], token: int) -> int:
     """How many runs of ``token`` ``ids`` holds (one unexpanded placeholder, or an expanded run, per item)."""
     return sum(1 for i, t in enumerate(ids) if t == token and (i == 0 or ids[i - 1] != token))
-
-
-def expand_media(spec, config, ids: list[int], grids: dict, mask: list[int] | None = None):
-    """``ids`` (and its loss ``mask``, 0 on the repeats) with each run of a placeholder (``spec.placeholders``:
-    image, video) repeated :attr:`~pai_zoo.vision.VisionSpec.tokens` times for its grid row (``grids[kind]``, in
-    order). The caller has checked that runs and grid rows are as many."""
-    tokens = spec.placeholders(config)
-    kinds = {tokens[k]: iter(g.tolist()) for k, g in grids.items() if g is not None and k in tokens}
-    mask = list(mask) if mask is not None else [0] * len(ids)
-    out, out_mask = [], []
-    for i, (t, m) in enumerate(zip(ids, mask)):
-        if t in kinds:
-            if i > 0 and ids[i - 1] == t:
-                continue  # an already expanded run: counted once
-            count = spec.tokens(config, next(kinds[t]))
-            out += [t] * count
-            out_mask += [0] * count
-        else:
-            out.append(t)
-            out_mask.append(m)
-    return out, out_mask
 
 
 def frames_as_video(image_processor, frames, settings: dict) -> dict:

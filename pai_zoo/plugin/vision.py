@@ -17,7 +17,7 @@ from typing import Any, Callable
 from .errors import PaiZooError
 
 __all__ = ["VISION_INPUTS", "VISION_KEY", "VisionSpec", "accepted_inputs", "check_vision_inputs",
-           "expand_placeholders", "read_image"]
+           "expand_media", "expand_placeholders", "read_image"]
 
 #: The inputs a vision-language forward takes besides ``input_ids`` and ``attention_mask``: transformers' own
 #: argument names (``Qwen2VLForConditionalGeneration.forward``), and those of ``pai_zoo.load(...).logits``.
@@ -139,15 +139,23 @@ def expand_placeholders(spec, config, ids: list[int], grids, mask: list[int] | N
     """``ids`` (and its loss ``mask``, the repeats getting 0) with each run of the image placeholder repeated as
     many times as the tower gives rows for its image (:attr:`VisionSpec.tokens` of each ``grids`` row, in order).
     The caller has checked that the runs and the grids are as many."""
-    token = spec.placeholders(config)["image"]
+    return expand_media(spec, config, ids, {"image": grids}, mask)
+
+
+def expand_media(spec, config, ids: list[int], grids: dict, mask: list[int] | None = None):
+    """``ids`` (and its loss ``mask``, 0 on the repeats) with each run of a placeholder (``spec.placeholders``:
+    image, video) repeated :attr:`VisionSpec.tokens` times for its grid row (``grids[kind]``, in order). The caller
+    has checked that runs and grid rows are as many."""
+    tokens = spec.placeholders(config)
+    kinds = {tokens[k]: iter(g.tolist()) for k, g in grids.items() if g is not None and k in tokens}
     mask = list(mask) if mask is not None else [0] * len(ids)
-    rows, out, out_mask = iter(grids.tolist()), [], []
+    out, out_mask = [], []
     for i, (t, m) in enumerate(zip(ids, mask)):
-        if t == token and i > 0 and ids[i - 1] == token:
-            continue  # an already expanded run: counted once
-        if t == token:
-            count = spec.tokens(config, next(rows))
-            out += [token] * count
+        if t in kinds:
+            if i > 0 and ids[i - 1] == t:
+                continue  # an already expanded run: counted once
+            count = spec.tokens(config, next(kinds[t]))
+            out += [t] * count
             out_mask += [0] * count
         else:
             out.append(t)
