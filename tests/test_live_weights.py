@@ -52,13 +52,13 @@ def _build(checkpoint, tp=1, pp=1, ep=1, vpp=1):
     torch.set_num_threads(1)
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()
-    ensure_model_parallel(tp, pp, expert_model_parallel_size=ep if ep > 1 else None,
-                          virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None)
+    experts = {"expert_model_parallel_size": ep, "expert_tensor_parallel_size": 1} if ep > 1 else {}
+    ensure_model_parallel(tp, pp, virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None, **experts)
     config, record = mcore_dist.mcore_config_of(checkpoint)
     chunks = []
     for i in range(vpp):
         stage = i if vpp > 1 else None
-        overrides = {**({"expert_model_parallel_size": ep} if ep > 1 else {}),
+        overrides = {**experts,
                      **({"virtual_pipeline_model_parallel_size": vpp} if vpp > 1 else {})}
         chunks.append(build_gpt_model(
             get_registry().family(config.family), config, padded_vocab_size=record.get("padded_vocab_size"),
@@ -138,7 +138,8 @@ def adapters_worker(checkpoint, save):
 
 # -- the tests ---------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("preset,tp,pp,ep,vpp", [("qwen2-tiny", 2, 1, 1, 1), ("qwen2-tiny", 1, 2, 1, 1),
-                                                  ("qwen3-moe-tiny", 1, 1, 2, 1), ("qwen2-4-layers", 1, 2, 1, 2)])
+                                                  ("qwen3-moe-tiny", 1, 1, 2, 1), ("qwen3-moe-tiny", 2, 1, 2, 1),
+                                                  ("qwen2-4-layers", 1, 2, 1, 2)])
 def test_export_equals_convert_to_hf_bit_for_bit(sources, tmp_path, pai_zoo_workers, preset, tp, pp, ep, vpp):
     _, checkpoint = sources[preset]
     results = pai_zoo_workers.run(export_worker, str(checkpoint), tp, pp, ep, vpp, str(tmp_path / "saved"))
