@@ -71,7 +71,7 @@ RULES: dict[str, Rule] = {
     **dict.fromkeys(("batch_size", "micro_batch_size", "mini_batch_size", "rollout_batch_size", "seq_length",
                      "pad_length", "max_new_tokens", "max_completion_length", "max_tokens", "max_length",
                      "samples_per_shard", "epochs", "steps", "ppo_epochs", "num_iterations", "num_generations",
-                     "log_every", "kl_horizon", "lora_rank"), AT_LEAST_ONE),
+                     "log_every", "kl_horizon", "lora_rank", "tensorboard_log_interval"), AT_LEAST_ONE),
     **dict.fromkeys(("document", "num_fewshot", "top_k", "save_every", "max_steps", "eval_every"), NON_NEGATIVE),
     # rates, sampling and coefficients
     **dict.fromkeys(("lr", "actor_lr", "critic_lr", "limit", "gpu_memory", "lora_alpha"), POSITIVE),

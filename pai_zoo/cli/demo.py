@@ -14,6 +14,7 @@ import json
 import shutil
 import sys
 import time
+from importlib.util import find_spec
 from pathlib import Path
 
 import pai_zoo
@@ -66,7 +67,8 @@ def run(args) -> int:
     cfg = TrainConfig(model=str(hf_dir), data=[str(out / "data" / "corpus_text_document")], save=str(out / "mcore"),
                       global_batch_size=gbs, batch_size=4, sequence_length=seq, train_tokens=args.steps * gbs * seq,
                       warmup_tokens=2 * gbs * seq, learning_rate=3e-3, min_learning_rate=3e-4,
-                      save_interval=args.steps, log_interval=1, progress=False)
+                      save_interval=args.steps, log_interval=1, progress=False,
+                      tensorboard_dir=str(out / "tensorboard") if find_spec("tensorboard") else None)
     print(f"[3/5] pai-zoo train: {cfg.train_steps} steps of {gbs} x {seq} tokens")
     def echo(line: str) -> None:  # every step goes to metrics.jsonl; show the first and every tenth
         step = int(line.split()[1].split("/")[0]) if line.startswith("step ") else 0
@@ -80,6 +82,8 @@ def run(args) -> int:
         f"      checkpoint: {out / 'mcore'} (loss {first_loss:.3f} -> {last_loss:.3f}; "
         f"log {out / 'mcore' / 'metrics.jsonl'})"
     )
+    if cfg.tensorboard_dir:
+        print(f"      curves: tensorboard --logdir {cfg.tensorboard_dir}")
 
     report = convert(out / "mcore", out / "hf-trained", to="hf", verify=True, progress=False)
     v = report.verification

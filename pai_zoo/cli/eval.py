@@ -8,6 +8,7 @@ and writes ``--output`` (a temporary name, renamed at the end: nothing is writte
 """
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from ..data.prefix import resolve_prefix
 from ..data.vocabulary import check_dataset_vocabulary
 from ..evaluation.harness import check_tasks, make_lm, run_tasks, task_manager, tokenizer_folder
 from ..evaluation.heldout import held_out_loss, planned_rows
-from ..evaluation.report import loss_table, output, tasks_table, write_output
+from ..evaluation.report import loss_table, output, tasks_table, tracker_scalars, write_output
 from ..evaluation.sequences import DEFAULT_PACKING, PACKINGS, dataset_prefix, read_sequences
 from ..hf.config_cache import full_config_dict
 from ..mcore.parallel_sizes import check_world
@@ -25,6 +26,7 @@ from ..plugin.errors import SettingError
 from ..util.dist import is_rank0, rank, shared_temporary_folder, world_size
 from ..util.outputs import check_output
 from ..util.progress import Progress
+from ..util.trackers import Trackers, TrackerSettings, add_tracker_arguments
 from ._checks import check_inputs, check_model_name
 from ._common import add_command, add_revision, hub_args, registry
 
@@ -90,6 +92,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--output", metavar="FILE", help="also write the results as JSON (must not exist unless --force)")
     p.add_argument("--force", action="store_true", help="replace --output if it exists")
     p.add_argument("--no-progress", action="store_true", help="no progress display")
+    add_tracker_arguments(p)  # the results as scalars, at the checkpoint's iteration (docs/training.md)
     p.set_defaults(func=run)
 
 
@@ -188,6 +191,8 @@ def run(args) -> int:
     if args.output:  # exists, not writable: refused before anything loads
         check_output(args.output, force=args.force, flag="--output", echo=is_rank0())
     _check_data_files(args)
+    tracked = TrackerSettings.from_mapping(args)
+    tracked.check()  # the tensorboard / wandb package a flag needs
     source = resolve(args.model, tokenizer=args.tokenizer, iteration=args.iteration)
     check_tokenizer_fit(source, args.tokenizer, ok=args.tokenizer_mismatch_ok, where=args.model)  # before it loads
     seq_length, prefixes, weights, names = _check_inputs(args, source)
@@ -227,6 +232,10 @@ def run(args) -> int:
                             verbose=args.verbose)
         if rank0:
             print(tasks_table(results))
+    if rank0 and tracked.enabled:
+        trackers = Trackers(tracked, config=settings, writes=True)
+        trackers.log({"step": _step_of(source, args.iteration)}, tracker_scalars(report, results), always=True)
+        trackers.close()
     if rank0 and args.output:
         path = write_output(args.output, output(report, results, log_samples=args.log_samples, settings=settings),
                             force=args.force)
@@ -261,3 +270,13 @@ def _held_out(handle, args, prefixes, weights, seq_length, split, progress, sett
 def _folder(path) -> Path:
     path = Path(path)
     return path if path.is_dir() else path.parent
+
+
+def _step_of(source, iteration) -> int:
+    """The step the trackers log the results at: the evaluated checkpoint's iteration (a training run's latest, or
+    ``--iteration``), else 0."""
+    folder = getattr(source, "weights_folder", None)
+    match = re.fullmatch(r"iter_(\d+)", Path(folder).name) if folder is not None else None
+    if match:
+        return int(match.group(1))
+    return int(iteration) if str(iteration or "").isdigit() else 0

@@ -23,6 +23,7 @@ from ..rl import list_trainers
 from ..training.save_dir import check_save_dir, cleanup_on_failure
 from ..util.dist import is_rank0
 from ..util.hub import hub_paths
+from ..util.trackers import TRACKER_FLAGS, TrackerSettings, add_tracker_arguments, tracking
 from ..util.yaml_settings import read_settings_yaml
 from ._checks import RULES, check_trainer_inputs, check_value
 from ._common import add_command, add_revision, registry
@@ -72,6 +73,10 @@ def _add_trainers(subparsers, trainers: dict) -> None:
         if "--revision" not in q._option_string_actions:  # the Hub ids among the model flags: their revision
             add_revision(q, "a model flag")
             names["revision"] = q._option_string_actions["--revision"]
+        add_tracker_arguments(q, skip={d for d, (flag, _) in TRACKER_FLAGS.items() if flag in q._option_string_actions})
+        for dest, (flag, _) in TRACKER_FLAGS.items():  # --config keys too: tensorboard_dir or tensorboard-dir
+            names.setdefault(dest, q._option_string_actions[flag])
+            names.setdefault(flag.lstrip("-"), q._option_string_actions[flag])
         q.set_defaults(func=run_trainer, rl_class=cls, rl_settings=tuple(a.dest for a in own), rl_names=names,
                        rl_required=tuple(required), rl_name=name, rl_parser=q)
 
@@ -102,6 +107,17 @@ def run_list(args) -> int:
         cls = trainers[name]
         print(f"{name:<{width}}  {cls.__module__}.{cls.__qualname__}  {cls.description}".rstrip())
     return 0
+
+
+def _trackers(args, settings: dict) -> TrackerSettings:
+    """``--tensorboard-dir`` and the W&B flags (or their --config keys), unless the trainer declares them itself:
+    taken out of the trainer's settings and checked."""
+    mine = [d for d in TRACKER_FLAGS if d not in args.rl_settings]
+    given = {d: settings.pop(d) for d in mine if d in settings}
+    given.update({d: getattr(args, d) for d in mine if getattr(args, d, None) is not None})
+    tracked = TrackerSettings.from_mapping(given)
+    tracked.check()
+    return tracked
 
 
 def run_trainer(args) -> int:
@@ -137,6 +153,7 @@ def run_trainer(args) -> int:
                  and not settings[d].startswith("rule:")]
         for dest, path in zip(dests, hub_paths(revision, *(settings[d] for d in dests), flag="--revision ")):
             settings[dest] = str(path)
+    tracked = _trackers(args, settings)  # TensorBoard and W&B: the packages they need, before anything loads
     check_trainer_inputs(settings, flags, registry())  # the models and files named, before anything is read
     for dest in MODEL_SETTINGS:  # a model folder holding another model's tokenizer: refused before it loads
         value = settings.get(dest)
@@ -151,7 +168,8 @@ def run_trainer(args) -> int:
         check_save_dir(save, force=getattr(args, "rl_force", False))
         created = not Path(save).exists()
     try:
-        summary = args.rl_class(**settings).run()
+        with tracking(tracked, loss=f"{args.rl_name} loss", config={**settings, "trainer": args.rl_name}):
+            summary = args.rl_class(**settings).run()  # every MetricsLog it writes also goes to the trackers
     except BaseException:
         if isinstance(save, str) and save and is_rank0():
             cleanup_on_failure(save, created)

@@ -67,3 +67,23 @@ def write_output(path, obj: dict, *, force: bool = True) -> Path:
     with output_file(path, force=force) as tmp:
         tmp.write_text(text, encoding="utf-8")
     return Path(path)
+
+
+def tracker_scalars(report=None, results: dict | None = None) -> dict[str, float]:
+    """The results as TensorBoard / W&B scalars (``eval --tensorboard-dir``, ``--wandb-project``): the held-out blend
+    under Megatron-LM's validation names, ``lm loss validation`` and ``lm loss validation ppl`` (each dataset of a
+    blend also under ``.../NAME``, its prefix's file name), and every number of lm-eval's ``results`` as
+    ``TASK/METRIC`` (``hellaswag/acc,none``), as lm-eval's own W&B logger names them."""
+    out: dict[str, float] = {}
+    if report is not None:
+        out["lm loss validation"] = float(report.blend["loss"])
+        out["lm loss validation ppl"] = float(report.blend["perplexity"])
+        if len(report.data) > 1:
+            for d in report.data:
+                out[f"lm loss validation/{Path(d.prefix).name}"] = float(d.loss)
+                out[f"lm loss validation ppl/{Path(d.prefix).name}"] = float(d.perplexity)
+    for task, metrics in ((results or {}).get("results") or {}).items():
+        for metric, value in metrics.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                out[f"{task}/{metric}"] = float(value)
+    return out

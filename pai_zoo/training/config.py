@@ -23,6 +23,7 @@ from typing import Any
 from ..formats.peft_adapter import settings_from_peft_config
 from ..lora.settings import LoraError, LoraSettings, parse_targets
 from ..plugin.errors import PaiZooError, SettingError, no_such_path
+from ..util.trackers import TrackerSettings
 from ..util.yaml_settings import read_settings_yaml
 from .settings import (
     DECAY_STYLES,
@@ -120,6 +121,12 @@ class TrainConfig:
     freeze_language_model: bool = False
     freeze_vision_model: bool = False
     freeze_vision_projection: bool = False
+    tensorboard_dir: str | None = None  # TensorBoard and W&B (pai_zoo.util.trackers.TrackerSettings' fields)
+    tensorboard_log_interval: int = 1
+    wandb_project: str | None = None
+    wandb_exp_name: str | None = None
+    wandb_save_dir: str | None = None
+    wandb_entity: str | None = None
 
     # ---- derived quantities -------------------------------------------------------------
     @property
@@ -253,7 +260,7 @@ class TrainConfig:
                                        f"give one of {', '.join(SETTINGS[n].flags[0] for n in group)}")
         positive = ["batch_size", "global_batch_size", "sequence_length", "save_interval",
                     "tensor_parallel_size", "pipeline_parallel_size", "context_parallel_size",
-                    "expert_model_parallel_size", "pad_length", "log_interval"]
+                    "expert_model_parallel_size", "pad_length", "log_interval", "tensorboard_log_interval"]
         positive.append("train_tokens" if self.train_iters is None else "train_iters")
         for name in positive:
             if getattr(self, name) <= 0:
@@ -300,6 +307,7 @@ class TrainConfig:
         self._check_scale(dp, gpu=gpu)
         self.split_weights()
         self.data_blend()
+        self.trackers().check()  # the tensorboard / wandb package a flag needs, before anything loads
 
     def _check_scale(self, dp: int, gpu: bool | None = None) -> None:
         """The scale settings (parallelism, distributed optimizer, recompute, implementation) that cannot
@@ -349,6 +357,10 @@ class TrainConfig:
             raise TrainConfigError(f"{g('expert_model_parallel_size')} must divide data-parallel x context-parallel "
                                    f"size {dp * self.context_parallel_size} (megatron-core carves the expert ranks "
                                    "out of them)")
+
+    def trackers(self) -> TrackerSettings:
+        """The run's TensorBoard and W&B settings."""
+        return TrackerSettings.from_mapping(vars(self))
 
     def check_implementation(self, gpu: bool | None = None) -> None:
         """Context parallelism and Transformer Engine, refused where they cannot run (the CPU, the local spec)

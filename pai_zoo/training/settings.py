@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..util.trackers import TRACKER_FLAGS
+
 #: The warm-up as a fraction of the run's steps when no warm-up setting is given (Megatron-LM's
 #: ``--lr-warmup-fraction``): the PAI recipe's 163,840 of 1,638,400 tokens.
 DEFAULT_WARMUP_FRACTION = 0.1
@@ -167,4 +169,6 @@ SETTINGS: dict[str, Setting] = {
                                      "vocabulary or special-token ids), which is refused otherwise"),
     "force": _s("--force", switch=True, help="train into a --save folder that holds files other than a pai-zoo "
                                              "run (they are kept)"),
+    # TensorBoard and W&B (pai_zoo.util.trackers): Megatron-LM's flags, the same spelling in both
+    **{name: _s(flag, megatron=flag, help=text) for name, (flag, text) in TRACKER_FLAGS.items()},
 }

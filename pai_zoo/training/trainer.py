@@ -49,6 +49,7 @@ from ..tokenizers.names import model_files_folder, model_tokenizer
 from ..util.interrupt import Interrupted, StopAtOnce, StopRequest, saved_line
 from ..util.metrics import MetricsLog
 from ..util.progress import ETA
+from ..util.trackers import TRACKERS_FILE, Trackers
 from . import data, optim
 from .config import TrainConfig, TrainConfigError
 from .data import check_data
@@ -222,7 +223,7 @@ class Trainer(ModelSetup):
             ddp.zero_grad_buffer()
         self.optimizer.zero_grad()
         batches = self.train_batches.microbatches(step, self.microbatches)
-        length = batches[0].tokens.shape[1]
+        length = self.last_length = batches[0].tokens.shape[1]
         loss_sum, tokens = self._run_batches(batches, forward_only=False)
         mtp_losses = ()
         if self.mtp_layers:
@@ -419,6 +420,7 @@ class Trainer(ModelSetup):
                           "a larger --train-tokens and --extend)")
             return {}
         log = MetricsLog(self.save_dir / METRICS_FILE, start) if self.rank == 0 else None
+        trackers = self._trackers(start)
         self.bar = bar = StepDisplay(cfg.train_steps, cfg.progress if self.rank == 0 else False)
         eta = ETA(start, cfg.train_steps)
         done = start
@@ -435,6 +437,7 @@ class Trainer(ModelSetup):
                         last["eval_loss"] = self.evaluate(metrics.step)
                         last["eval_ppl"] = math.exp(min(last["eval_loss"], 50.0))
                     done = metrics.step
+                    trackers.log(last, self._tracker_extras(metrics))
                     if log is not None and (
                         metrics.step % cfg.log_interval == 0 or metrics.step == cfg.train_steps or "eval_loss" in last
                     ):
@@ -455,7 +458,27 @@ class Trainer(ModelSetup):
             self.bar = None
             if log is not None:
                 log.close()
+            trackers.close()
         return last
+
+    def _trackers(self, start: int) -> Trackers:
+        """TensorBoard and W&B (``--tensorboard-dir``, ``--wandb-project``), written by the last pipeline stage's
+        first tensor- and data-parallel rank; a run resumed (or restarted) in its folder continues its curves."""
+        again = self.resumed_from is not None or (self.save_dir / TRACKERS_FILE).is_file()
+        return Trackers(self.cfg.trackers(), self.save_dir, start if again else None, config=self.cfg.to_dict())
+
+    def _tracker_extras(self, metrics: StepMetrics) -> dict:
+        """Megatron-LM's scalars beside the log line's: ``batch-size``, ``samples vs steps`` and ``throughput``
+        (model TFLOP/s per process, pai-zoo's MFU count: :func:`~pai_zoo.mcore.flops.model_flops_per_token`)."""
+        extras = {"batch-size": self.cfg.global_batch_size,
+                  "samples vs steps": metrics.step * self.cfg.global_batch_size}
+        length = self.last_length
+        try:
+            flops = model_flops_per_token(self.mcore_config, length)
+        except (KeyError, TypeError, AttributeError):  # a config the FLOPs count does not cover
+            return extras
+        return {**extras, "throughput": metrics.tokens_per_s * flops / self.world / 1e12}
+
 
 
 def _loss(loss_mask, output):

@@ -16,6 +16,7 @@ from pathlib import Path
 from .dist import is_rank0
 from .files import write_text_atomic
 from .quiet import log_warnings_beside
+from .trackers import Trackers, current_tracking
 
 __all__ = ["COMMON_KEYS", "METRICS_FILE", "MetricsLog", "format_record"]
 
@@ -32,10 +33,18 @@ class MetricsLog:
     (written after the last checkpoint by the interrupted run) and a torn last line; ``resumed_step=None`` (a new
     run) starts the file empty. With ``prefix`` every record is also printed as ``[prefix] step 3/20 | loss ... |``
     (:func:`format_record`; ``total``: the run's number of steps).
+
+    Inside a :func:`~pai_zoo.util.trackers.tracking` block (``pai-zoo rl``'s ``--tensorboard-dir``,
+    ``--wandb-project``) every record also goes to TensorBoard and W&B (:class:`~pai_zoo.util.trackers.Trackers`,
+    written by their own rank: build the log on every rank); ``trackers`` gives them instead.
     """
 
-    def __init__(self, path, resumed_step: int | None = None, prefix: str | None = None, total: int | None = None):
+    def __init__(self, path, resumed_step: int | None = None, prefix: str | None = None, total: int | None = None,
+                 trackers: Trackers | None = None):
         self.path, self.prefix, self.total, self.file = Path(path), prefix, total, None
+        ambient = current_tracking() if trackers is None else None
+        self.trackers = trackers if ambient is None else Trackers(ambient[0], self.path.parent, resumed_step,
+                                                                  config=ambient[2], loss=ambient[1])
         if not is_rank0():
             return
         kept = []
@@ -52,6 +61,8 @@ class MetricsLog:
         log_warnings_beside(self.path.parent)  # a quiet run's hidden library warnings: pai-zoo.log beside it
 
     def write(self, record: dict) -> None:
+        if self.trackers is not None:
+            self.trackers.log(record)
         if self.file is None:
             return
         self.file.write(json.dumps(record) + "\n")
@@ -60,6 +71,8 @@ class MetricsLog:
             print(f"[{self.prefix}] " + format_record(record, self.total), flush=True)
 
     def close(self) -> None:
+        if self.trackers is not None:
+            self.trackers.close()
         if self.file is not None:
             self.file.close()
             self.file = None
