@@ -480,7 +480,6 @@ class Trainer(ModelSetup):
         return {**extras, "throughput": metrics.tokens_per_s * flops / self.world / 1e12}
 
 
-
 def _loss(loss_mask, output):
     """megatron's per-token loss contract: (loss sum, target tokens, values to report)."""
     losses = output.float().reshape(-1)
