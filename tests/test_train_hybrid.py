@@ -1,16 +1,12 @@
 """``pai-zoo train --sft`` on the hybrid models' packed data: Gated DeltaNet (``qwen3_next``) and Mamba-2
 (``nemotron_h``) layers. Each packed sequence holds several records; the recurrent layers restart at each record
 (:mod:`pai_zoo.mcore.segments`), so TP=2 (with sequence parallelism, which megatron-core's MoE layers need under TP)
-and PP=2 repeat one process's losses, and a run killed with SIGKILL while it saves resumes with the same losses, bit
-for bit. That no packed record sees another is the conformance suite's ``test_packed_records_stay_apart`` (every
+and PP=2 repeat one process's losses, and a run resumed from a checkpoint repeats the same losses, bit for
+bit. That no packed record sees another is the conformance suite's ``test_packed_records_stay_apart`` (every
 family); here the same data goes through the trainer."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,7 +17,6 @@ from pai_zoo_conformance.cli_runs import run_cli, run_cli_on_ranks
 # load-balancing loss under sequence parallelism is pai-zoo's fix (pai_zoo.mcore.moe_aux_loss); 0.19 scales it itself
 pytestmark = pytest.mark.megatron_once(first=True)
 
-REPO = Path(__file__).resolve().parents[1]
 PRESETS = ("qwen3_next-tiny", "nemotron_h-tiny")
 STEPS, GBS, SEQ = 3, 2, 160  # a chat record of the test tokenizers is ~70 tokens: two or more to a sequence
 #: a TP/PP run's losses against one process's (float32)
@@ -49,7 +44,7 @@ def setup(request, tmp_path_factory):
             f.write(json.dumps({"messages": [{"role": "user", "content": f"say {i % 7}"},
                                              {"role": "assistant", "content": words}]}) + "\n")
     preprocess_sft([records], root / "chat", str(root / "hf"), seq_length=SEQ, progress=False)
-    run(train_args(root, root / "baseline"))
+    run(train_args(root, root / "baseline", "--save-interval", "2"))  # its step-2 checkpoint: the resume's start
     return root
 
 
@@ -60,10 +55,7 @@ def train_args(root, save, *extra):
             "--save-interval", str(STEPS), "--no-progress", *extra]
 
 
-def run(args, nproc: int = 1, wrapper=None):
-    if wrapper is not None:  # a subprocess that tests/train_interrupt.py kills at the chosen moment
-        return subprocess.run([sys.executable, str(REPO / "tests" / "train_interrupt.py"), *wrapper, "--", *args],
-                              capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+def run(args, nproc: int = 1):
     proc = run_cli_on_ranks(["train", *args], timeout=600) if nproc == 2 else run_cli(["train", *args])
     assert proc.returncode == 0, f"failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     return proc
@@ -91,13 +83,18 @@ def test_parallel_losses_equal_one_process(setup, layout):
     assert max(abs(a - b) for a, b in zip(got, want)) <= PARALLEL_LOSS_ATOL, (got, want)
 
 
-def test_resume_after_sigkill_is_exact(setup):
-    """Saving every 2 steps, killed just before the last step's checkpoint is published: the rerun resumes from step 2
-    and repeats step 3."""
-    save = setup / "killed"
-    proc = run(train_args(setup, save, "--save-interval", "2"), wrapper=("publish", str(STEPS)))
-    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
-    assert (save / "latest_checkpointed_iteration.txt").read_text() == "2"
+def test_resume_is_exact(setup):
+    """The one-process run as a run stopped after step 2 leaves it (its step-2 checkpoint; the last one and its log
+    line left out): the rerun resumes from step 2 and repeats step 3. A run SIGKILLed while it publishes a
+    checkpoint resumes in tests/test_train.py (every pass) and tests/test_vision_sft_resume.py."""
+    import shutil
+
+    save = setup / "stopped"
+    shutil.copytree(setup / "baseline", save, ignore=shutil.ignore_patterns(f"iter_{STEPS:07d}"))
+    (save / "latest_checkpointed_iteration.txt").write_text("2")
+    lines = (save / "metrics.jsonl").read_text().splitlines(keepends=True)
+    (save / "metrics.jsonl").write_text("".join(x for x in lines if json.loads(x).get("step", 0) <= 2))
+    assert len(losses(save)) == 2
     resumed = run(train_args(setup, save, "--save-interval", "2"))
     assert "resuming" in resumed.stdout
     assert losses(save) == losses(setup / "baseline")  # step for step, bit for bit
