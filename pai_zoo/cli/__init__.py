@@ -28,6 +28,7 @@ import traceback
 import warnings
 
 from ..plugin.errors import PaiZooError, PaiZooWarning
+from ..util.launch import apply_slurm_env
 from ..util.outputs import TMP_MARK, disk_error, public_name
 from ..util.quiet import quiet_run
 from ._checks import guard
@@ -132,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     args = None
     try:
         args = parse(build_parser(), argv)
+        apply_slurm_env()  # started by srun without torchrun: SLURM's variables as torchrun's (pai_zoo.util.launch)
         with quiet_run(verbose=args.verbose):  # third-party warnings and progress bars only with --verbose
             try:
                 return args.func(args)

@@ -67,7 +67,7 @@ TOLERANCE = Rule(_tolerance, "expected ATOL or ATOL,RTOL, numbers >= 0 (e.g. 1e-
 RULES: dict[str, Rule] = {
     # sizes and counts
     **dict.fromkeys(("tp", "pp", "ep", "etp", "tensor_parallel_size", "pipeline_parallel_size", "gpus", "threads",
-                     "workers"), AT_LEAST_ONE),
+                     "workers", "nodes", "gpus_per_node"), AT_LEAST_ONE),
     **dict.fromkeys(("batch_size", "micro_batch_size", "mini_batch_size", "rollout_batch_size", "seq_length",
                      "pad_length", "max_new_tokens", "max_completion_length", "max_tokens", "max_length",
                      "samples_per_shard", "epochs", "steps", "ppo_epochs", "num_iterations", "num_generations",

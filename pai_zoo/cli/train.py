@@ -18,9 +18,11 @@ from ..mcore.parallel_sizes import check_layout
 from ..models.handle import resolve
 from ..plugin.errors import PaiZooError
 from ..training.config import SETTINGS, TrainConfig, TrainConfigError
+from ..training.launch_plan import DEFAULT_ENDPOINT, check_endpoint, check_nodes, launch_lines, sbatch_script
 from ..training.plan import make_plan, plan_lines
 from ..training.save_dir import check_save_dir
 from ..util.dist import is_rank0, world_size
+from ..util.files import write_text_atomic
 from ..util.hub import hub_paths
 from ._checks import check_model_name
 from ._common import add_command, defaults, registry
@@ -63,6 +65,13 @@ def add_parser(subparsers) -> None:
                         "and stop: no training")
     p.add_argument("--gpus", type=int, metavar="N", help="with --plan: the GPUs of the run (default: TP x PP x CP)")
     p.add_argument("--gpu-memory", type=float, metavar="GB", help="with --plan: each GPU's memory, to compare with")
+    p.add_argument("--nodes", type=int, metavar="N", help="with --plan: the machines of the run (with "
+                   "--gpus-per-node); also prints each node's torchrun command and an sbatch script (docs/training.md)")
+    p.add_argument("--gpus-per-node", type=int, metavar="M", help="with --plan --nodes: the GPUs of each machine")
+    p.add_argument("--rdzv-endpoint", metavar="HOST:PORT", help="with --plan --nodes: node 0's address in the printed "
+                   f"torchrun commands (default: {DEFAULT_ENDPOINT}, set on each node)")
+    p.add_argument("--sbatch", metavar="FILE", help="with --plan --nodes: write the sbatch script to FILE (an "
+                   "existing FILE is refused)")
     p.set_defaults(func=run)
 
 
@@ -71,7 +80,10 @@ def run(args) -> int:
     if cfg.model:  # a Hub id: its snapshot in the Hugging Face cache (at --revision), read from there on
         cfg.model, cfg.revision = str(hub_paths(cfg.revision, cfg.model, flag="--revision ")[0]), None
     if args.plan:
-        return plan(cfg, args.gpus, args.gpu_memory)
+        return plan(cfg, args.gpus, args.gpu_memory, launch=_launch_request(args))
+    if args.nodes or args.gpus_per_node or args.rdzv_endpoint or args.sbatch:
+        raise TrainConfigError("--nodes, --gpus-per-node, --rdzv-endpoint and --sbatch go with --plan (they print how "
+                               "to launch); a run takes its machines from torchrun or srun")
     cfg.check_required()
     _check_before_loading(cfg)  # every setting, the model's name and the data files: before torch or the model
     check_save_dir(cfg.save, force=cfg.force, model=cfg.model)  # before torch, megatron or the model load
@@ -107,8 +119,32 @@ def _check_before_loading(cfg) -> None:
         resolve_sft_prefix(prefix, what="--data") if cfg.sft else resolve_prefix(prefix, what="--data", first=".bin")
 
 
-def plan(cfg, gpus: int | None, gpu_memory: float | None) -> int:
-    """``--plan``: the memory per GPU (:mod:`pai_zoo.training.plan`), from the model's config alone."""
+def _launch_request(args) -> dict | None:
+    """``--plan``'s launch flags, checked (one line each), with the train arguments as given; None without
+    ``--nodes``."""
+    if args.nodes is None:
+        if args.gpus_per_node or args.rdzv_endpoint or args.sbatch:
+            raise TrainConfigError("--gpus-per-node, --rdzv-endpoint and --sbatch need --nodes N: the machines of the "
+                                   "run")
+        return None
+    if args.gpus_per_node is None:
+        raise TrainConfigError(f"--nodes {args.nodes} needs --gpus-per-node M: the GPUs of each machine")
+    if args.gpus is not None and args.gpus != args.nodes * args.gpus_per_node:
+        raise TrainConfigError(f"--gpus {args.gpus} disagrees with --nodes {args.nodes} x --gpus-per-node "
+                               f"{args.gpus_per_node} = {args.nodes * args.gpus_per_node}; leave --gpus out")
+    if args.sbatch and Path(args.sbatch).exists():
+        raise TrainConfigError(f"--sbatch {args.sbatch}: the file exists; remove it or choose another name")
+    arguments = ["train", *([args.config] if args.config else [])]
+    for flag, value in (getattr(args, GIVEN, None) or {}).items():  # the train settings, as given, in order
+        arguments += [flag] if value is True else [flag, *(value if isinstance(value, list) else [value])]
+    return {"nodes": args.nodes, "gpus_per_node": args.gpus_per_node, "arguments": [str(a) for a in arguments],
+            "endpoint": check_endpoint(args.rdzv_endpoint or DEFAULT_ENDPOINT), "sbatch": args.sbatch}
+
+
+def plan(cfg, gpus: int | None, gpu_memory: float | None, launch: dict | None = None) -> int:
+    """``--plan``: the memory per GPU (:mod:`pai_zoo.training.plan`), from the model's config alone; with
+    ``launch`` (``--nodes``), each node's torchrun command and an sbatch script
+    (:mod:`pai_zoo.training.launch_plan`)."""
 
     if not cfg.model:
         raise TrainConfigError("--plan needs --model: the model to plan for (a preset, a Hugging Face folder or a "
@@ -117,6 +153,9 @@ def plan(cfg, gpus: int | None, gpu_memory: float | None) -> int:
     config = source.mcore_config or source.family.to_mcore_config(config_dict(hf_config(source.family,
                                                                                         source.hf_config)))
     world = gpus or cfg.tensor_parallel_size * cfg.pipeline_parallel_size * cfg.context_parallel_size
+    if launch is not None:
+        world = check_nodes(launch["nodes"], launch["gpus_per_node"], cfg.tensor_parallel_size,
+                            cfg.pipeline_parallel_size, cfg.context_parallel_size)
     check_layout(config, cfg.tensor_parallel_size, cfg.pipeline_parallel_size, cp=cfg.context_parallel_size,
                  error=TrainConfigError)
     dp = cfg.data_parallel_size(world)
@@ -127,6 +166,15 @@ def plan(cfg, gpus: int | None, gpu_memory: float | None) -> int:
                                "yet (dense models only)")
     print(f"plan for {cfg.model} ({source.family.name}), {'bfloat16' if cfg.bf16 else 'float32'}, micro-batch "
           f"{cfg.batch_size} x {cfg.sequence_length} tokens, global batch {cfg.global_batch_size}:")
-    for line in plan_lines(make_plan(config, cfg, world), gpu_memory):
+    the_plan = make_plan(config, cfg, world)
+    for line in plan_lines(the_plan, gpu_memory):
         print(line)
+    if launch is not None:
+        summary = f"{cfg.model}: {the_plan.layout}"
+        if launch["sbatch"]:
+            script = sbatch_script(launch["nodes"], launch["gpus_per_node"], launch["arguments"], summary)
+            write_text_atomic(launch["sbatch"], script)
+        for line in launch_lines(launch["nodes"], launch["gpus_per_node"], launch["arguments"], launch["endpoint"],
+                                 summary, launch["sbatch"]):
+            print(line)
     return 0

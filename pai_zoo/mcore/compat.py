@@ -35,7 +35,7 @@ import socket
 
 import torch
 
-from ..util.dist import launched_by_torchrun
+from ..util.dist import launched_by_torchrun, local_rank
 from . import import_megatron
 from .moe_aux_loss import fix_aux_loss_scale
 from .parallel_sizes import check_world
@@ -405,8 +405,10 @@ def ensure_model_parallel(tensor_parallel_size: int = 1, pipeline_parallel_size:
     if not parallel_state.model_parallel_is_initialized():
         check_world(tensor_parallel_size, pipeline_parallel_size)
     if not torch.distributed.is_initialized():
-        if launched_by_torchrun():
+        if launched_by_torchrun():  # torchrun's env:// variables (several nodes too), or srun's mapped onto them
             backend = "nccl" if torch.cuda.is_available() else "gloo"
+            if torch.cuda.is_available():  # one GPU per process: this node's LOCAL_RANK-th (of those it sees)
+                torch.cuda.set_device(local_rank() % torch.cuda.device_count())
             torch.distributed.init_process_group(backend)
         else:
             torch.distributed.init_process_group(

@@ -12,7 +12,7 @@ import sys
 
 from ..plugin.errors import PaiZooError
 from ..tables.layer_kinds import layer_parts
-from ..util.dist import launched_by_torchrun, world_size
+from ..util.dist import launched_by_torchrun, local_world_size, node_count, world_size
 
 
 def valid_tp_sizes(num_attention_heads: int, num_query_groups: int | None = None) -> list[int]:
@@ -114,5 +114,10 @@ def check_world(tp: int = 1, pp: int = 1, world: int | None = None) -> None:
     if world == 1 and not launched_by_torchrun():
         raise PaiZooError(f"{layout} needs {need} processes and this is one (not under torchrun); run: "
                           f"{torchrun_command(need)}")
+    nodes = node_count()
+    if nodes > 1:  # several machines: the total is nodes x processes per node
+        raise PaiZooError(f"{layout} needs a multiple of {need} processes (tp x pp = {need}), not {world} ({nodes} "
+                          f"nodes x {local_world_size()}); give torchrun --nnodes and --nproc-per-node (srun --nodes "
+                          f"and --ntasks-per-node) whose product is a multiple of {need}")
     raise PaiZooError(f"{layout} needs a multiple of {need} processes (tp x pp = {need}), not {world}; "
                       f"run torchrun with --nproc-per-node {need} (or a multiple of {need})")

@@ -46,6 +46,7 @@ from ..models.handle import resolve
 from ..models.tokenizer_fit import check_tokenizer_fit
 from ..plugin.errors import PaiZooError
 from ..tokenizers.names import model_files_folder, model_tokenizer
+from ..util.dist import check_shared_folder
 from ..util.interrupt import Interrupted, StopAtOnce, StopRequest, saved_line
 from ..util.metrics import MetricsLog
 from ..util.progress import ETA
@@ -130,6 +131,7 @@ class Trainer(ModelSetup):
         if self.rank == 0:
             self.save_dir.mkdir(parents=True, exist_ok=True)
         torch.distributed.barrier()
+        check_shared_folder(self.save_dir, cfg.given("save"))  # several nodes: every one sees --save (shared FS)
         self._build_model(source)
         self._build_optimizer()
         self._build_data()
