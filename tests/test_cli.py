@@ -216,6 +216,7 @@ def test_python_dash_m_entry():
 
 
 @pytest.mark.megatron
+@pytest.mark.megatron_once(first=True)  # the command; the suite itself runs in both passes
 def test_conformance_runs_the_suite_on_an_installed_family():
     """In this process (``pai-zoo conformance`` runs pytest in its own): the session's worker ranks serve its
     tensor-parallel check, and test_console_script_info_and_errors covers the console script."""

@@ -54,6 +54,7 @@ def mcore_folder(tmp_path_factory):
 
 
 @pytest.mark.megatron
+@pytest.mark.megatron_once(first=True)  # pai-zoo's warning filters
 def test_convert_verify_is_quiet_unless_verbose(mcore_folder, tmp_path, pai_zoo_script):
     quiet = subprocess.run([pai_zoo_script, "convert", str(mcore_folder), str(tmp_path / "a"), "--to", "hf",
                             "--verify"], capture_output=True, text=True, timeout=600)

@@ -34,6 +34,7 @@ def test_record_keeps_the_deltas_and_info_shows_them(capsys, monkeypatch, tmp_pa
 
 
 @pytest.mark.megatron
+@pytest.mark.megatron_once  # the record; the deltas themselves are checked in both passes
 def test_a_suite_run_records_forward_and_round_trip_deltas(tmp_path):
     tests = tmp_path / "test_suite.py"
     tests.write_text(textwrap.dedent("""

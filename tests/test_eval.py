@@ -144,6 +144,7 @@ def test_a_lora_adapter_is_evaluated_as_peft_applies_it(llama, tmp_path):
 
 
 # -- layouts and training ---------------------------------------------------------------------------------------
+@pytest.mark.megatron_once(first=True)  # eval's own sharding; megatron-core's TP/PP forward: the suite (both passes)
 def test_tp2_pp2_and_dp2_equal_one_process(llama, tmp_path):
     """The held-out loss at TP=2 (from the HF folder, converted on the fly, and from the mcore checkpoint), PP=2 and
     DP=2 equals one process; lm-eval's loglikelihoods and greedy generations at TP=2 equal one process's."""

@@ -50,6 +50,7 @@ def check_output(save: Path, summary: dict) -> None:
     assert summary["prompts"] == 3 and summary["mean_best"] >= summary["mean_all"]
 
 
+@pytest.mark.megatron_once  # finding a plugin's trainer by name
 def test_plugin_trainer_runs_by_name_from_the_cli(tmp_path):
     prompts = write_prompts(tmp_path / "prompts.jsonl")
     proc = pai_zoo("rl", "run", "best-of-n", "--model", "llama3-tiny", "--reward", "rule:fraction=10-209",

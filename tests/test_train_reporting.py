@@ -93,6 +93,7 @@ def test_eta_and_duration_format():
 
 
 # -- signals -------------------------------------------------------------------------------------
+@pytest.mark.megatron_once  # pai-zoo's signal handling (the saves themselves: tests/test_train.py, both passes)
 @pytest.mark.parametrize("moment, code", [("sigint", 130), ("sigterm", 143), ("sigusr1", 138)])
 def test_a_signal_saves_the_step_in_progress_and_the_same_command_resumes_from_it(setup, reported, moment, code):
     """Ctrl-C, SIGTERM and SLURM's SIGUSR1 before the first save (the save interval is longer than the run): the
@@ -116,6 +117,7 @@ def test_a_signal_saves_the_step_in_progress_and_the_same_command_resumes_from_i
     assert losses(save) == losses(baseline)  # bit for bit
 
 
+@pytest.mark.megatron_once(first=True)  # pai-zoo's signal handling
 def test_ctrl_c_to_the_process_group_still_saves_the_step_in_progress(setup):
     """Ctrl-C reaches every process of the terminal's group (megatron's checkpoint-writer helper too): the run still
     finishes the step's save, and no process prints a traceback. The step was a save step: it is saved once."""
@@ -129,6 +131,7 @@ def test_ctrl_c_to_the_process_group_still_saves_the_step_in_progress(setup):
     assert iterations(save) == [2, 4] and (save / "latest_checkpointed_iteration.txt").read_text() == "4"
 
 
+@pytest.mark.megatron_once(first=True)  # pai-zoo's signal handling
 def test_a_second_sigint_stops_at_once(setup):
     save = setup / "sigint2"
     proc = run(train_args(setup, save), wrapper=("sigint2", "4"), check=False)

@@ -113,6 +113,7 @@ def one(setup):
     return save, _losses(save)
 
 
+@pytest.mark.megatron_once(first=True)  # the vision batches' sharding; megatron-core's TP/PP train: tests/test_train.py
 def test_loss_lowers_and_tp2_pp2_equal_one_process(setup, one, tmp_path):
     _, hf_folder, data = setup
     _, losses = one

@@ -118,7 +118,9 @@ def one_process(data, tmp_path_factory):
     return _log(root / "dpo"), _log(root / "grpo")
 
 
-@pytest.mark.parametrize("layout", [("--tp", "2"), ("--pp", "2"), pytest.param((), marks=once, id="dp")])
+@pytest.mark.parametrize("layout", [pytest.param(("--tp", "2"), marks=once, id="layout0"),
+                                    pytest.param(("--pp", "2"), marks=once, id="layout1"),
+                                    pytest.param((), marks=once, id="dp")])
 def test_parallel_layouts_equal_one_process(data, one_process, tmp_path, layout):
     """DPO (live reference, robust loss) and GRPO (two optimisation steps per rollout) at TP=2, PP=2 and DP=2 on
     the session's 2 worker ranks: the same losses, gradient norms, rewards and metrics as one process, step for
