@@ -89,15 +89,9 @@ def _wait(procs: list[subprocess.Popen], logs: list[Path], timeout=600) -> list[
 def runs(tmp_path_factory, pai_zoo_workers):
     """The three launches: the 2-node torchrun and the emulated srun start first, then one node's two worker ranks
     train while they import torch (the subprocesses run at the same time: the wall time of the slowest)."""
-    import pai_zoo
-    from pai_zoo.data import toy
-    from pai_zoo.data.preprocess import preprocess
+    from pai_zoo_conformance.toy_runs import write_toy_model_and_data
 
-    root = tmp_path_factory.mktemp("multinode")
-    toy.write_tokenizer(root / "hf", vocab_size=300)
-    pai_zoo.load("llama3-tiny", backend="hf", seed=5, **SMALL).model.save_pretrained(root / "hf")
-    corpus = toy.write_corpus(root / "corpus.jsonl", documents=80)
-    preprocess([corpus], root / "toy", str(root / "hf"), append_eod=True, progress=False)
+    root = write_toy_model_and_data(tmp_path_factory.mktemp("multinode"), documents=80, seed=5, **SMALL)
 
     # two torchrun agents, one "node" each, c10d rendezvous on localhost; train, then eval its checkpoint
     commands = root / "commands.json"

@@ -54,15 +54,9 @@ def test_generate_tp_in_one_process_says_torchrun(capsys):
 @pytest.fixture(scope="module")
 def hf_and_data(tmp_path_factory):
     """A tiny Llama (4 heads, 2 key/value groups, 2 layers) with the toy tokenizer, and a toy corpus."""
-    from pai_zoo.data import toy
-    from pai_zoo.data.preprocess import preprocess
+    from pai_zoo_conformance.toy_runs import write_toy_model_and_data
 
-    root = tmp_path_factory.mktemp("tp")
-    toy.write_tokenizer(root / "hf", vocab_size=300)
-    pai_zoo.load("llama3-tiny", backend="hf", seed=3, vocab_size=300).model.save_pretrained(root / "hf")
-    corpus = toy.write_corpus(root / "corpus.jsonl", documents=20)
-    preprocess([corpus], root / "toy", str(root / "hf"), append_eod=True, progress=False)
-    return root
+    return write_toy_model_and_data(tmp_path_factory.mktemp("tp"), documents=20)
 
 
 @pytest.mark.megatron

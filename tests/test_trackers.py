@@ -93,16 +93,9 @@ def offline(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    import pai_zoo
-    from pai_zoo.data import toy
-    from pai_zoo.data.preprocess import preprocess
+    from pai_zoo_conformance.toy_runs import write_toy_model_and_data
 
-    root = tmp_path_factory.mktemp("trackers")
-    toy.write_tokenizer(root / "hf", vocab_size=300)
-    pai_zoo.load("llama3-tiny", backend="hf", seed=3, vocab_size=300).model.save_pretrained(root / "hf")
-    corpus = toy.write_corpus(root / "corpus.jsonl", documents=150)
-    preprocess([corpus], root / "toy", str(root / "hf"), append_eod=True, progress=False)
-    return root
+    return write_toy_model_and_data(tmp_path_factory.mktemp("trackers"), documents=150)
 
 
 def train_args(setup, save, *extra):
